@@ -1,0 +1,51 @@
+"""Approval bodies: the requested event, listing and deciding."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from toolbus_contracts.base import WireModel
+
+
+class ApprovalRequested(WireModel):
+    """Published on `events.approvals.requested` (and as the `approval.requested` webhook)."""
+
+    approval_id: str
+    call_id: str
+    run_id: str
+    namespace: str | None
+    toolset_id: str
+    tool: str
+    input: dict[str, Any]
+    requested_at: str
+
+    def wire(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+class ApprovalsListRequest(WireModel):
+    run_id: str | None = None
+    namespace: str | None = None
+
+
+class ApprovalsListReply(WireModel):
+    approvals: list[ApprovalRequested]
+
+    def wire(self) -> dict[str, Any]:
+        return {"approvals": [a.wire() for a in self.approvals]}
+
+
+class ApprovalDecideRequest(WireModel):
+    approval_id: str = Field(min_length=1)
+    approve: bool
+    reason: str | None = Field(default=None, max_length=2000)
+
+
+Decision = Literal["approved", "denied"]
+
+
+class ApprovalDecideReply(WireModel):
+    approval_id: str
+    decision: Decision

@@ -1,0 +1,135 @@
+"""The base of every wire model, the reply envelope, and the parser that turns bad bodies into
+`invalidRequest` naming the field."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Annotated, Any, Generic, TypeVar
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
+from pydantic.alias_generators import to_camel
+
+from toolbus_contracts.errors import InvalidRequest, ToolbusError
+
+
+class WireModel(BaseModel):
+    """A frozen contract body: camelCase on the wire, snake_case in Python, unknown fields refused.
+
+    Parse wire bytes with `parse_body` (aliases only); build in Python with either name.
+    """
+
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+    )
+
+    def wire(self) -> dict[str, Any]:
+        """The JSON-ready dict of this body, absent optionals left out."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+    def wire_json(self) -> bytes:
+        return self.model_dump_json(exclude_none=True).encode()
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    parts: list[str] = []
+    for part in loc:
+        if isinstance(part, int):
+            parts.append(f"[{part}]")
+        else:
+            parts.append(("." if parts else "") + part)
+    return "".join(parts) or "body"
+
+
+def validation_to_error(exc: ValidationError) -> InvalidRequest:
+    """Turn a pydantic error into `invalidRequest` whose message names the first failing field."""
+    errors = exc.errors(include_url=False, include_input=False)
+    # An unknown field explains the others (a snake_case name also reads as a missing camelCase one).
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    loc = tuple(
+        p for p in first["loc"]
+        if not (isinstance(p, str) and (p.startswith("function-") or p == "[key]"))
+    )
+    field = _loc(loc)
+    kind = first["type"]
+    if kind == "json_invalid":
+        return InvalidRequest(f"The body is not valid JSON: {first['msg']}.", details={"field": "body"})
+    if kind == "extra_forbidden":
+        msg = f"Unknown field '{field}': remove it."
+    elif kind == "missing":
+        msg = f"Missing field '{field}': it is required."
+    else:
+        reason = str(first["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        msg = f"Field '{field}' is invalid: {reason}."
+    return InvalidRequest(msg, details={"field": field})
+
+
+def parse_body(model: type[M], data: bytes | str) -> M:
+    """Parse a wire body strictly by its camelCase names, or raise `InvalidRequest` naming the field."""
+    if not data or not str(data if isinstance(data, str) else data[:1]).strip():
+        raise InvalidRequest("The body is empty: send a JSON object.", details={"field": "body"})
+    try:
+        return model.model_validate_json(data, by_alias=True, by_name=False)
+    except ValidationError as exc:
+        raise validation_to_error(exc) from None
+
+
+D = TypeVar("D")
+
+
+class Reply(BaseModel, Generic[D]):
+    """The envelope of every reply: `{"ok": true, "data": …}` or `{"ok": false, "error": …}`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    ok: bool
+    data: D | None = None
+    error: dict[str, Any] | None = None
+
+
+def reply_ok(data: BaseModel | dict[str, Any]) -> dict[str, Any]:
+    payload = data.model_dump(mode="json", exclude_none=True, by_alias=True) if isinstance(
+        data, BaseModel
+    ) else data
+    return {"ok": True, "data": payload}
+
+
+def reply_error(error: ToolbusError) -> dict[str, Any]:
+    return {"ok": False, "error": error.to_wire()}
+
+
+# ---- Durations ---------------------------------------------------------------------------------
+
+_DURATION_RE = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|h|m|s))+$")
+_PART_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> timedelta:
+    """Parse `"500ms"`, `"60s"`, `"5m"`, `"1h30m"`; zero, negative or malformed raise ValueError."""
+    if not isinstance(text, str) or not _DURATION_RE.fullmatch(text):
+        raise ValueError(f"'{text}' is not a duration such as 500ms, 60s, 5m or 1h30m")
+    seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in _PART_RE.findall(text))
+    if seconds <= 0:
+        raise ValueError(f"'{text}' must be longer than zero")
+    return timedelta(seconds=seconds)
+
+
+def duration_seconds(text: str) -> float:
+    return parse_duration(text).total_seconds()
+
+
+def _check_duration(text: str) -> str:
+    parse_duration(text)
+    return text
+
+
+Duration = Annotated[str, AfterValidator(_check_duration)]
+"""A duration string on the wire, checked to be positive."""

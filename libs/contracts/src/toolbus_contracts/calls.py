@@ -1,0 +1,178 @@
+"""Runs, calls, outcomes, call events, host-tool messages and workflow starts."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from toolbus_contracts.base import WireModel
+from toolbus_contracts.credentials import CredentialLevel
+from toolbus_contracts.registry import ToolsetId
+
+CallState = Literal["queued", "awaitingApproval", "waitingSlot", "running", "parked", "done"]
+Id = str
+
+
+class RunOpenRequest(WireModel):
+    toolset_id: ToolsetId
+    namespace: str | None = Field(default=None, min_length=1)
+    run_id: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_-]+$")
+
+
+class RunOpenReply(WireModel):
+    run_id: str
+
+
+class RunCloseRequest(WireModel):
+    run_id: str
+
+
+class RunCloseReply(WireModel):
+    run_id: str
+    cancelled: int
+
+
+class CallStartRequest(WireModel):
+    """The body of `calls.start` and `calls.invoke`."""
+
+    run_id: str
+    tool: str = Field(min_length=1)
+    input: dict[str, Any] = Field(default_factory=dict)
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=256)
+
+
+class CallStartReply(WireModel):
+    call_id: str
+    idempotency_key: str
+
+
+class OutcomeError(WireModel):
+    code: str
+    message: str
+
+
+class Outcome(WireModel):
+    """`{"status": "ok", "output": …}` or `{"status": "error", "error": {"code", "message"}}`."""
+
+    status: Literal["ok", "error"]
+    output: Any = None
+    error: OutcomeError | None = None
+
+    def wire(self) -> dict[str, Any]:
+        if self.status == "ok":
+            return {"status": "ok", "output": self.output}
+        assert self.error is not None
+        return {"status": "error", "error": self.error.wire()}
+
+    @staticmethod
+    def ok(output: Any) -> Outcome:
+        return Outcome(status="ok", output=output)
+
+    @staticmethod
+    def failed(code: str, message: str) -> Outcome:
+        return Outcome(status="error", error=OutcomeError(code=code, message=message))
+
+
+class CallInvokeReply(WireModel):
+    call_id: str
+    idempotency_key: str
+    outcome: dict[str, Any]
+
+
+class CallGetRequest(WireModel):
+    call_id: str
+
+
+class CallGetReply(WireModel):
+    call_id: str
+    state: CallState
+    attempts: int
+    outcome: dict[str, Any] | None = None
+
+
+CallEventType = Literal[
+    "accepted", "approvalRequested", "approved", "denied", "attemptStarted", "parked", "resumed",
+    "completed",
+]
+
+
+class CallEvent(WireModel):
+    """One change of a call, on `events.calls.<runId>.<callId>`; extra fields by type."""
+
+    type: CallEventType
+    call_id: str
+    run_id: str
+    at: str
+    attempt: int | None = None
+    server: str | None = None
+    level: CredentialLevel | None = None
+    outcome: dict[str, Any] | None = None
+    reason: str | None = None
+    approval_id: str | None = None
+
+
+# ---- Host tools ---------------------------------------------------------------------------------
+
+
+class HostCallTask(WireModel):
+    """One attempt of a host-tool call, sent on `host.call.<tool>`."""
+
+    call_id: str
+    attempt: int
+    idempotency_key: str
+    run_id: str
+    namespace: str | None
+    toolset_id: str
+    tool: str
+    input: dict[str, Any]
+    heartbeat_timeout: str
+
+    def wire(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+class HostResultError(WireModel):
+    message: str
+
+
+class HostResult(WireModel):
+    """A worker's result on `host.result.<callId>`: output or error, for one attempt."""
+
+    attempt: int
+    output: Any = None
+    error: HostResultError | None = None
+
+
+class HostHeartbeat(WireModel):
+    """Optional body of `host.heartbeat.<callId>`; an empty body is a heartbeat too."""
+
+    attempt: int | None = None
+
+
+# ---- http tool and workflows --------------------------------------------------------------------
+
+
+class HttpFetchInput(WireModel):
+    url: str
+    method: str = "GET"
+    headers: dict[str, str] = Field(default_factory=dict)
+    body: str | None = None
+
+
+class HttpFetchOutput(WireModel):
+    status: int
+    headers: dict[str, str]
+    body: str
+    body_encoding: Literal["text", "base64"]
+
+
+class WorkflowStartRequest(WireModel):
+    """Sent on `workflows.start.<name>` to whatever engine runs workflows; its reply is the output."""
+
+    name: str
+    version: str
+    input: dict[str, Any]
+    parent_run_id: str
+    call_id: str
+    idempotency_key: str

@@ -1,0 +1,77 @@
+"""Service-to-service commands. They travel on `‹p›.internal.*`, which the INTERNAL JetStream
+stream keeps, so a command sent while its consumer is down is applied when it is back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from toolbus_contracts.base import WireModel
+from toolbus_contracts.credentials import CredentialLevel
+from toolbus_contracts.approvals import Decision
+
+
+class ApprovalNeeded(WireModel):
+    """dispatcher → approval: the call waits for a decision. `input_digest` binds the decision to
+    the exact input (sha256 hex of its canonical JSON)."""
+
+    call_id: str
+    run_id: str
+    namespace: str | None
+    toolset_id: str
+    tool: str
+    input: dict[str, Any]
+    input_digest: str
+    requested_at: str
+    expires_at: str | None = None
+
+
+class ApprovalDecided(WireModel):
+    """approval → dispatcher: a decision; the dispatcher applies it only if tool, toolset and digest
+    still match the call."""
+
+    approval_id: str
+    call_id: str
+    run_id: str
+    toolset_id: str
+    tool: str
+    input_digest: str
+    decision: Decision
+    reason: str | None = None
+
+
+class CallParked(WireModel):
+    """dispatcher → credentials: the call got a 401 from `server` using credentials of `level`
+    (scope: the toolset, namespace or run they came from) and waits for new ones there."""
+
+    call_id: str
+    run_id: str
+    toolset_id: str
+    namespace: str | None
+    server: str
+    level: CredentialLevel
+    parked_at: str
+
+
+class CallsResume(WireModel):
+    """credentials → dispatcher: send these parked calls again, in this order, same keys. An empty
+    `reason` resumes; `reason="credentialsRejected"` ends them (parked too long)."""
+
+    call_ids: list[str]
+    reason: str | None = None
+
+
+class CredentialsChanged(WireModel):
+    """credentials → dispatchers: cached credentials of this scope are stale."""
+
+    level: CredentialLevel
+    toolset_id: str | None = None
+    namespace: str | None = None
+    run_id: str | None = None
+
+
+class RunClosed(WireModel):
+    """dispatcher → approval, credentials: the run ended; drop its pending state."""
+
+    run_id: str
+    toolset_id: str
+    call_ids: list[str]

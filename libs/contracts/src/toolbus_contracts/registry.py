@@ -1,0 +1,261 @@
+"""Registry bodies: toolset specs, pinned toolsets, effective policies, declarations, workflows."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, Field, model_serializer, SerializerFunctionWrapHandler
+
+from toolbus_contracts.base import Duration, WireModel
+from toolbus_contracts.credentials import Credentials
+
+IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+RESERVED_NAMES = frozenset({"http", "workflows"})
+TOOLSET_ID = re.compile(r"^ts_[0-9a-f]{64}$")
+WORKFLOW_REF = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:@([0-9a-f]{12}))?$")
+
+ToolKind = Literal["mcp", "host", "http", "workflow"]
+OnInterruption = Literal["retry", "at_most_once"]
+
+DEFAULT_TIMEOUT = "5m"
+DEFAULT_HEARTBEAT_TIMEOUT = "60s"
+RUN_CONCURRENCY = 16
+MAX_ATTEMPTS = 5
+
+
+def _check_ident(name: str) -> str:
+    if not IDENT.fullmatch(name):
+        raise ValueError(f"'{name}' must match [A-Za-z_][A-Za-z0-9_]*")
+    if name in RESERVED_NAMES:
+        raise ValueError(f"'{name}' is reserved")
+    return name
+
+
+def _check_host_name(name: str) -> str:
+    parts = name.split(".")
+    if len(parts) > 2:
+        raise ValueError(f"'{name}' has more than one dot")
+    for part in parts:
+        if not IDENT.fullmatch(part):
+            raise ValueError(f"'{name}': each part must match [A-Za-z_][A-Za-z0-9_]*")
+    if parts[0] in RESERVED_NAMES:
+        raise ValueError(f"'{name}' uses the reserved name '{parts[0]}'")
+    return name
+
+
+def _check_toolset_id(value: str) -> str:
+    if not TOOLSET_ID.fullmatch(value):
+        raise ValueError("a toolset id is 'ts_' and 64 lowercase hex digits")
+    return value
+
+
+def _check_workflow_ref(value: str) -> str:
+    if not WORKFLOW_REF.fullmatch(value):
+        raise ValueError(f"'{value}' is not a workflow name, or name@version with 12 hex digits")
+    return value
+
+
+ServerName = Annotated[str, AfterValidator(_check_ident)]
+HostToolName = Annotated[str, AfterValidator(_check_host_name)]
+ToolsetId = Annotated[str, AfterValidator(_check_toolset_id)]
+WorkflowRef = Annotated[str, AfterValidator(_check_workflow_ref)]
+WorkflowName = Annotated[str, AfterValidator(_check_ident)]
+
+
+class PolicySpec(WireModel):
+    """A tool's policy as given: every field optional, defaults filled in by the registry."""
+
+    on_interruption: OnInterruption | None = None
+    approval: bool | None = None
+    timeout: Duration | None = None
+    heartbeat_timeout: Duration | None = None
+    concurrency: int | None = Field(default=None, ge=1, le=RUN_CONCURRENCY)
+
+
+class EffectivePolicy(WireModel):
+    """The policy a call runs under, every default filled in (`concurrency` null means none)."""
+
+    on_interruption: OnInterruption = "retry"
+    approval: bool = False
+    timeout: Duration = DEFAULT_TIMEOUT
+    heartbeat_timeout: Duration = DEFAULT_HEARTBEAT_TIMEOUT
+    concurrency: int | None = Field(default=None, ge=1, le=RUN_CONCURRENCY)
+
+    @model_serializer(mode="wrap")
+    def _keep_null_concurrency(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out: dict[str, Any] = handler(self)
+        out.setdefault("concurrency", None)
+        return out
+
+    @staticmethod
+    def from_spec(spec: PolicySpec | None) -> EffectivePolicy:
+        if spec is None:
+            return EffectivePolicy()
+        return EffectivePolicy.model_validate(spec.model_dump(exclude_none=True))
+
+
+class McpServerSpec(WireModel):
+    name: ServerName
+    url: str
+    policies: dict[str, PolicySpec] = Field(default_factory=dict)
+
+
+class HostToolSpec(WireModel):
+    name: HostToolName
+    description: str = ""
+    input_schema: dict[str, Any]
+    output_schema: dict[str, Any] | None = None
+    policy: PolicySpec | None = None
+
+
+class HttpSpec(WireModel):
+    allow: list[str]
+    policy: PolicySpec | None = None
+
+
+class ToolsetCreateRequest(WireModel):
+    """A toolset spec, or a derivation from `base`."""
+
+    mcp: list[McpServerSpec] = Field(default_factory=list)
+    host: list[HostToolSpec] = Field(default_factory=list)
+    http: HttpSpec | None = None
+    workflows: list[WorkflowRef] = Field(default_factory=list)
+    credentials: Credentials | None = None
+    base: ToolsetId | None = None
+
+
+# ---- Pinned toolset: what the id is computed over and what the dispatcher runs against ---------
+
+
+class PinnedTool(WireModel):
+    """An MCP tool exactly as its server listed it at registration."""
+
+    name: str
+    title: str | None = None
+    description: str | None = None
+    input_schema: dict[str, Any]
+    output_schema: dict[str, Any] | None = None
+    annotations: dict[str, Any] | None = None
+
+
+class PinnedServer(WireModel):
+    name: str
+    url: str
+    tools: list[PinnedTool]
+    policies: dict[str, PolicySpec] = Field(default_factory=dict)
+
+
+class PinnedWorkflow(WireModel):
+    name: str
+    version: str
+    description: str = ""
+    input_schema: dict[str, Any]
+    output_schema: dict[str, Any] | None = None
+
+
+class PinnedToolset(WireModel):
+    """The content a toolset id addresses. Normalised: servers, host tools, allow entries and
+    workflows sorted by name, so their order in the spec does not change the id."""
+
+    servers: list[PinnedServer] = Field(default_factory=list)
+    host: list[HostToolSpec] = Field(default_factory=list)
+    http: HttpSpec | None = None
+    workflows: list[PinnedWorkflow] = Field(default_factory=list)
+
+
+class ToolInfo(WireModel):
+    """One tool of a toolset as replies show it: qualified name, kind, schemas, effective policy."""
+
+    name: str
+    kind: ToolKind
+    description: str = ""
+    input_schema: dict[str, Any]
+    output_schema: dict[str, Any] | None = None
+    policy: EffectivePolicy
+
+
+class Declarations(WireModel):
+    prompt: str
+    dts: str
+
+
+class ToolsetCreateReply(WireModel):
+    id: str
+    tools: list[ToolInfo] | None = None
+    declarations: Declarations | None = None
+    tool_count: int | None = None
+    truncated: bool | None = None
+
+
+class ToolsetGetRequest(WireModel):
+    id: str
+    cursor: str | None = None
+
+
+class ToolsetGetReply(WireModel):
+    id: str
+    tools: list[ToolInfo]
+    next_cursor: str | None = None
+
+
+DeclarationFormat = Literal["prompt", "dts"]
+
+
+class ToolsetDeclarationsRequest(WireModel):
+    id: str
+    format: DeclarationFormat
+    cursor: str | None = None
+
+
+class ToolsetDeclarationsReply(WireModel):
+    format: DeclarationFormat
+    text: str
+    next_cursor: str | None = None
+
+
+class ToolsetSearchRequest(WireModel):
+    id: str
+    query: str = Field(min_length=1)
+    limit: int = Field(default=5, ge=1, le=50)
+
+
+class SearchHit(WireModel):
+    name: str
+    prompt: str
+    dts: str
+    score: float
+
+
+class ToolsetSearchReply(WireModel):
+    tools: list[SearchHit]
+
+
+class WorkflowPublishRequest(WireModel):
+    name: WorkflowName
+    description: str = ""
+    input_schema: dict[str, Any]
+    output_schema: dict[str, Any] | None = None
+    definition: Any = None
+
+
+class WorkflowPublishReply(WireModel):
+    name: str
+    version: str
+
+
+class WorkflowGetRequest(WireModel):
+    name: str
+    version: str | None = None
+
+
+class Workflow(WireModel):
+    """A published workflow version (the `workflows.get` reply)."""
+
+    name: str
+    version: str
+    description: str = ""
+    input_schema: dict[str, Any]
+    output_schema: dict[str, Any] | None = None
+    definition: Any = None
+    published_at: str | None = None

@@ -1,0 +1,169 @@
+"""Every NATS subject toolbus uses, public and internal: the only place a subject string is built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_PREFIX = "toolbus"
+WORKER_QUEUE = "toolbus-workers"
+"""The queue group host-tool workers subscribe in."""
+
+
+@dataclass(frozen=True, slots=True)
+class Subjects:
+    """Subjects under one prefix (`TOOLBUS_SUBJECT_PREFIX`, `toolbus` by default)."""
+
+    prefix: str = DEFAULT_PREFIX
+
+    def _s(self, rest: str) -> str:
+        return f"{self.prefix}.{rest}"
+
+    # Registry
+    @property
+    def toolsets_create(self) -> str:
+        return self._s("toolsets.create")
+
+    @property
+    def toolsets_get(self) -> str:
+        return self._s("toolsets.get")
+
+    @property
+    def toolsets_declarations(self) -> str:
+        return self._s("toolsets.declarations")
+
+    @property
+    def toolsets_search(self) -> str:
+        return self._s("toolsets.search")
+
+    @property
+    def workflows_publish(self) -> str:
+        return self._s("workflows.publish")
+
+    @property
+    def workflows_get(self) -> str:
+        return self._s("workflows.get")
+
+    def workflows_start(self, name: str) -> str:
+        return self._s(f"workflows.start.{name}")
+
+    # Dispatcher
+    @property
+    def runs_open(self) -> str:
+        return self._s("runs.open")
+
+    @property
+    def runs_close(self) -> str:
+        return self._s("runs.close")
+
+    @property
+    def calls_start(self) -> str:
+        return self._s("calls.start")
+
+    @property
+    def calls_invoke(self) -> str:
+        return self._s("calls.invoke")
+
+    @property
+    def calls_get(self) -> str:
+        return self._s("calls.get")
+
+    # Events
+    def call_events(self, run_id: str, call_id: str) -> str:
+        return self._s(f"events.calls.{run_id}.{call_id}")
+
+    def run_events(self, run_id: str) -> str:
+        """Wildcard over every event of one run: what a harness replays."""
+        return self._s(f"events.calls.{run_id}.*")
+
+    @property
+    def all_events(self) -> str:
+        return self._s("events.>")
+
+    @property
+    def approvals_requested(self) -> str:
+        return self._s("events.approvals.requested")
+
+    @property
+    def credentials_expired(self) -> str:
+        return self._s("events.credentials.expired")
+
+    # Approvals
+    @property
+    def approvals_list(self) -> str:
+        return self._s("approvals.list")
+
+    @property
+    def approvals_decide(self) -> str:
+        return self._s("approvals.decide")
+
+    # Credentials
+    @property
+    def toolsets_credentials_set(self) -> str:
+        return self._s("toolsets.credentials.set")
+
+    @property
+    def namespaces_credentials_set(self) -> str:
+        return self._s("namespaces.credentials.set")
+
+    @property
+    def runs_credentials_set(self) -> str:
+        return self._s("runs.credentials.set")
+
+    # Host tools
+    def host_call(self, tool: str) -> str:
+        return self._s(f"host.call.{tool}")
+
+    def host_heartbeat(self, call_id: str) -> str:
+        return self._s(f"host.heartbeat.{call_id}")
+
+    def host_result(self, call_id: str) -> str:
+        return self._s(f"host.result.{call_id}")
+
+    @property
+    def host_heartbeats(self) -> str:
+        return self._s("host.heartbeat.*")
+
+    @property
+    def host_results(self) -> str:
+        return self._s("host.result.*")
+
+    # Internal: service to service. Captured by the INTERNAL JetStream stream so that a command
+    # sent while its consumer is down is delivered when it is back.
+    @property
+    def internal_all(self) -> str:
+        return self._s("internal.>")
+
+    @property
+    def internal_approval_requests(self) -> str:
+        """dispatcher -> approval: a call waits for a decision (ApprovalNeeded)."""
+        return self._s("internal.approvals.needed")
+
+    @property
+    def internal_approval_decisions(self) -> str:
+        """approval -> dispatcher: a decision to apply (ApprovalDecided)."""
+        return self._s("internal.approvals.decided")
+
+    @property
+    def internal_approval_cancels(self) -> str:
+        """dispatcher -> approval: a run closed, its pending approvals end (ApprovalsCancel)."""
+        return self._s("internal.approvals.cancel")
+
+    @property
+    def internal_calls_park(self) -> str:
+        """dispatcher -> credentials: a call met a 401 and waits for new credentials (CallParked)."""
+        return self._s("internal.credentials.park")
+
+    @property
+    def internal_calls_resume(self) -> str:
+        """credentials -> dispatcher: parked calls to send again, in order (CallsResume)."""
+        return self._s("internal.calls.resume")
+
+    @property
+    def internal_credentials_changed(self) -> str:
+        """credentials -> every dispatcher: drop cached credentials of one scope (plain NATS)."""
+        return self._s("credentials.changed")
+
+    @property
+    def internal_runs_closed(self) -> str:
+        """dispatcher -> approval, credentials: a run ended (RunClosed)."""
+        return self._s("internal.runs.closed")
