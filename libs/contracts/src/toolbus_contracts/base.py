@@ -55,8 +55,7 @@ def validation_to_error(exc: ValidationError) -> InvalidRequest:
     # An unknown field explains the others (a snake_case name also reads as a missing camelCase one).
     first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     loc = tuple(
-        p for p in first["loc"]
-        if not (isinstance(p, str) and (p.startswith("function-") or p == "[key]"))
+        p for p in first["loc"] if not (isinstance(p, str) and (p.startswith("function-") or p == "[key]"))
     )
     field = _loc(loc)
     kind = first["type"]
@@ -95,9 +94,11 @@ class Reply(BaseModel, Generic[D]):
 
 
 def reply_ok(data: BaseModel | dict[str, Any]) -> dict[str, Any]:
-    payload = data.model_dump(mode="json", exclude_none=True, by_alias=True) if isinstance(
-        data, BaseModel
-    ) else data
+    payload = (
+        data.model_dump(mode="json", exclude_none=True, by_alias=True)
+        if isinstance(data, BaseModel)
+        else data
+    )
     return {"ok": True, "data": payload}
 
 

@@ -92,7 +92,13 @@ class CallGetReply(WireModel):
 
 
 CallEventType = Literal[
-    "accepted", "approvalRequested", "approved", "denied", "attemptStarted", "parked", "resumed",
+    "accepted",
+    "approvalRequested",
+    "approved",
+    "denied",
+    "attemptStarted",
+    "parked",
+    "resumed",
     "completed",
 ]
 

@@ -11,9 +11,22 @@ from toolbus_contracts.base import WireModel
 
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _FORBIDDEN_NAMES = frozenset(
-    {"host", "content-length", "transfer-encoding", "connection", "upgrade", "te", "trailer",
-     "keep-alive", "proxy-connection", "content-type", "accept", "mcp-session-id",
-     "mcp-protocol-version", "idempotency-key"}
+    {
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "upgrade",
+        "te",
+        "trailer",
+        "keep-alive",
+        "proxy-connection",
+        "content-type",
+        "accept",
+        "mcp-session-id",
+        "mcp-protocol-version",
+        "idempotency-key",
+    }
 )
 
 
@@ -29,7 +42,7 @@ def _check_header_value(value: SecretStr) -> SecretStr:
     raw = value.get_secret_value()
     if raw == "" or raw != raw.strip():
         raise ValueError("a header value must be non-empty with no leading or trailing space")
-    if any(ord(c) < 0x20 and c != "\t" or ord(c) == 0x7F for c in raw):
+    if any((ord(c) < 0x20 and c != "\t") or ord(c) == 0x7F for c in raw):
         raise ValueError("a header value must not contain control characters")
     try:
         raw.encode("latin-1")

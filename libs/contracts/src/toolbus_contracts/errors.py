@@ -72,7 +72,7 @@ class ToolbusError(Exception):
     def from_wire(error: dict[str, Any]) -> ToolbusError:
         """Rebuild the exception a service raised from its wire error object."""
         try:
-            cls = _BY_CODE[ErrorCode(error.get("code"))]
+            cls = _BY_CODE[ErrorCode(str(error.get("code")))]
         except ValueError:
             cls = Internal
         return cls(str(error.get("message", "")), details=error.get("details") or None)
@@ -146,8 +146,20 @@ class Internal(ToolbusError):
 _BY_CODE: dict[ErrorCode, type[ToolbusError]] = {
     cls.code: cls
     for cls in (
-        InvalidRequest, NotFound, Conflict, UnknownTool, InvalidInput, HostNotAllowed,
-        UpstreamUnreachable, UpstreamError, ToolError, Timeout, OutcomeUnknown, Denied,
-        Cancelled, CredentialsRejected, Internal,
+        InvalidRequest,
+        NotFound,
+        Conflict,
+        UnknownTool,
+        InvalidInput,
+        HostNotAllowed,
+        UpstreamUnreachable,
+        UpstreamError,
+        ToolError,
+        Timeout,
+        OutcomeUnknown,
+        Denied,
+        Cancelled,
+        CredentialsRejected,
+        Internal,
     )
 }

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from toolbus_contracts.approvals import Decision
 from toolbus_contracts.base import WireModel
 from toolbus_contracts.credentials import CredentialLevel
-from toolbus_contracts.approvals import Decision
 
 
 class ApprovalNeeded(WireModel):

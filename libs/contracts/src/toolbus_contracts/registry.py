@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, model_serializer, SerializerFunctionWrapHandler
+from pydantic import AfterValidator, Field, SerializerFunctionWrapHandler, model_serializer
 
 from toolbus_contracts.base import Duration, WireModel
 from toolbus_contracts.credentials import Credentials
@@ -74,25 +74,29 @@ class PolicySpec(WireModel):
 
 
 class EffectivePolicy(WireModel):
-    """The policy a call runs under, every default filled in (`concurrency` null means none)."""
+    """The policy a call runs under, every default filled in. `concurrency` null: no per-tool limit;
+    `timeout` null: no per-attempt limit (host tools, bounded by heartbeats, and workflows)."""
 
     on_interruption: OnInterruption = "retry"
     approval: bool = False
-    timeout: Duration = DEFAULT_TIMEOUT
+    timeout: Duration | None = None
     heartbeat_timeout: Duration = DEFAULT_HEARTBEAT_TIMEOUT
     concurrency: int | None = Field(default=None, ge=1, le=RUN_CONCURRENCY)
 
     @model_serializer(mode="wrap")
-    def _keep_null_concurrency(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    def _keep_nulls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         out: dict[str, Any] = handler(self)
+        out.setdefault("timeout", None)
         out.setdefault("concurrency", None)
         return out
 
     @staticmethod
-    def from_spec(spec: PolicySpec | None) -> EffectivePolicy:
-        if spec is None:
-            return EffectivePolicy()
-        return EffectivePolicy.model_validate(spec.model_dump(exclude_none=True))
+    def for_kind(kind: ToolKind, spec: PolicySpec | None) -> EffectivePolicy:
+        """Defaults of the contract for this kind of tool, overridden by what the spec gives."""
+        given = spec.model_dump(exclude_none=True) if spec else {}
+        if kind in ("mcp", "http"):
+            given.setdefault("timeout", DEFAULT_TIMEOUT)
+        return EffectivePolicy.model_validate(given)
 
 
 class McpServerSpec(WireModel):
@@ -259,3 +263,38 @@ class Workflow(WireModel):
     output_schema: dict[str, Any] | None = None
     definition: Any = None
     published_at: str | None = None
+
+
+HTTP_FETCH_INPUT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "url": {"type": "string", "description": "http or https URL on the toolset's allow-list."},
+        "method": {
+            "type": "string",
+            "enum": ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"],
+            "default": "GET",
+        },
+        "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+        "body": {"type": "string", "description": "Request body as text."},
+    },
+    "required": ["url"],
+    "additionalProperties": False,
+}
+"""Input of the built-in `http.fetch` tool."""
+
+HTTP_FETCH_OUTPUT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "status": {"type": "integer"},
+        "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+        "body": {"type": "string", "description": "Text, or base64 when bodyEncoding is base64."},
+        "bodyEncoding": {"type": "string", "enum": ["text", "base64"]},
+    },
+    "required": ["status", "headers", "body", "bodyEncoding"],
+    "additionalProperties": False,
+}
+"""Output of the built-in `http.fetch` tool."""
+
+HTTP_FETCH_DESCRIPTION = (
+    "Fetch a URL on the toolset's allow-list over http or https and return status, headers and body."
+)

@@ -1,0 +1,89 @@
+"""NATS, JetStream and Redis connections, and idempotent creation of streams and buckets."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+import nats
+from nats.aio.client import Client as NatsClient
+from nats.js import JetStreamContext
+from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import BucketNotFoundError, NotFoundError
+from nats.js.kv import KeyValue
+from nats.js.object_store import ObjectStore
+from redis.asyncio import Redis
+
+from toolbus_common.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+async def connect_nats(settings: Settings, name: str) -> NatsClient:
+    """Connect with endless reconnects; connection changes are logged, never raised into handlers."""
+
+    async def on_error(exc: Exception) -> None:
+        log.warning("nats error", extra={"error": type(exc).__name__, "detail": str(exc)})
+
+    async def on_disconnect() -> None:
+        log.warning("nats disconnected")
+
+    async def on_reconnect() -> None:
+        log.info("nats reconnected")
+
+    return await nats.connect(
+        settings.nats_url,
+        name=name,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,
+        error_cb=on_error,
+        disconnected_cb=on_disconnect,
+        reconnected_cb=on_reconnect,
+    )
+
+
+def connect_redis(settings: Settings) -> Redis[bytes]:
+    """An asyncio Redis client returning bytes; the pool reconnects by itself."""
+    client: Redis[bytes] = Redis.from_url(
+        settings.redis_url, decode_responses=False, health_check_interval=30
+    )
+    return client
+
+
+async def ensure_stream(
+    js: JetStreamContext,
+    name: str,
+    subjects: list[str],
+    *,
+    max_age: timedelta | None = None,
+    retention: RetentionPolicy = RetentionPolicy.LIMITS,
+) -> None:
+    """Create the stream, or update its subjects; works on JetStream 2.9."""
+    config = StreamConfig(
+        name=name,
+        subjects=subjects,
+        retention=retention,
+        storage=StorageType.FILE,
+        max_age=max_age.total_seconds() if max_age else None,
+    )
+    try:
+        info = await js.stream_info(name)
+    except NotFoundError:
+        await js.add_stream(config)
+        return
+    if sorted(info.config.subjects or []) != sorted(subjects):
+        await js.update_stream(config)
+
+
+async def ensure_kv(js: JetStreamContext, bucket: str, *, history: int = 1) -> KeyValue:
+    try:
+        return await js.key_value(bucket)
+    except (BucketNotFoundError, NotFoundError):
+        return await js.create_key_value(bucket=bucket, history=history, storage=StorageType.FILE)
+
+
+async def ensure_object_store(js: JetStreamContext, bucket: str) -> ObjectStore:
+    try:
+        return await js.object_store(bucket)
+    except (BucketNotFoundError, NotFoundError):
+        return await js.create_object_store(bucket=bucket, storage=StorageType.FILE)

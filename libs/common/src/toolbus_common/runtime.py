@@ -1,0 +1,108 @@
+"""Run a service: logging, health/readiness/metrics over HTTP, signals, graceful stop.
+
+A service is any object with `start()`, `stop()` and `ready()`; `run_service` owns the rest, so
+every `__main__.py` is three lines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Protocol
+
+import uvicorn
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from toolbus_common.logging import configure, register_secret
+from toolbus_common.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class Service(Protocol):
+    name: str
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def ready(self) -> bool: ...
+
+
+def health_app(service: Service) -> Starlette:
+    """`/healthz` (alive), `/readyz` (connected and serving), `/metrics` (Prometheus)."""
+
+    async def healthz(_: Request) -> Response:
+        return JSONResponse({"status": "ok", "service": service.name})
+
+    async def readyz(_: Request) -> Response:
+        ready = service.ready()
+        return JSONResponse({"ready": ready, "service": service.name}, status_code=200 if ready else 503)
+
+    async def metrics(_: Request) -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    return Starlette(
+        routes=[Route("/healthz", healthz), Route("/readyz", readyz), Route("/metrics", metrics)]
+    )
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn inside the service's loop: the service, not uvicorn, owns SIGTERM/SIGINT."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def serve(service: Service, settings: Settings) -> None:
+    """Start the service and its HTTP endpoints; stop both on SIGTERM/SIGINT."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    config = uvicorn.Config(
+        health_app(service),
+        host=settings.http_host,
+        port=settings.http_port,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+    )
+    server = _EmbeddedServer(config)
+    http = asyncio.create_task(server.serve())
+    await service.start()
+    log.info("service started", extra={"service": service.name, "http_port": settings.http_port})
+    await stop.wait()
+    log.info("service stopping", extra={"service": service.name})
+    with contextlib.suppress(Exception):
+        await service.stop()
+    server.should_exit = True
+    await http
+
+
+def run_service(build: Callable[[Settings], Awaitable[Service]]) -> None:
+    """Entry point of `python -m toolbus_<name>`: settings from the environment, uvloop, serve."""
+    settings = Settings()
+    configure(settings.log_level, settings.log_format)
+    for secret in (settings.secret_key, settings.webhook_secret):
+        if secret is not None:
+            for part in secret.get_secret_value().split(","):
+                register_secret(part.strip())
+
+    async def main() -> None:
+        await serve(await build(settings), settings)
+
+    try:
+        import uvloop
+
+        uvloop.run(main())
+    except ImportError:  # pragma: no cover - uvloop is a dependency; stay runnable without it
+        asyncio.run(main())
