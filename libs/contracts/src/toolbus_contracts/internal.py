@@ -14,6 +14,7 @@ class ApprovalNeeded(WireModel):
     """dispatcher → approval: the call waits for a decision. `input_digest` binds the decision to
     the exact input (sha256 hex of its canonical JSON)."""
 
+    approval_id: str
     call_id: str
     run_id: str
     namespace: str | None
@@ -22,7 +23,6 @@ class ApprovalNeeded(WireModel):
     input: dict[str, Any]
     input_digest: str
     requested_at: str
-    expires_at: str | None = None
 
 
 class ApprovalDecided(WireModel):
