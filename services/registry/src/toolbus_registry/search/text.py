@@ -1,0 +1,125 @@
+"""Turning tool names, descriptions and queries into search terms.
+
+`split_identifier` breaks `list_issues`, `listIssues`, `API-get-user`, `github.list_issues` and
+`HTTPServer2` into words; `terms` lowercases, drops stop words and stems (Porter), so that
+"creating issues" and `create_issue` meet on the same terms; `expand` adds the synonyms of a
+query's terms (a small map of the verbs and nouns that tools are named with) at a lower weight.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from toolbus_registry.search.stemmer import stem
+
+# camelCase and acronym boundaries: "getHTTPResponse2x" -> get HTTP Response 2x.
+_CAMEL = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
+_WORDISH = re.compile(r"[A-Za-z0-9]+")
+
+STOP_WORDS = frozenset(
+    """a an the to of for in on at by with from into onto and or but nor is are was were be been
+    being it its this that these those there here i me my mine we our us you your he she they them
+    their his her some any please can could would should will shall may might must do does did so
+    as if then than via about using use which what who whom whose how when where why want need
+    like just also up out over under again very let lets""".split()
+)
+
+
+def split_identifier(text: str) -> list[str]:
+    """Words of an identifier or free text, split on non-alphanumerics, snake/kebab/dot separators
+    and camelCase boundaries, lowercased. `"API-get-user" -> ["api", "get", "user"]`."""
+    words: list[str] = []
+    for chunk in _WORDISH.findall(text):
+        words.extend(part.lower() for part in _CAMEL.findall(chunk))
+    return words
+
+
+def terms(text: str) -> list[str]:
+    """Stemmed search terms of a text or identifier, stop words removed, in order."""
+    return [stem(w) for w in split_identifier(text) if w not in STOP_WORDS]
+
+
+# Groups of words that mean the same thing to someone looking for a tool. Each word of a query
+# also searches for the other words of its groups (stemmed), with a lower weight.
+SYNONYM_GROUPS: tuple[tuple[str, ...], ...] = (
+    ("delete", "remove", "erase", "destroy", "drop", "trash", "discard"),
+    ("create", "make", "new", "add", "insert", "post"),
+    ("get", "fetch", "retrieve", "read", "show", "view", "obtain", "lookup", "load", "see", "inspect"),
+    ("list", "enumerate", "all", "browse"),
+    ("search", "find", "query", "lookup", "locate", "look"),
+    ("update", "edit", "modify", "change", "patch", "alter", "set", "rename"),
+    ("write", "save", "store", "overwrite", "put"),
+    ("move", "rename", "relocate", "mv"),
+    ("directory", "folder", "dir"),
+    ("file", "document"),
+    ("repository", "repo", "project"),
+    ("pull", "pr", "merge"),
+    ("issue", "bug", "ticket"),
+    ("comment", "reply", "remark", "note"),
+    ("user", "person", "people", "account", "member", "profile"),
+    ("screenshot", "capture", "screen", "picture", "image"),
+    ("navigate", "go", "goto", "visit", "open", "url", "load"),
+    ("click", "press", "tap"),
+    ("type", "enter", "fill", "input"),
+    ("key", "keyboard", "keystroke"),
+    ("close", "shut", "quit", "exit"),
+    ("tab", "tabs"),
+    ("console", "log", "logs"),
+    ("wait", "pause", "sleep", "delay"),
+    ("entity", "node"),
+    ("observation", "fact", "note"),
+    ("relation", "relationship", "link", "edge"),
+    ("graph", "memory", "knowledge"),
+    ("database", "db", "table"),
+    ("block", "content", "paragraph"),
+    ("size", "sizes", "big", "large"),
+    ("info", "information", "metadata", "details", "stat", "stats"),
+    ("compress", "zip", "gzip"),
+    ("sum", "add", "total", "plus"),
+    ("echo", "repeat"),
+    ("environment", "env", "variables"),
+    ("commit", "commits", "history"),
+    ("branch", "branches"),
+    ("fork", "copy", "clone"),
+    ("review", "approve"),
+    ("diff", "changed", "changes"),
+    ("status", "checks", "ci"),
+    ("request", "requests", "traffic", "network"),
+    ("javascript", "js", "script", "evaluate", "eval"),
+    ("upload", "attach"),
+    ("dialog", "alert", "popup", "prompt"),
+    ("hover", "mouseover"),
+    ("drag", "drop"),
+    ("resize", "dimensions", "viewport"),
+    ("markdown", "md"),
+    ("tree", "recursive", "hierarchy"),
+)
+
+
+def _build_synonyms(groups: Iterable[tuple[str, ...]]) -> dict[str, frozenset[str]]:
+    table: dict[str, set[str]] = {}
+    for group in groups:
+        stems = {stem(w) for w in group}
+        for s in stems:
+            table.setdefault(s, set()).update(stems - {s})
+    return {k: frozenset(v) for k, v in table.items()}
+
+
+SYNONYMS: dict[str, frozenset[str]] = _build_synonyms(SYNONYM_GROUPS)
+
+
+def expand(query_terms: Iterable[str], synonym_weight: float) -> list[dict[str, float]]:
+    """What a query searches for: one group per distinct query term, holding the term at 1.0 (more
+    if repeated) and its synonyms at `synonym_weight`."""
+    counts: dict[str, int] = {}
+    for t in query_terms:
+        counts[t] = counts.get(t, 0) + 1
+    groups: list[dict[str, float]] = []
+    for t, n in counts.items():
+        group = {t: float(n)}
+        for syn in sorted(SYNONYMS.get(t, ())):
+            if syn not in counts:
+                group[syn] = synonym_weight
+        groups.append(group)
+    return groups
