@@ -30,6 +30,27 @@ class Keys:
         """Hash: the call's request, state, attempts and outcome."""
         return f"{self.prefix}:call:{call_id}"
 
+    def call_replies(self, call_id: str) -> str:
+        """List of `calls.invoke` reply subjects waiting for the call's outcome."""
+        return f"{self.prefix}:call:{call_id}:replies"
+
+    def run_waiting(self, run_id: str) -> str:
+        """ZSET callId -> arrival sequence: calls in `waitingSlot`, first come first served."""
+        return f"{self.prefix}:run:{{{run_id}}}:waiting"
+
+    def run_slots(self, run_id: str) -> str:
+        """ZSET callId -> lease expiry (unix s): the run's slots held by running calls (max 16)."""
+        return f"{self.prefix}:run:{{{run_id}}}:slots"
+
+    def run_tool_slots(self, run_id: str, tool: str) -> str:
+        """ZSET callId -> lease expiry: slots of one tool with a `concurrency` policy in one run."""
+        return f"{self.prefix}:run:{{{run_id}}}:tool:{tool}"
+
+    @property
+    def call_leases(self) -> str:
+        """ZSET callId -> lease expiry of every running call; the dispatchers' reapers watch it."""
+        return f"{self.prefix}:calls:leases"
+
     # ---- credentials --------------------------------------------------------------------------
     def credentials(self, level: str, scope: str) -> str:
         """Encrypted credentials document of one level and scope."""
@@ -40,6 +61,47 @@ class Keys:
         """Counter bumped on every credentials change; read by the dispatcher to keep its cache."""
         return f"{self.prefix}:cred:version"
 
+    @property
+    def credentials_pattern(self) -> str:
+        """SCAN pattern matching every credentials document (not the version counter)."""
+        return f"{self.prefix}:cred:*:*"
+
+    def parked(self, level: str, scope: str) -> str:
+        """ZSET call id -> park sequence: the calls parked at one level and scope, in park order."""
+        return f"{self.prefix}:parked:{level}:{scope}"
+
+    def parked_servers(self, level: str, scope: str) -> str:
+        """Hash call id -> server, for the calls parked at one level and scope."""
+        return f"{self.prefix}:parked:{level}:{scope}:servers"
+
+    def parked_notified(self, level: str, scope: str) -> str:
+        """Hash server -> `pending`|`sent`: `credentials.expired` state while calls are parked."""
+        return f"{self.prefix}:parked:{level}:{scope}:notified"
+
+    @property
+    def parked_index(self) -> str:
+        """ZSET call id -> park time (ms since epoch) over every scope: drives the park timeout."""
+        return f"{self.prefix}:parked-index"
+
+    @property
+    def parked_where(self) -> str:
+        """Hash call id -> JSON `{"level","scope","runId"}` of every parked call."""
+        return f"{self.prefix}:parked-where"
+
+    @property
+    def parked_seq(self) -> str:
+        """Counter giving each parked call its place in park order."""
+        return f"{self.prefix}:parked-seq"
+
+    def parked_by_run(self, run_id: str) -> str:
+        """Set of the parked call ids of one run (whatever level they are parked at)."""
+        return f"{self.prefix}:parked-run:{{{run_id}}}"
+
+    @property
+    def parked_sweep_lock(self) -> str:
+        """Lock so that one replica at a time ends calls parked too long."""
+        return f"{self.prefix}:parked-sweep-lock"
+
     # ---- webhooks -----------------------------------------------------------------------------
     @property
     def webhooks_due(self) -> str:
@@ -47,4 +109,45 @@ class Keys:
         return f"{self.prefix}:webhooks:due"
 
     def webhook(self, webhook_id: str) -> str:
+        """Hash of one pending delivery: type, body, attempt, createdAt."""
         return f"{self.prefix}:webhook:{webhook_id}"
+
+    # ---- approvals ----------------------------------------------------------------------------
+    # Every approval key carries the hash tag `{approvals}`, so the approval service's Lua scripts
+    # (which touch one approval and the indexes together) also run on a Redis Cluster.
+    def approval(self, approval_id: str) -> str:
+        """Hash: `needed` (the ApprovalNeeded JSON), runId, namespace, state
+        (`pending`|`approved`|`denied`|`cancelled`), reason, decidedAt."""
+        return f"{self.prefix}:{{approvals}}:a:{approval_id}"
+
+    @property
+    def approvals_pending(self) -> str:
+        """ZSET approval id -> requestedAt (epoch ms) of every pending approval."""
+        return f"{self.prefix}:{{approvals}}:pending"
+
+    def approvals_pending_run(self, run_id: str) -> str:
+        """ZSET approval id -> requestedAt (epoch ms): the run's pending approvals."""
+        return f"{self.prefix}:{{approvals}}:pending:run:{run_id}"
+
+    def approvals_pending_namespace(self, namespace: str) -> str:
+        """ZSET approval id -> requestedAt (epoch ms): the namespace's pending approvals."""
+        return f"{self.prefix}:{{approvals}}:pending:ns:{namespace}"
+
+    @property
+    def approvals_expiry(self) -> str:
+        """ZSET approval id -> expiry time (epoch ms), only when an approval timeout is set."""
+        return f"{self.prefix}:{{approvals}}:expiry"
+
+    @property
+    def approvals_announce(self) -> str:
+        """ZSET approval id -> time queued: `approval.requested` event and webhook not yet sent."""
+        return f"{self.prefix}:{{approvals}}:announce"
+
+    @property
+    def approvals_outbox(self) -> str:
+        """ZSET approval id -> time decided: decisions not yet acknowledged by the INTERNAL stream."""
+        return f"{self.prefix}:{{approvals}}:outbox"
+
+    def approvals_closed_run(self, run_id: str) -> str:
+        """Marker (with a TTL) that a run closed: an ApprovalNeeded arriving late is cancelled."""
+        return f"{self.prefix}:{{approvals}}:closed:{run_id}"

@@ -1,0 +1,241 @@
+"""Credentials per level (toolset, namespace, run), encrypted in Redis, and their resolution.
+
+A call to server S uses S's headers from the most specific level that has an entry for S: the
+run's, then its namespace's, then the toolset's; headers of two levels are never merged. Every
+change bumps one version counter in the same transaction, so a reader that knows the counter
+(the dispatcher reads it in the Lua script it runs per call anyway) can serve resolutions from
+memory with no I/O and still see a change on the very next call.
+
+Layout: one Redis string per level and scope (`Keys.credentials`), holding the Fernet ciphertext
+of `{"servers": {name: {"headers": {...}}}}`. Scopes: the toolset id; `<toolsetId>:<namespace>`
+(toolset ids never contain `:`); the run id.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import WatchError
+from toolbus_contracts.credentials import CredentialLevel, Credentials
+
+from toolbus_common.keys import Keys
+from toolbus_common.secrets import Cipher
+
+LEVELS: tuple[CredentialLevel, ...] = ("run", "namespace", "toolset")
+"""Most specific first: the order resolution looks at."""
+
+_Doc = dict[str, dict[str, str]]
+"""A decrypted credentials document: server -> header name -> value."""
+
+
+def scope_of(
+    level: CredentialLevel, *, toolset_id: str | None, namespace: str | None, run_id: str | None
+) -> str:
+    """The scope string of `level` (see module docstring); `ValueError` when a part is missing."""
+    if level == "toolset":
+        if not toolset_id:
+            raise ValueError("toolset level needs toolset_id")
+        return toolset_id
+    if level == "namespace":
+        if not toolset_id or not namespace:
+            raise ValueError("namespace level needs toolset_id and namespace")
+        return f"{toolset_id}:{namespace}"
+    if not run_id:
+        raise ValueError("run level needs run_id")
+    return run_id
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """The headers to send to one server and the level they came from (`None`: no level has an
+    entry for the server, headers empty). The repr never shows header values."""
+
+    headers: dict[str, str] = field(repr=False)
+    level: CredentialLevel | None
+
+    def __repr__(self) -> str:
+        return f"Resolved(level={self.level!r}, headers=<{len(self.headers)} hidden>)"
+
+
+NOTHING = Resolved({}, None)
+
+
+class CredentialStore:
+    """Encrypted credentials in Redis with a version-checked in-process cache.
+
+    `set`/`delete_run` write ciphertext only and bump `version_key` atomically with the write.
+    `resolve(version=v)` does no I/O while `v` is the version the cache was filled at.
+    """
+
+    def __init__(self, redis: Redis[bytes], keys: Keys, cipher: Cipher, *, cache_size: int = 10_000) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._cipher = cipher
+        self._cache: OrderedDict[str, _Doc | None] = OrderedDict()
+        self._cache_version: int | None = None
+        self._cache_size = cache_size
+
+    @property
+    def version_key(self) -> str:
+        """The Redis counter bumped on every change (read it with GET; absent means 0)."""
+        return self._keys.credentials_version
+
+    async def version(self) -> int:
+        raw = await self._redis.get(self.version_key)
+        return int(raw) if raw is not None else 0
+
+    def key(
+        self,
+        level: CredentialLevel,
+        *,
+        toolset_id: str | None = None,
+        namespace: str | None = None,
+        run_id: str | None = None,
+    ) -> str:
+        return self._keys.credentials(
+            level, scope_of(level, toolset_id=toolset_id, namespace=namespace, run_id=run_id)
+        )
+
+    # ---- writes ----------------------------------------------------------------------------------
+
+    async def set(
+        self,
+        level: CredentialLevel,
+        *,
+        toolset_id: str,
+        namespace: str | None = None,
+        run_id: str | None = None,
+        credentials: Credentials,
+    ) -> int:
+        """Replace everything stored at `level` and its scope with `credentials`; returns the new
+        version. Only ciphertext reaches Redis."""
+        key = self.key(level, toolset_id=toolset_id, namespace=namespace, run_id=run_id)
+        ciphertext = self._cipher.encrypt(credentials.model_dump_json().encode())
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.set(key, ciphertext)
+            pipe.incr(self.version_key)
+            results = await pipe.execute()
+        return int(results[1])
+
+    async def delete_run(self, run_id: str) -> int:
+        """Drop the run-level credentials of `run_id`; returns the new version."""
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.delete(self.key("run", run_id=run_id))
+            pipe.incr(self.version_key)
+            results = await pipe.execute()
+        return int(results[1])
+
+    async def rotate(self) -> int:
+        """Re-encrypt every stored document with the first configured key (after prepending a new
+        key to `TOOLBUS_SECRET_KEY`); returns how many were rewritten. Safe to run twice."""
+        count = 0
+        async for key in self._redis.scan_iter(match=self._keys.credentials_pattern, count=500):
+            raw = await self._redis.get(key)
+            if raw is None:
+                continue
+            # Write only if nobody replaced the document meanwhile (a newer set wins).
+            async with self._redis.pipeline(transaction=True) as pipe:
+                await pipe.watch(key)
+                if await pipe.get(key) != raw:
+                    continue
+                pipe.multi()
+                pipe.set(key, self._cipher.rotate(raw))
+                try:
+                    await pipe.execute()
+                    count += 1
+                except WatchError:  # a concurrent set wrote fresh ciphertext meanwhile
+                    continue
+        return count
+
+    # ---- reads -----------------------------------------------------------------------------------
+
+    async def resolve(
+        self,
+        *,
+        toolset_id: str,
+        namespace: str | None,
+        run_id: str | None,
+        server: str,
+        version: int | None = None,
+    ) -> Resolved:
+        """The headers for `server` from the most specific level that has an entry for it.
+
+        With `version` (the counter's current value, read by the caller), the answer comes from
+        memory with no I/O while the version is unchanged; a new version drops the cache first.
+        Without it, Redis is read every time.
+        """
+        keys = self._level_keys(toolset_id, namespace, run_id)
+        if version is None:
+            docs = await self._fetch([k for _, k in keys])
+            return _pick(server, [(level, docs[k]) for level, k in keys])
+        cacheable = True
+        if self._cache_version is None or version > self._cache_version:
+            self._cache.clear()
+            self._cache_version = version
+        elif version < self._cache_version:
+            cacheable = False  # an older reader: answer it from Redis, keep the newer cache
+        found: dict[str, _Doc | None] = {}
+        missing: list[str] = []
+        for _, k in keys:
+            if cacheable and k in self._cache:
+                found[k] = self._cache[k]
+                self._cache.move_to_end(k)
+            else:
+                missing.append(k)
+        if missing:
+            fetched = await self._fetch(missing)
+            found.update(fetched)
+            # Store only if no newer version arrived while we awaited: what we read is at least as
+            # new as `version` (the counter moves in the same transaction as the data).
+            if cacheable and self._cache_version == version:
+                for k, doc in fetched.items():
+                    self._cache[k] = doc
+                while len(self._cache) > self._cache_size:
+                    self._cache.popitem(last=False)
+        return _pick(server, [(level, found[k]) for level, k in keys])
+
+    async def get_servers(
+        self,
+        level: CredentialLevel,
+        *,
+        toolset_id: str | None = None,
+        namespace: str | None = None,
+        run_id: str | None = None,
+    ) -> list[str]:
+        """Names of the servers that have credentials at one level and scope (never values)."""
+        key = self.key(level, toolset_id=toolset_id, namespace=namespace, run_id=run_id)
+        doc = (await self._fetch([key]))[key]
+        return sorted(doc or {})
+
+    def _level_keys(
+        self, toolset_id: str, namespace: str | None, run_id: str | None
+    ) -> list[tuple[CredentialLevel, str]]:
+        keys: list[tuple[CredentialLevel, str]] = []
+        if run_id:
+            keys.append(("run", self.key("run", run_id=run_id)))
+        if namespace:
+            keys.append(("namespace", self.key("namespace", toolset_id=toolset_id, namespace=namespace)))
+        keys.append(("toolset", self.key("toolset", toolset_id=toolset_id)))
+        return keys
+
+    async def _fetch(self, keys: list[str]) -> dict[str, _Doc | None]:
+        # MGET: one round trip. The keys are not hash-tagged together; under Redis Cluster this
+        # would need a pipeline instead.
+        raws = await self._redis.mget(keys)
+        return {k: (self._open(raw) if raw is not None else None) for k, raw in zip(keys, raws, strict=True)}
+
+    def _open(self, raw: bytes) -> _Doc:
+        data: Any = json.loads(self._cipher.decrypt(raw))
+        servers: dict[str, Any] = data.get("servers", {})
+        return {name: dict(entry["headers"]) for name, entry in servers.items()}
+
+
+def _pick(server: str, docs: list[tuple[CredentialLevel, _Doc | None]]) -> Resolved:
+    for level, doc in docs:
+        if doc is not None and server in doc:
+            return Resolved(dict(doc[server]), level)
+    return NOTHING
