@@ -1,1 +1,17 @@
-"""toolbus package."""
+"""toolbus's MCP client: the only package that imports `mcp` and `httpx2`.
+
+    pool = McpPool()
+    conn = await pool.get(url, headers, server_name="github")
+    tools = await conn.list_tools()
+    result = await conn.call_tool("list_issues", {...}, idempotency_key=key, timeout=300.0)
+
+Failures are the contract's exceptions from `toolbus_contracts.errors` (`UpstreamUnreachable`,
+`Timeout`, `UpstreamError`, `CredentialsRejected`), each with `details["server"]`; a tool's own
+error result is `ToolResult(is_error=True)`, not an exception.
+"""
+
+from toolbus_mcp_client._connection import IDEMPOTENCY_META_KEY, McpConnection, ToolResult
+from toolbus_mcp_client._pool import McpPool
+from toolbus_mcp_client._transport import IDEMPOTENCY_HEADER
+
+__all__ = ["IDEMPOTENCY_HEADER", "IDEMPOTENCY_META_KEY", "McpConnection", "McpPool", "ToolResult"]

@@ -1,0 +1,377 @@
+"""One live connection to one MCP server: one httpx2 client, one open `mcp.Client`, many calls.
+
+The SDK client multiplexes: each request is its own POST on the pooled httpx2 client, answers
+are matched by JSON-RPC id, so any number of `call_tool`s may run at once on one connection.
+The `mcp.Client` is entered and exited by a task of its own (anyio scopes must be left by the
+task that entered them, and the pool's callers are many tasks). If that client ever dies, the
+next operation opens a new one on the same httpx2 client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+import httpx2
+import mcp_types as types
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import TypeAdapter, ValidationError
+from toolbus_contracts.errors import Timeout, ToolbusError, UpstreamError, UpstreamUnreachable
+
+from toolbus_mcp_client._errors import classify, protocol_error
+from toolbus_mcp_client._transport import Attempt, build_http_client, current_attempt
+
+logger = logging.getLogger("toolbus_mcp_client")
+
+IDEMPOTENCY_META_KEY: Final = "toolbus/idempotencyKey"
+TOOL_KEYS: Final = ("name", "title", "description", "inputSchema", "outputSchema", "annotations")
+MAX_LIST_PAGES: Final = 10_000
+
+# Results are taken as the wire dicts the SDK already validated against the negotiated protocol
+# version: no second parse into models, and the tool's content reaches the caller as sent. The
+# SDK types `send_request` for model results only, hence the cast.
+_RAW_RESULT: Final[Any] = TypeAdapter(dict[str, Any])
+
+Mode = Literal["auto", "legacy"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """A tool's answer as the server gave it; `is_error` is the tool's own error, not a failure."""
+
+    is_error: bool
+    structured_content: Any | None
+    content: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _first_mcp_error(exc: BaseException) -> MCPError | None:
+    """The SDK wraps connect failures in (nested) exception groups; find the MCPError inside."""
+    if isinstance(exc, MCPError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _first_mcp_error(inner)
+            if found is not None:
+                return found
+    if exc.__cause__ is not None:
+        return _first_mcp_error(exc.__cause__)
+    return None
+
+
+class _Live:
+    """One open `mcp.Client`, hosted by the task that entered it."""
+
+    def __init__(self) -> None:
+        self.client: Client | None = None
+        self.stop = asyncio.Event()
+        self.dead = False
+        self.task: asyncio.Task[None] | None = None
+
+    @property
+    def modern(self) -> bool:
+        return self.client is not None and self.client.protocol_version in MODERN_PROTOCOL_VERSIONS
+
+
+class McpConnection:
+    """A connection to one MCP server URL with one set of credential headers.
+
+    Safe for many concurrent `call_tool`s. Errors are the contract's exceptions (see
+    `toolbus_mcp_client._errors`); a tool's own error result is a `ToolResult(is_error=True)`.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        headers: dict[str, str],
+        *,
+        server_name: str,
+        mode: Mode = "auto",
+        open_timeout: float = 30.0,
+    ) -> None:
+        self.url = url
+        self.server_name = server_name
+        self._headers = dict(headers)
+        self._mode: Mode = mode
+        self._open_timeout = open_timeout
+        self._http: httpx2.AsyncClient = build_http_client(self._headers)
+        self._live: _Live | None = None
+        self._reopen_lock = asyncio.Lock()
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.closed = False
+
+    @classmethod
+    async def open(
+        cls,
+        url: str,
+        headers: dict[str, str],
+        *,
+        server_name: str,
+        mode: Mode = "auto",
+        timeout: float = 30.0,  # noqa: ASYNC109 - bounds the whole opening, enforced inside
+    ) -> McpConnection:
+        """Connect (discover the protocol, or initialize on 2025-era servers) and return the connection.
+
+        Raises `UpstreamUnreachable`, `CredentialsRejected`, `Timeout` or `UpstreamError`, naming
+        the server.
+        """
+        conn = cls(url, headers, server_name=server_name, mode=mode, open_timeout=timeout)
+        try:
+            conn._live = await conn._start()
+        except BaseException:
+            await conn._http.aclose()
+            conn.closed = True
+            raise
+        return conn
+
+    @property
+    def protocol_version(self) -> str | None:
+        """The protocol version the server speaks on the current connection."""
+        live = self._live
+        return live.client.protocol_version if live is not None and live.client is not None else None
+
+    # opening and closing ---------------------------------------------------------------------
+
+    async def _start(self) -> _Live:
+        live = _Live()
+        ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        attempt = Attempt()
+        live.task = asyncio.create_task(self._host(live, ready, attempt), name=f"mcp:{self.server_name}")
+        try:
+            async with asyncio.timeout(self._open_timeout):
+                await asyncio.shield(ready)
+        except TimeoutError:
+            live.task.cancel()
+            with contextlib.suppress(BaseException):
+                await live.task
+            raise Timeout(
+                f"MCP server '{self.server_name}' did not complete the connection within "
+                f"{self._open_timeout:g}s; check that it is running and reachable.",
+                details={"server": self.server_name, "sent": attempt.sent},
+                retryable=True,
+            ) from None
+        except asyncio.CancelledError:
+            live.task.cancel()
+            raise
+        except ToolbusError:
+            raise
+        except BaseException as exc:
+            error = classify(
+                self.server_name, attempt, _first_mcp_error(exc), what="the connection", timeout=None
+            )
+            raise error from None
+        return live
+
+    async def _host(self, live: _Live, ready: asyncio.Future[None], attempt: Attempt) -> None:
+        """Enter the SDK client, hand it over, wait until told to stop, then leave it here."""
+        token = current_attempt.set(attempt)
+        try:
+            async with AsyncExitStack() as stack:
+                transport = streamable_http_client(self.url, http_client=self._http, terminate_on_close=True)
+                client = await stack.enter_async_context(Client(transport, mode=self._mode))
+                current_attempt.reset(token)
+                live.client = client
+                ready.set_result(None)
+                await live.stop.wait()
+        except asyncio.CancelledError:
+            if not ready.done():
+                ready.cancel()
+        except BaseException as exc:
+            if not ready.done():
+                ready.set_exception(exc)
+            else:
+                logger.warning(
+                    "MCP connection to server %s ended unexpectedly: %s", self.server_name, type(exc).__name__
+                )
+        finally:
+            live.dead = True
+
+    async def _current(self) -> _Live:
+        """The open SDK client, reopened if the previous one died."""
+        live = self._live
+        if live is not None and not live.dead:
+            return live
+        if self.closed:
+            raise UpstreamUnreachable(
+                f"The connection to MCP server '{self.server_name}' is closed; get a new one from the pool.",
+                details={"server": self.server_name, "sent": False},
+                retryable=True,
+            )
+        async with self._reopen_lock:
+            live = self._live
+            if live is not None and not live.dead:
+                return live
+            if live is not None:
+                await self._stop(live)
+            self._live = await self._start()
+            return self._live
+
+    async def _stop(self, live: _Live) -> None:
+        live.stop.set()
+        if live.task is not None:
+            with contextlib.suppress(BaseException):
+                await live.task
+
+    def cut_grace(self) -> None:
+        """End a graceful `aclose` wait now: calls still in flight fail as the connection closes."""
+        self._idle.set()
+
+    async def aclose(self, *, grace: float = 0.0) -> None:
+        """Close the connection; with `grace`, first wait up to that long for calls in flight."""
+        if self.closed:
+            return
+        self.closed = True
+        if grace > 0 and self._in_flight:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(grace):
+                    await self._idle.wait()
+        if self._live is not None:
+            await self._stop(self._live)
+        await self._http.aclose()
+
+    # operations ------------------------------------------------------------------------------
+
+    async def list_tools(self, *, timeout: float = 60.0) -> list[dict[str, Any]]:  # noqa: ASYNC109
+        """Every tool the server lists, following `nextCursor` to the end, in wire (camelCase) form.
+
+        Each dict holds the keys the server sent among name, title, description, inputSchema,
+        outputSchema and annotations. `timeout` bounds each page.
+        """
+        tools: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        cursor: str | None = None
+        live = await self._current()
+        for _ in range(MAX_LIST_PAGES):
+            client = live.client
+            assert client is not None
+            attempt = Attempt()
+            token = current_attempt.set(attempt)
+            try:
+                page: dict[str, Any] = await client.session.send_request(
+                    types.ListToolsRequest(params=types.PaginatedRequestParams(cursor=cursor)),
+                    _RAW_RESULT,
+                    request_read_timeout_seconds=timeout,
+                )
+            except MCPError as exc:
+                raise classify(
+                    self.server_name, attempt, exc, what="listing tools", timeout=timeout
+                ) from None
+            except ValidationError as exc:
+                raise protocol_error(self.server_name, "listing tools", str(exc)) from None
+            finally:
+                current_attempt.reset(token)
+            raw_tools = page.get("tools")
+            if not isinstance(raw_tools, list):
+                raise protocol_error(self.server_name, "listing tools", "the result has no tools list")
+            tools.extend({k: t[k] for k in TOOL_KEYS if t.get(k) is not None} for t in raw_tools)
+            next_cursor = page.get("nextCursor")
+            if not next_cursor:
+                return tools
+            if next_cursor in seen:
+                raise protocol_error(self.server_name, "listing tools", "it repeated a page cursor")
+            seen.add(next_cursor)
+            cursor = next_cursor
+        raise protocol_error(self.server_name, "listing tools", f"it listed more than {MAX_LIST_PAGES} pages")
+
+    async def call_tool(
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        *,
+        idempotency_key: str,
+        timeout: float,  # noqa: ASYNC109 - the SDK's per-request timeout, which also aborts the POST
+    ) -> ToolResult:
+        """Call one tool once. The idempotency key travels as the `Idempotency-Key` HTTP header and
+        as `_meta["toolbus/idempotencyKey"]`. `timeout` bounds the wait for the answer.
+        """
+        live = self._live
+        if live is None or live.dead:
+            live = await self._current()
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            try:
+                raw = await self._send_call(live, name, arguments, idempotency_key, timeout)
+            except _SessionLost:
+                # A 2025-era server forgot our session (it restarted): the call was not run there.
+                live.dead = True
+                live = await self._current()
+                try:
+                    raw = await self._send_call(live, name, arguments, idempotency_key, timeout)
+                except _SessionLost:
+                    raise UpstreamError(
+                        f"MCP server '{self.server_name}' answered HTTP 404 to the call of tool '{name}' "
+                        "on a fresh session; check the server's URL.",
+                        details={"server": self.server_name, "status": 404, "sent": True},
+                        retryable=False,
+                    ) from None
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._idle.set()
+        return self._tool_result(name, raw)
+
+    async def _send_call(
+        self,
+        live: _Live,
+        name: str,
+        arguments: dict[str, Any],
+        key: str,
+        timeout: float,  # noqa: ASYNC109
+    ) -> dict[str, Any]:
+        client = live.client
+        assert client is not None
+        attempt = Attempt(idempotency_key=key)
+        token = current_attempt.set(attempt)
+        request = types.CallToolRequest(
+            params=types.CallToolRequestParams(
+                name=name, arguments=arguments, _meta={IDEMPOTENCY_META_KEY: key}
+            )
+        )
+        try:
+            raw: dict[str, Any] = await client.session.send_request(
+                request, _RAW_RESULT, request_read_timeout_seconds=timeout
+            )
+            return raw
+        except MCPError as exc:
+            if attempt.status == 404 and not live.modern and attempt.network_error is None:
+                raise _SessionLost from None
+            raise classify(
+                self.server_name, attempt, exc, what=f"the call of tool '{name}'", timeout=timeout
+            ) from None
+        except ValidationError as exc:
+            raise protocol_error(self.server_name, f"the call of tool '{name}'", str(exc)) from None
+        finally:
+            current_attempt.reset(token)
+
+    def _tool_result(self, name: str, raw: dict[str, Any]) -> ToolResult:
+        result_type = raw.get("resultType")
+        if result_type not in (None, "complete"):
+            raise UpstreamError(
+                f"MCP server '{self.server_name}' asked for more input ({result_type}) to run tool "
+                f"'{name}', which toolbus does not support.",
+                details={"server": self.server_name, "sent": True},
+                retryable=False,
+            )
+        content = raw.get("content")
+        if not isinstance(content, list):
+            raise protocol_error(
+                self.server_name, f"the call of tool '{name}'", "the result has no content list"
+            )
+        return ToolResult(
+            is_error=bool(raw.get("isError", False)),
+            structured_content=raw.get("structuredContent"),
+            content=content,
+        )
+
+
+class _SessionLost(Exception):
+    """HTTP 404 on a 2025-era session: the server no longer knows it, so open a new one."""

@@ -1,0 +1,126 @@
+"""The httpx2 transport under every MCP connection: it watches each HTTP exchange for its caller.
+
+The SDK's streamable HTTP transport runs each request's POST in a task of its own and turns
+HTTP statuses into generic JSON-RPC errors; a network error raised there would tear the whole
+connection down. So this transport never raises: it records what happened (sent or not, status,
+network error) on the `Attempt` of the call that caused the request and hands the SDK a plain
+error response instead. The SDK copies the caller's `contextvars` into the POST task, so the
+`Attempt` is found through a context variable with no lookup at all; the same path sets the
+`Idempotency-Key` header of a tool call.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import httpx2
+
+logger = logging.getLogger("toolbus_mcp_client")
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+
+# A status no server sends: marks the stand-in response for a request that got no answer.
+NO_ANSWER_STATUS = 599
+
+# Network errors raised before a request's bytes could leave: connecting, DNS, a full pool.
+_NOT_SENT = (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout, httpx2.UnsupportedProtocol)
+
+
+@dataclass(slots=True)
+class Attempt:
+    """What one logical operation (a call, a listing, an open) saw on the wire."""
+
+    idempotency_key: str | None = None
+    sent: bool = False
+    status: int | None = None
+    network_error: str | None = None
+
+    @property
+    def failed_before_sending(self) -> bool:
+        return self.network_error is not None and not self.sent
+
+
+current_attempt: contextvars.ContextVar[Attempt | None] = contextvars.ContextVar(
+    "toolbus_mcp_attempt", default=None
+)
+
+
+def _describe(exc: Exception) -> str:
+    """A short reason for a network error, free of URLs and headers."""
+    text = str(exc).strip()
+    if not text or len(text) > 120:
+        return type(exc).__name__
+    return text
+
+
+class _WatchedStream(httpx2.AsyncByteStream):
+    """A response body that ends (instead of raising) when the connection breaks mid-body."""
+
+    __slots__ = ("_attempt", "_inner")
+
+    def __init__(self, inner: httpx2.AsyncByteStream, attempt: Attempt | None) -> None:
+        self._inner = inner
+        self._attempt = attempt
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._inner:
+                yield chunk
+        except httpx2.TransportError as exc:
+            if self._attempt is not None:
+                self._attempt.network_error = _describe(exc)
+            logger.debug("MCP response body broke off: %s", type(exc).__name__)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class WatchingTransport(httpx2.AsyncBaseTransport):
+    """Wraps a real transport: stamps the idempotency key, records outcomes, never raises."""
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport) -> None:
+        self._inner = inner
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        attempt = current_attempt.get()
+        if attempt is not None and attempt.idempotency_key is not None and request.method == "POST":
+            request.headers[IDEMPOTENCY_HEADER] = attempt.idempotency_key
+        try:
+            response = await self._inner.handle_async_request(request)
+        except httpx2.TransportError as exc:
+            if attempt is not None:
+                attempt.network_error = _describe(exc)
+                attempt.sent = attempt.sent or not isinstance(exc, _NOT_SENT)
+            logger.debug("MCP request got no answer: %s", type(exc).__name__)
+            return httpx2.Response(
+                NO_ANSWER_STATUS, headers={"content-type": "text/plain"}, content=b"", request=request
+            )
+        if attempt is not None:
+            attempt.sent = True
+            # An error status sticks: a later exchange of the same operation must not hide it.
+            if attempt.status is None or attempt.status < 400:
+                attempt.status = response.status_code
+        stream = response.stream
+        assert isinstance(stream, httpx2.AsyncByteStream)
+        return httpx2.Response(
+            response.status_code,
+            headers=response.headers,
+            stream=_WatchedStream(stream, attempt),
+            extensions=response.extensions,
+            request=request,
+        )
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def build_http_client(headers: dict[str, str]) -> httpx2.AsyncClient:
+    """One pooled httpx2 client with the server's credential headers and the SDK's timeouts."""
+    return httpx2.AsyncClient(
+        headers=headers,
+        timeout=httpx2.Timeout(30.0, read=300.0),
+        transport=WatchingTransport(httpx2.AsyncHTTPTransport()),
+    )

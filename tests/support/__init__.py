@@ -1,0 +1,1 @@
+"""Shared helpers for toolbus tests: real MCP servers and the like."""
