@@ -18,7 +18,8 @@ from typing import Any
 _SECRETS: set[str] = set()
 _SECRETS_LOCK = threading.Lock()
 _AUTH_RE = re.compile(
-    r"(?i)(authorization|bearer|token|api[-_]?key|secret|password)([\"'=:\s]+)([^\s\"',}]+)"
+    r"(?i)(authorization|bearer|token|api[-_]?key|secret|password)([\"'=:\s]+)"
+    r"((?:bearer|basic|token)\s+)?([^\s\"',}]+)"
 )
 MASK = "**********"
 
@@ -35,7 +36,7 @@ def scrub(text: str) -> str:
     for secret in tuple(_SECRETS):
         if secret in text:
             text = text.replace(secret, MASK)
-    return _AUTH_RE.sub(lambda m: f"{m.group(1)}{m.group(2)}{MASK}", text)
+    return _AUTH_RE.sub(lambda m: f"{m.group(1)}{m.group(2)}{m.group(3) or ''}{MASK}", text)
 
 
 class JsonFormatter(logging.Formatter):

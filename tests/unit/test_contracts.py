@@ -1,0 +1,110 @@
+"""The contracts library: bodies refuse what the contract refuses and name the field; errors
+survive the wire; durations parse as the contract writes them."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+import toolbus_contracts
+from toolbus_contracts import (
+    CallStartRequest,
+    Credentials,
+    EffectivePolicy,
+    PolicySpec,
+    Subjects,
+    ToolbusError,
+    ToolsetCreateRequest,
+    parse_body,
+    parse_duration,
+)
+from toolbus_contracts.errors import InvalidRequest, NotFound, Timeout
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        (b"{", "body"),
+        (b"", "body"),
+        (b"[]", "body"),
+        (b'{"runId": "r"}', "tool"),
+        (b'{"runId": 5, "tool": "x"}', "runId"),
+        (b'{"runId": "r", "tool": "x", "extra": 1}', "extra"),
+        (b'{"run_id": "r", "tool": "x"}', "run_id"),
+        (b'{"runId": "r", "tool": "x", "input": []}', "input"),
+    ],
+)
+def test_bad_bodies_name_the_field(raw: bytes, field: str) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        parse_body(CallStartRequest, raw)
+    assert info.value.details["field"] == field
+    assert field in info.value.message or field == "body"
+
+
+def test_nested_field_path_is_named() -> None:
+    with pytest.raises(InvalidRequest) as info:
+        parse_body(ToolsetCreateRequest, b'{"mcp": [{"name": "ok", "url": "http://x", "policies": {"t": {"timeout": "-1s"}}}]}')
+    assert info.value.details["field"] == "mcp[0].policies.t.timeout"
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("500ms", 0.5), ("60s", 60), ("5m", 300), ("1h30m", 5400), ("1h", 3600), ("1.5s", 1.5)],
+)
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == timedelta(seconds=seconds)
+
+
+@pytest.mark.parametrize("text", ["0s", "0ms", "-1s", "5", "", "5 m", "1d", "m5"])
+def test_bad_durations(text: str) -> None:
+    with pytest.raises(ValueError, match="duration|longer than zero"):
+        parse_duration(text)
+
+
+def test_errors_round_trip_through_the_wire() -> None:
+    for exc in (InvalidRequest("bad", details={"field": "x"}), NotFound("gone"), Timeout("slow")):
+        back = ToolbusError.from_wire(exc.to_wire())
+        assert type(back) is type(exc)
+        assert back.message == exc.message and back.details == exc.details
+    assert Timeout("x").retryable and not NotFound("x").retryable
+    assert type(ToolbusError.from_wire({"code": "somethingNew", "message": "m"})).__name__ == "Internal"
+
+
+def test_credential_values_never_print() -> None:
+    creds = parse_body(Credentials, b'{"servers": {"gh": {"headers": {"Authorization": "Bearer tok-123456"}}}}')
+    assert "tok-123456" not in repr(creds) and "tok-123456" not in str(creds)
+    assert creds.servers["gh"].plain_headers() == {"Authorization": "Bearer tok-123456"}
+
+
+@pytest.mark.parametrize(
+    "headers",
+    ['{}', '{"Bad Name": "v"}', '{"X-A": ""}', '{"X-A": "a\\r\\nInjected: 1"}', '{"Host": "evil"}', '{"X-A": " padded"}'],
+)
+def test_headers_http_forbids_are_refused(headers: str) -> None:
+    raw = f'{{"servers": {{"gh": {{"headers": {headers}}}}}}}'.encode()
+    with pytest.raises(InvalidRequest) as info:
+        parse_body(Credentials, raw)
+    assert info.value.details["field"].startswith("servers.gh.headers")
+
+
+def test_effective_policy_defaults_by_kind() -> None:
+    assert EffectivePolicy.for_kind("mcp", None).wire() == {
+        "onInterruption": "retry", "approval": False, "timeout": "5m", "heartbeatTimeout": "60s", "concurrency": None,
+    }
+    host = EffectivePolicy.for_kind("host", PolicySpec(concurrency=3))
+    assert host.timeout is None and host.concurrency == 3
+
+
+def test_subjects_follow_the_prefix() -> None:
+    s = Subjects("acme")
+    assert s.calls_invoke == "acme.calls.invoke"
+    assert s.call_events("r1", "c1") == "acme.events.calls.r1.c1"
+    assert s.host_call("crm.find_customer") == "acme.host.call.crm.find_customer"
+    assert s.workflows_start("triage") == "acme.workflows.start.triage"
+
+
+def test_public_names_are_pinned() -> None:
+    assert set(toolbus_contracts.__all__) == {n for n in dir(toolbus_contracts) if not n.startswith("_")} - {
+        "approvals", "base", "calls", "credentials", "errors", "internal", "registry", "subjects",
+    }
