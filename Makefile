@@ -30,9 +30,11 @@ test: ## run the whole pytest suite (ARGS="-k name" to narrow it)
 	$(UV) run --frozen pytest $(ARGS)
 
 lint: ## ruff check, ruff format --check, and mypy --strict on libs/ and services/
-	$(UV) run --frozen ruff check libs services
-	$(UV) run --frozen ruff format --check libs services
-	$(UV) run --frozen mypy libs services
+	@status=0; \
+	echo "ruff check libs services"; $(UV) run --frozen ruff check libs services || status=1; \
+	echo "ruff format --check libs services"; $(UV) run --frozen ruff format --check libs services || status=1; \
+	echo "mypy libs services"; $(UV) run --frozen mypy libs services || status=1; \
+	exit $$status
 
 bench: ## run every bench/*.py, each printing its figures
 	@shopt -s nullglob; files=(bench/*.py); \
