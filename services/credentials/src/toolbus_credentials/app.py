@@ -1,0 +1,170 @@
+"""The credentials service assembled: NATS, JetStream, Redis, the request subjects, the command
+consumers, the park-timeout sweep and the webhook sender."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from datetime import timedelta
+
+import orjson
+from nats.aio.client import Client as NatsClient
+from nats.js import JetStreamContext
+from redis.asyncio import Redis
+from toolbus_common.connections import connect_nats, connect_redis, ensure_stream
+from toolbus_common.credential_store import CredentialStore
+from toolbus_common.keys import Keys
+from toolbus_common.rpc import RpcServer
+from toolbus_common.secrets import Cipher
+from toolbus_common.settings import Settings
+from toolbus_common.toolsets import ToolsetStore
+from toolbus_common.webhooks import WebhookSender
+from toolbus_contracts import Subjects
+from toolbus_contracts.credentials import CredentialsExpired
+from toolbus_contracts.internal import CallParked, CallsResume, CredentialsChanged, RunClosed
+
+from toolbus_credentials.consumers import CommandConsumer
+from toolbus_credentials.handlers import register_handlers
+from toolbus_credentials.parking import ParkingLot
+from toolbus_credentials.service import CredentialsLogic
+from toolbus_credentials.settings import CredentialsSettings
+
+log = logging.getLogger(__name__)
+
+QUEUE = "toolbus-credentials"
+INTERNAL_STREAM = "INTERNAL"
+INTERNAL_MAX_AGE = timedelta(days=30)
+
+
+class NatsOutbox:
+    """`CallsResume` on JetStream (acked by the stream), the rest on core NATS."""
+
+    def __init__(self, nc: NatsClient, js: JetStreamContext, subjects: Subjects) -> None:
+        self._nc = nc
+        self._js = js
+        self._subjects = subjects
+
+    async def calls_resume(self, message: CallsResume) -> None:
+        await self._js.publish(self._subjects.internal_calls_resume, message.wire_json())
+
+    async def credentials_changed(self, message: CredentialsChanged) -> None:
+        await self._nc.publish(self._subjects.internal_credentials_changed, message.wire_json())
+
+    async def credentials_expired(self, event: CredentialsExpired) -> None:
+        await self._nc.publish(self._subjects.credentials_expired, orjson.dumps(event.wire()))
+
+
+class CredentialsService:
+    """`python -m toolbus_credentials`: see the package README."""
+
+    name = "credentials"
+
+    def __init__(self, settings: Settings, own: CredentialsSettings | None = None) -> None:
+        self.settings = settings
+        self.own = own or CredentialsSettings()
+        # Start-up errors (missing or malformed key, webhook secret) surface here, before serving.
+        self.cipher = Cipher.from_settings(settings)
+        self.subjects = settings.subjects
+        self.keys = Keys(settings.key_prefix)
+        self._nc: NatsClient | None = None
+        self._redis: Redis[bytes] | None = None
+        self._rpc: RpcServer | None = None
+        self._consumers: list[CommandConsumer] = []
+        self._sweeper: asyncio.Task[None] | None = None
+        self._ready = False
+        self.logic: CredentialsLogic | None = None
+        self.webhooks: WebhookSender | None = None
+
+    async def start(self) -> None:
+        settings, own = self.settings, self.own
+        self._redis = redis = connect_redis(settings)
+        self._nc = nc = await connect_nats(settings, name="toolbus-credentials")
+        js = nc.jetstream()
+        stream = settings.js_name(INTERNAL_STREAM)
+        await ensure_stream(js, stream, [self.subjects.internal_all], max_age=INTERNAL_MAX_AGE)
+        toolsets = ToolsetStore(js, settings.js_name("toolsets"))
+        await toolsets.open()
+
+        async def server_names(toolset_id: str) -> frozenset[str] | None:
+            stored = await toolsets.get(toolset_id)
+            return None if stored is None else frozenset(s.name for s in stored.pinned.servers)
+
+        self.webhooks = WebhookSender(
+            redis,
+            self.keys,
+            url=settings.webhook_url,
+            secret=settings.webhook_secret,
+            schedule=own.webhook_retry_schedule,
+            timeout=own.webhook_timeout_seconds,
+        )
+        self.logic = logic = CredentialsLogic(
+            redis=redis,
+            keys=self.keys,
+            store=CredentialStore(redis, self.keys, self.cipher),
+            parking=ParkingLot(redis, self.keys),
+            server_names=server_names,
+            outbox=NatsOutbox(nc, js, self.subjects),
+            webhooks=self.webhooks,
+            park_timeout=own.park_timeout_seconds,
+        )
+        self._consumers = [
+            CommandConsumer(
+                js,
+                stream=stream,
+                subject=self.subjects.internal_calls_park,
+                durable="credentials_park",
+                model=CallParked,
+                apply=logic.park,
+            ),
+            CommandConsumer(
+                js,
+                stream=stream,
+                subject=self.subjects.internal_runs_closed,
+                durable="credentials_runs_closed",
+                model=RunClosed,
+                apply=logic.run_closed,
+            ),
+        ]
+        for consumer in self._consumers:
+            await consumer.start()
+        await self.webhooks.start()
+        self._sweeper = asyncio.create_task(self._sweep_loop(), name="park-timeout-sweep")
+        self._rpc = RpcServer(nc, queue=QUEUE)
+        register_handlers(self._rpc, self.subjects, logic)
+        await self._rpc.start()
+        self._ready = True
+
+    async def _sweep_loop(self) -> None:
+        assert self.logic is not None
+        while True:
+            try:
+                await self.logic.expire_parked()
+            except Exception:
+                log.exception("park timeout sweep failed; retrying")
+            await asyncio.sleep(self.own.park_sweep_seconds)
+
+    def ready(self) -> bool:
+        return self._ready and self._nc is not None and self._nc.is_connected
+
+    async def stop(self) -> None:
+        self._ready = False
+        if self._rpc is not None:
+            await self._rpc.drain()
+        for consumer in self._consumers:
+            await consumer.stop()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        if self.webhooks is not None:
+            await self.webhooks.stop()
+        if self._nc is not None:
+            with contextlib.suppress(Exception):
+                await self._nc.drain()
+        if self._redis is not None:
+            await self._redis.aclose()  # type: ignore[attr-defined]
+
+
+async def build(settings: Settings) -> CredentialsService:
+    return CredentialsService(settings)

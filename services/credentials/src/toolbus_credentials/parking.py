@@ -1,0 +1,185 @@
+"""Parked calls in Redis: per level and scope, in park order, with the `credentials.expired`
+notification state of each server there.
+
+Every change is one Lua script, so a crash between steps never leaves a call half parked. The
+scripts touch keys named in the stored records (single-node Redis or a Redis with all toolbus keys
+on one node; not Redis Cluster).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+from toolbus_common.keys import Keys
+from toolbus_contracts.credentials import CredentialLevel
+
+# KEYS: scope zset, scope servers, notified, index, where, seq, run set
+# ARGV: call id, server, park time ms, where json
+# Returns {newly parked 0|1, notify 0|1, call ids parked there for this server...}.
+_PARK = """
+local function ids_for(server)
+  local out = {}
+  for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+    if redis.call('HGET', KEYS[2], id) == server then table.insert(out, id) end
+  end
+  return out
+end
+if redis.call('HEXISTS', KEYS[5], ARGV[1]) == 1 then
+  -- A redelivered command: notify again only if the first try did not finish notifying.
+  if redis.call('HGET', KEYS[3], ARGV[2]) == 'pending' then
+    local r = {0, 1}
+    for _, id in ipairs(ids_for(ARGV[2])) do table.insert(r, id) end
+    return r
+  end
+  return {0, 0}
+end
+local seq = redis.call('INCR', KEYS[6])
+redis.call('ZADD', KEYS[1], seq, ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1])
+redis.call('HSET', KEYS[5], ARGV[1], ARGV[4])
+redis.call('SADD', KEYS[7], ARGV[1])
+if redis.call('HSETNX', KEYS[3], ARGV[2], 'pending') == 1 then
+  local r = {1, 1}
+  for _, id in ipairs(ids_for(ARGV[2])) do table.insert(r, id) end
+  return r
+end
+return {1, 0}
+"""
+
+# KEYS: index, where. ARGV: call ids. Returns the ids that were parked (and now are not).
+_REMOVE = """
+local removed = {}
+for _, id in ipairs(ARGV) do
+  local w = redis.call('HGET', KEYS[2], id)
+  if w then
+    local d = cjson.decode(w)
+    local server = redis.call('HGET', d.servers, id)
+    redis.call('ZREM', d.z, id)
+    redis.call('HDEL', d.servers, id)
+    redis.call('SREM', d.run, id)
+    redis.call('HDEL', KEYS[2], id)
+    redis.call('ZREM', KEYS[1], id)
+    if server then
+      local still = false
+      for _, s in ipairs(redis.call('HVALS', d.servers)) do
+        if s == server then still = true; break end
+      end
+      if not still then redis.call('HDEL', d.notified, server) end
+    end
+    table.insert(removed, id)
+  end
+end
+return removed
+"""
+
+# KEYS: notified. ARGV: server. Marks the notification sent, unless the scope was cleared meanwhile.
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+return 1
+"""
+
+_MARK_SENT = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then redis.call('HSET', KEYS[1], ARGV[1], 'sent') end
+return 1
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class ParkResult:
+    newly_parked: bool
+    notify: bool
+    """True when this park must publish `credentials.expired` (first call parked for the server
+    at this scope, or a redelivery whose notification did not finish)."""
+    call_ids: list[str]
+    """When `notify`: the calls parked at this scope for this server, in park order."""
+
+
+def _str(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class ParkingLot:
+    """Calls waiting for new credentials at one level and scope."""
+
+    def __init__(self, redis: Redis[bytes], keys: Keys) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._park = redis.register_script(_PARK)
+        self._remove = redis.register_script(_REMOVE)
+        self._mark_sent = redis.register_script(_MARK_SENT)
+        self._release = redis.register_script(_RELEASE)
+
+    async def park(
+        self,
+        *,
+        call_id: str,
+        run_id: str,
+        server: str,
+        level: CredentialLevel,
+        scope: str,
+        parked_at_ms: int | None = None,
+    ) -> ParkResult:
+        """Park `call_id` at level+scope (idempotent: parking it again changes nothing)."""
+        k = self._keys
+        where = json.dumps(
+            {
+                "level": level,
+                "scope": scope,
+                "runId": run_id,
+                "server": server,
+                "z": k.parked(level, scope),
+                "servers": k.parked_servers(level, scope),
+                "notified": k.parked_notified(level, scope),
+                "run": k.parked_by_run(run_id),
+            }
+        )
+        raw = await self._park(
+            keys=[
+                k.parked(level, scope),
+                k.parked_servers(level, scope),
+                k.parked_notified(level, scope),
+                k.parked_index,
+                k.parked_where,
+                k.parked_seq,
+                k.parked_by_run(run_id),
+            ],
+            args=[call_id, server, parked_at_ms or int(time.time() * 1000), where],
+        )
+        return ParkResult(bool(int(raw[0])), bool(int(raw[1])), [_str(x) for x in raw[2:]])
+
+    async def mark_notified(self, level: CredentialLevel, scope: str, server: str) -> None:
+        await self._mark_sent(keys=[self._keys.parked_notified(level, scope)], args=[server])
+
+    async def parked_at(self, level: CredentialLevel, scope: str) -> list[str]:
+        """The calls parked at level+scope, in park order."""
+        return [_str(x) for x in await self._redis.zrange(self._keys.parked(level, scope), 0, -1)]
+
+    async def of_run(self, run_id: str) -> list[str]:
+        return sorted(_str(x) for x in await self._redis.smembers(self._keys.parked_by_run(run_id)))
+
+    async def older_than(self, cutoff_ms: int, limit: int = 500) -> list[str]:
+        """Calls parked before `cutoff_ms` (ms since epoch), oldest first."""
+        raw = await self._redis.zrangebyscore(self._keys.parked_index, "-inf", cutoff_ms, start=0, num=limit)
+        return [_str(x) for x in raw]
+
+    async def remove(self, call_ids: list[str]) -> list[str]:
+        """Unpark these calls wherever they are; returns those that were parked."""
+        if not call_ids:
+            return []
+        raw = await self._remove(keys=[self._keys.parked_index, self._keys.parked_where], args=call_ids)
+        return [_str(x) for x in raw]
+
+    async def is_parked(self, call_id: str) -> bool:
+        return bool(await self._redis.hexists(self._keys.parked_where, call_id))
+
+    async def try_sweep_lock(self, holder: str, ttl_ms: int) -> bool:
+        """One replica at a time ends calls parked too long."""
+        return bool(await self._redis.set(self._keys.parked_sweep_lock, holder, nx=True, px=ttl_ms))
+
+    async def release_sweep_lock(self, holder: str) -> None:
+        await self._release(keys=[self._keys.parked_sweep_lock], args=[holder])

@@ -1,0 +1,252 @@
+"""What the credentials service does, with no NATS in it: set credentials at a level, park calls
+that met a 401, resume them on a set at the same level and scope, end those parked too long, and
+forget a closed run.
+
+Outgoing messages go through `Outbox` (NATS in the app, a list in unit tests). Ordering choices,
+so that a crash anywhere loses nothing (at-least-once): credentials are stored before parked calls
+are resumed; `CallsResume` is published (durably, JetStream) before the calls are unparked, so a
+crash in between resumes them again on the next set, which the dispatcher ignores for a call that
+is no longer parked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from redis.asyncio import Redis
+from toolbus_common.credential_store import CredentialStore, scope_of
+from toolbus_common.keys import Keys
+from toolbus_common.webhooks import WebhookSender
+from toolbus_contracts.credentials import (
+    CredentialLevel,
+    Credentials,
+    CredentialsExpired,
+    CredentialsExpiredData,
+    CredentialsSetReply,
+    NamespaceCredentialsSetRequest,
+    RunCredentialsSetRequest,
+    ToolsetCredentialsSetRequest,
+)
+from toolbus_contracts.errors import InvalidRequest, NotFound
+from toolbus_contracts.internal import CallParked, CallsResume, CredentialsChanged, RunClosed
+
+from toolbus_credentials.parking import ParkingLot
+
+log = logging.getLogger(__name__)
+
+ServerNames = Callable[[str], Awaitable[frozenset[str] | None]]
+"""Toolset id -> the names of its MCP servers, or None when the toolset is unknown."""
+
+
+class Outbox(Protocol):
+    """Where the service's messages go."""
+
+    async def calls_resume(self, message: CallsResume) -> None:
+        """Durably (JetStream): the dispatcher must get it even if it is down now."""
+
+    async def credentials_changed(self, message: CredentialsChanged) -> None:
+        """Broadcast (core NATS) to every dispatcher."""
+
+    async def credentials_expired(self, event: CredentialsExpired) -> None:
+        """The public `‹p›.events.credentials.expired` event."""
+
+
+class RunInfo:
+    __slots__ = ("namespace", "open", "toolset_id")
+
+    def __init__(self, toolset_id: str, namespace: str | None, open_: bool) -> None:
+        self.toolset_id = toolset_id
+        self.namespace = namespace
+        self.open = open_
+
+
+class CredentialsLogic:
+    """The credentials service's behaviour over Redis, a toolset lookup, an outbox and a webhook
+    sender."""
+
+    def __init__(
+        self,
+        *,
+        redis: Redis[bytes],
+        keys: Keys,
+        store: CredentialStore,
+        parking: ParkingLot,
+        server_names: ServerNames,
+        outbox: Outbox,
+        webhooks: WebhookSender,
+        park_timeout: float,
+    ) -> None:
+        self._redis = redis
+        self._keys = keys
+        self.store = store
+        self.parking = parking
+        self._server_names = server_names
+        self._outbox = outbox
+        self._webhooks = webhooks
+        self.park_timeout = park_timeout
+        self._holder = uuid.uuid4().hex
+
+    # ---- sets ------------------------------------------------------------------------------------
+
+    async def set_toolset(self, request: ToolsetCredentialsSetRequest) -> CredentialsSetReply:
+        await self._check_servers(request.toolset_id, request.credentials)
+        return await self._set("toolset", request.credentials, toolset_id=request.toolset_id)
+
+    async def set_namespace(self, request: NamespaceCredentialsSetRequest) -> CredentialsSetReply:
+        await self._check_servers(request.toolset_id, request.credentials)
+        return await self._set(
+            "namespace", request.credentials, toolset_id=request.toolset_id, namespace=request.namespace
+        )
+
+    async def set_run(self, request: RunCredentialsSetRequest) -> CredentialsSetReply:
+        run = await self.run_info(request.run_id)
+        if run is None or not run.open:
+            state = "closed" if run is not None else "unknown"
+            raise NotFound(
+                f"Run '{request.run_id}' is {state}: open it with runs.open first.",
+                details={"runId": request.run_id},
+            )
+        await self._check_servers(run.toolset_id, request.credentials)
+        return await self._set(
+            "run",
+            request.credentials,
+            toolset_id=run.toolset_id,
+            namespace=run.namespace,
+            run_id=request.run_id,
+        )
+
+    async def _set(
+        self,
+        level: CredentialLevel,
+        credentials: Credentials,
+        *,
+        toolset_id: str,
+        namespace: str | None = None,
+        run_id: str | None = None,
+    ) -> CredentialsSetReply:
+        await self.store.set(
+            level, toolset_id=toolset_id, namespace=namespace, run_id=run_id, credentials=credentials
+        )
+        scope = scope_of(level, toolset_id=toolset_id, namespace=namespace, run_id=run_id)
+        parked = await self.parking.parked_at(level, scope)
+        if parked:
+            await self._outbox.calls_resume(CallsResume(call_ids=parked))
+            await self.parking.remove(parked)
+        await self._outbox.credentials_changed(
+            CredentialsChanged(
+                level=level,
+                toolset_id=toolset_id,
+                namespace=namespace if level != "toolset" else None,
+                run_id=run_id,
+            )
+        )
+        log.info(
+            "credentials set",
+            extra={"level": level, "toolsetId": toolset_id, "runId": run_id, "resumed": len(parked)},
+        )
+        return CredentialsSetReply(level=level)
+
+    async def _check_servers(self, toolset_id: str, credentials: Credentials) -> None:
+        names = await self._server_names(toolset_id)
+        if names is None:
+            raise NotFound(
+                f"Toolset '{toolset_id}' does not exist: register it with toolsets.create first.",
+                details={"toolsetId": toolset_id},
+            )
+        for server in sorted(credentials.servers):
+            if server not in names:
+                known = ", ".join(sorted(names)) or "none"
+                raise InvalidRequest(
+                    f"Field 'credentials.servers.{server}' is invalid: the toolset has no MCP server "
+                    f"'{server}' (its servers: {known}).",
+                    details={"field": f"credentials.servers.{server}"},
+                )
+
+    async def run_info(self, run_id: str) -> RunInfo | None:
+        raw = await self._redis.hmget(self._keys.run(run_id), ["toolsetId", "namespace", "state"])
+        toolset_id, namespace, state = (v.decode() if v is not None else None for v in raw)
+        if toolset_id is None:
+            return None
+        return RunInfo(toolset_id, namespace or None, state != "closed")
+
+    # ---- parking ---------------------------------------------------------------------------------
+
+    async def park(self, message: CallParked) -> None:
+        """Park the call at its level+scope; the first call parked there for its server publishes
+        `credentials.expired` and queues the webhook (once per level+scope+server)."""
+        run = await self.run_info(message.run_id)
+        if run is not None and not run.open:
+            log.info(
+                "parked call of a closed run dropped",
+                extra={"runId": message.run_id, "callId": message.call_id},
+            )
+            return
+        scope = scope_of(
+            message.level, toolset_id=message.toolset_id, namespace=message.namespace, run_id=message.run_id
+        )
+        result = await self.parking.park(
+            call_id=message.call_id,
+            run_id=message.run_id,
+            server=message.server,
+            level=message.level,
+            scope=scope,
+        )
+        log.info(
+            "call parked",
+            extra={
+                "callId": message.call_id,
+                "runId": message.run_id,
+                "level": message.level,
+                "server": message.server,
+            },
+        )
+        if not result.notify:
+            return
+        event = CredentialsExpired(
+            data=CredentialsExpiredData(
+                toolset_id=message.toolset_id,
+                namespace=message.namespace if message.level != "toolset" else None,
+                run_id=message.run_id if message.level == "run" else None,
+                server=message.server,
+                level=message.level,
+                call_ids=result.call_ids,
+            )
+        )
+        await self._outbox.credentials_expired(event)
+        # The same triggering call gives the same webhook id, so a redelivery never sends twice.
+        digest = hashlib.sha256(
+            "\0".join((message.level, scope, message.server, message.call_id)).encode()
+        ).hexdigest()[:32]
+        await self._webhooks.enqueue("credentials.expired", event.data.wire(), webhook_id=f"msg_{digest}")
+        await self.parking.mark_notified(message.level, scope, message.server)
+
+    async def expire_parked(self, now: float | None = None) -> list[str]:
+        """End the calls parked longer than the park timeout with `credentialsRejected`; returns
+        their ids. One replica at a time (a Redis lock)."""
+        if not await self.parking.try_sweep_lock(self._holder, ttl_ms=30_000):
+            return []
+        cutoff = int(((now if now is not None else time.time()) - self.park_timeout) * 1000)
+        ended: list[str] = []
+        while True:
+            ids = await self.parking.older_than(cutoff)
+            if not ids:
+                break
+            await self._outbox.calls_resume(CallsResume(call_ids=ids, reason="credentialsRejected"))
+            await self.parking.remove(ids)
+            ended.extend(ids)
+        await self.parking.release_sweep_lock(self._holder)
+        if ended:
+            log.warning("parked calls ended: parked too long", extra={"calls": len(ended)})
+        return ended
+
+    async def run_closed(self, message: RunClosed) -> None:
+        """Forget the run: its parked calls (the dispatcher cancels them) and run credentials."""
+        ids = set(await self.parking.of_run(message.run_id)) | set(message.call_ids)
+        removed = await self.parking.remove(sorted(ids))
+        await self.store.delete_run(message.run_id)
+        log.info("run closed", extra={"runId": message.run_id, "unparked": len(removed)})

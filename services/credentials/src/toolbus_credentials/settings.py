@@ -1,0 +1,46 @@
+"""Settings only the credentials service reads (the shared ones are `toolbus_common.Settings`)."""
+
+from __future__ import annotations
+
+from pydantic import field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from toolbus_common.webhooks import DEFAULT_SCHEDULE, parse_schedule
+from toolbus_contracts import parse_duration
+
+
+class CredentialsSettings(BaseSettings):
+    """`TOOLBUS_PARK_TIMEOUT` (default 24h): a call parked longer ends `credentialsRejected`.
+    `TOOLBUS_PARK_SWEEP_INTERVAL` (default 30s): how often parked calls are checked for that.
+    `TOOLBUS_WEBHOOK_RETRY_SCHEDULE` (default `5s,30s,2m,10m,1h`), `TOOLBUS_WEBHOOK_TIMEOUT`
+    (default 10s): webhook retries and the time one attempt may take."""
+
+    model_config = SettingsConfigDict(env_prefix="TOOLBUS_", extra="ignore", frozen=True)
+
+    park_timeout: str = "24h"
+    park_sweep_interval: str = "30s"
+    webhook_retry_schedule: str = DEFAULT_SCHEDULE
+    webhook_timeout: str = "10s"
+
+    @field_validator("park_timeout", "park_sweep_interval", "webhook_timeout")
+    @classmethod
+    def _duration(cls, value: str) -> str:
+        parse_duration(value)
+        return value
+
+    @field_validator("webhook_retry_schedule")
+    @classmethod
+    def _schedule(cls, value: str) -> str:
+        parse_schedule(value)
+        return value
+
+    @property
+    def park_timeout_seconds(self) -> float:
+        return parse_duration(self.park_timeout).total_seconds()
+
+    @property
+    def park_sweep_seconds(self) -> float:
+        return parse_duration(self.park_sweep_interval).total_seconds()
+
+    @property
+    def webhook_timeout_seconds(self) -> float:
+        return parse_duration(self.webhook_timeout).total_seconds()
