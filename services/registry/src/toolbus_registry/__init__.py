@@ -1,1 +1,1 @@
-"""toolbus package."""
+"""toolbus registry: toolsets, pinning, declarations, search, workflows."""

@@ -1,0 +1,71 @@
+"""Paging of replies that would not fit in one NATS message: cursors are opaque strings that
+encode where the next page starts."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+from toolbus_contracts.errors import InvalidRequest
+
+ENVELOPE_SLACK = 4096
+"""Bytes kept free for the envelope and the fields around a page."""
+
+
+def encode_cursor(offset: int) -> str:
+    return base64.urlsafe_b64encode(f"o:{offset}".encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str | None) -> int:
+    if cursor is None:
+        return 0
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        kind, _, value = raw.partition(":")
+        offset = int(value)
+        if kind != "o" or offset < 0:
+            raise ValueError
+    except ValueError:
+        raise InvalidRequest(
+            "Field 'cursor' is not a cursor this service gave.", details={"field": "cursor"}
+        ) from None
+    return offset
+
+
+def page_items(
+    items: Sequence[dict[str, Any]], start: int, budget: int
+) -> tuple[list[dict[str, Any]], int | None]:
+    """Items from `start` whose JSON fits in `budget` bytes (at least one); the next offset or None."""
+    out: list[dict[str, Any]] = []
+    used = 0
+    i = start
+    while i < len(items):
+        size = len(orjson.dumps(items[i])) + 1
+        if out and used + size > budget:
+            return out, i
+        out.append(items[i])
+        used += size
+        i += 1
+    return out, None
+
+
+def page_text(text: str, start: int, budget: int) -> tuple[str, int | None]:
+    """Characters from `start` whose JSON-escaped UTF-8 fits in `budget` bytes; the next offset or None."""
+    if start > len(text):
+        raise InvalidRequest(
+            "Field 'cursor' points past the end of the document.", details={"field": "cursor"}
+        )
+    end = len(text)
+    if len(orjson.dumps(text[start:])) <= budget:
+        return text[start:], None
+    # Escaping can grow a character to 6 bytes (\u00XX) or 4 (UTF-8); search the largest fit.
+    lo, hi = start + 1, end
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if len(orjson.dumps(text[start:mid])) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return text[start:lo], lo

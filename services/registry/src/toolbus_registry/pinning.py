@@ -1,0 +1,225 @@
+"""Turn a toolset spec into a pinned toolset: check every contract rule, list MCP servers
+concurrently, pin what they list, and compute the content-addressed id.
+
+No NATS here: listing goes through an injected `ToolLister`, workflows and bases through injected
+lookups, so the rules are unit-tested without a broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+from jsonschema.exceptions import SchemaError
+from jsonschema.validators import validator_for
+from toolbus_common.canonical import content_id
+from toolbus_common.toolsets import ToolTable
+from toolbus_contracts import (
+    EffectivePolicy,
+    HttpSpec,
+    PinnedServer,
+    PinnedTool,
+    PinnedToolset,
+    PinnedWorkflow,
+    PolicySpec,
+    ToolsetCreateRequest,
+    Workflow,
+)
+from toolbus_contracts.errors import InvalidRequest, NotFound
+from toolbus_contracts.registry import WORKFLOW_REF, ToolKind
+
+_PINNED_TOOL_FIELDS = ("name", "title", "description", "inputSchema", "outputSchema", "annotations")
+
+
+class ToolLister(Protocol):
+    """Lists every tool of one MCP server (all pages) with the given headers."""
+
+    async def __call__(self, server: str, url: str, headers: Mapping[str, str]) -> list[dict[str, Any]]: ...
+
+
+WorkflowLookup = Callable[[str, str | None], Awaitable[Workflow | None]]
+ToolsetLookup = Callable[[str], Awaitable[PinnedToolset | None]]
+
+
+def toolset_id(pinned: PinnedToolset) -> str:
+    """`ts_` + SHA-256 of the RFC 8785 canonical JSON of the normalised pinned toolset."""
+    return content_id("ts_", pinned.model_dump(mode="json", exclude_none=True))
+
+
+def check_json_schema(schema: dict[str, Any], field: str) -> None:
+    """Refuse a schema that is not valid JSON Schema (2020-12 unless it names its `$schema`)."""
+    from jsonschema.validators import Draft202012Validator
+
+    cls = validator_for(schema, default=Draft202012Validator)
+    try:
+        cls.check_schema(schema)
+    except SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+        raise InvalidRequest(
+            f"Field '{field}' is not a valid JSON Schema at {where}: {exc.message}.",
+            details={"field": field},
+        ) from None
+
+
+def _normalise_policy(kind: ToolKind, spec: PolicySpec | None) -> PolicySpec | None:
+    """Drop fields equal to the kind's default, so spelling out a default does not change the id."""
+    if spec is None:
+        return None
+    effective = EffectivePolicy.for_kind(kind, spec).model_dump()
+    default = EffectivePolicy.for_kind(kind, None).model_dump()
+    kept = {k: v for k, v in effective.items() if v != default[k]}
+    return PolicySpec.model_validate(kept) if kept else None
+
+
+def _pin_tool(raw: dict[str, Any], server: str) -> PinnedTool:
+    data = {k: raw[k] for k in _PINNED_TOOL_FIELDS if raw.get(k) is not None}
+    if not isinstance(data.get("name"), str) or not isinstance(data.get("inputSchema"), dict):
+        raise InvalidRequest(
+            f"Server '{server}' listed a tool without a name or inputSchema.", details={"server": server}
+        )
+    return PinnedTool.model_validate(data)
+
+
+class Pinner:
+    """Builds pinned toolsets from specs under every rule of the contract's Registry section."""
+
+    def __init__(self, lister: ToolLister, workflows: WorkflowLookup, toolsets: ToolsetLookup) -> None:
+        self._list = lister
+        self._workflow = workflows
+        self._toolset = toolsets
+
+    async def pin(self, spec: ToolsetCreateRequest) -> PinnedToolset:
+        if spec.base is not None:
+            return await self._derive(spec)
+        self._check_names(spec)
+        servers, workflows = await asyncio.gather(
+            self._pin_servers(spec), self._pin_workflows(spec.workflows)
+        )
+        host = sorted(
+            (h.model_copy(update={"policy": _normalise_policy("host", h.policy)}) for h in spec.host),
+            key=lambda h: h.name,
+        )
+        http = None
+        if spec.http is not None:
+            http = HttpSpec(
+                allow=sorted({a.strip().lower().rstrip(".") for a in spec.http.allow}),
+                policy=_normalise_policy("http", spec.http.policy),
+            )
+        pinned = PinnedToolset(servers=servers, host=host, http=http, workflows=workflows)
+        _check_unique_tools(pinned)
+        return pinned
+
+    async def _derive(self, spec: ToolsetCreateRequest) -> PinnedToolset:
+        for field in ("mcp", "host"):
+            if getattr(spec, field):
+                raise InvalidRequest(
+                    f"Field '{field}' must be absent or empty with 'base': a derived toolset keeps the base's.",
+                    details={"field": field},
+                )
+        if spec.http is not None:
+            raise InvalidRequest(
+                "Field 'http' must be absent with 'base': a derived toolset keeps the base's.",
+                details={"field": "http"},
+            )
+        assert spec.base is not None
+        base = await self._toolset(spec.base)
+        if base is None:
+            raise NotFound(f"Base toolset '{spec.base}' is not registered.", details={"field": "base"})
+        added = await self._pin_workflows(spec.workflows)
+        merged = {w.name: w for w in base.workflows} | {w.name: w for w in added}
+        pinned = base.model_copy(update={"workflows": sorted(merged.values(), key=lambda w: w.name)})
+        _check_unique_tools(pinned)
+        return pinned
+
+    @staticmethod
+    def _check_names(spec: ToolsetCreateRequest) -> None:
+        seen: set[str] = set()
+        for i, server in enumerate(spec.mcp):
+            if server.name in seen:
+                raise InvalidRequest(
+                    f"Server name '{server.name}' is given twice.", details={"field": f"mcp[{i}].name"}
+                )
+            seen.add(server.name)
+            parts = urlsplit(server.url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise InvalidRequest(
+                    f"Server '{server.name}' has url '{server.url}': it must be an http or https URL.",
+                    details={"field": f"mcp[{i}].url", "server": server.name},
+                )
+        for i, tool in enumerate(spec.host):
+            check_json_schema(tool.input_schema, f"host[{i}].inputSchema")
+            if tool.output_schema is not None:
+                check_json_schema(tool.output_schema, f"host[{i}].outputSchema")
+        if spec.credentials is not None:
+            for name in spec.credentials.servers:
+                if name not in seen:
+                    raise InvalidRequest(
+                        f"Credentials name server '{name}', which this toolset does not have.",
+                        details={"field": f"credentials.servers.{name}", "server": name},
+                    )
+
+    async def _pin_servers(self, spec: ToolsetCreateRequest) -> list[PinnedServer]:
+        creds = spec.credentials.servers if spec.credentials else {}
+
+        async def one(i: int) -> PinnedServer:
+            server = spec.mcp[i]
+            headers = creds[server.name].plain_headers() if server.name in creds else {}
+            listed = await self._list(server.name, server.url, headers)
+            tools = sorted((_pin_tool(t, server.name) for t in listed), key=lambda t: t.name)
+            names = {t.name for t in tools}
+            if len(names) != len(tools):
+                raise InvalidRequest(
+                    f"Server '{server.name}' lists two tools with the same name.",
+                    details={"server": server.name},
+                )
+            for key in server.policies:
+                if key not in names:
+                    raise InvalidRequest(
+                        f"Policy for '{key}' on server '{server.name}': the server lists no such tool.",
+                        details={"field": f"mcp[{i}].policies.{key}", "server": server.name, "tool": key},
+                    )
+            policies = {
+                k: p
+                for k, v in sorted(server.policies.items())
+                if (p := _normalise_policy("mcp", v)) is not None
+            }
+            return PinnedServer(name=server.name, url=server.url, tools=tools, policies=policies)
+
+        pinned = await asyncio.gather(*(one(i) for i in range(len(spec.mcp))))
+        return sorted(pinned, key=lambda s: s.name)
+
+    async def _pin_workflows(self, refs: list[str]) -> list[PinnedWorkflow]:
+        by_name: dict[str, PinnedWorkflow] = {}
+        for i, ref in enumerate(refs):
+            match = WORKFLOW_REF.fullmatch(ref)
+            assert match is not None  # the model checked the form
+            name, version = match.group(1), match.group(2)
+            found = await self._workflow(name, version)
+            if found is None:
+                what = f"version {version} of workflow '{name}'" if version else f"workflow '{name}'"
+                raise NotFound(f"No published {what}.", details={"field": f"workflows[{i}]"})
+            if name in by_name:
+                raise InvalidRequest(
+                    f"Workflow '{name}' is given twice.", details={"field": f"workflows[{i}]"}
+                )
+            by_name[name] = PinnedWorkflow(
+                name=found.name,
+                version=found.version,
+                description=found.description,
+                input_schema=found.input_schema,
+                output_schema=found.output_schema,
+            )
+        return sorted(by_name.values(), key=lambda w: w.name)
+
+
+def _check_unique_tools(pinned: PinnedToolset) -> None:
+    seen: set[str] = set()
+    names = [f"{s.name}.{t.name}" for s in pinned.servers for t in s.tools] + [h.name for h in pinned.host]
+    for name in names:
+        if name in seen:
+            raise InvalidRequest(f"Two tools have the qualified name '{name}'.", details={"tool": name})
+        seen.add(name)
+    # ToolTable is the one definition of qualified names; build it to be sure it agrees.
+    ToolTable(pinned)

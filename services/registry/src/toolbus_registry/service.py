@@ -1,0 +1,147 @@
+"""The registry's logic: register, read, render and search toolsets; publish and read workflows.
+No NATS subjects here; `handlers.py` maps subjects onto these methods."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+from toolbus_common.toolsets import StoredToolset, ToolsetStore
+from toolbus_contracts import (
+    Credentials,
+    Declarations,
+    ToolsetCreateRequest,
+    ToolsetDeclarationsReply,
+    ToolsetDeclarationsRequest,
+    ToolsetGetReply,
+    ToolsetGetRequest,
+    ToolsetSearchReply,
+    ToolsetSearchRequest,
+    Workflow,
+    WorkflowGetRequest,
+    WorkflowPublishReply,
+    WorkflowPublishRequest,
+)
+from toolbus_contracts.errors import NotFound
+
+from toolbus_registry.declarations import render_dts, render_prompt
+from toolbus_registry.paging import ENVELOPE_SLACK, decode_cursor, encode_cursor, page_items, page_text
+from toolbus_registry.pinning import Pinner, ToolLister, check_json_schema, toolset_id
+from toolbus_registry.searching import Searcher
+from toolbus_registry.workflows import WorkflowStore
+
+
+class ToolsetCredentialSink(Protocol):
+    """Where registration's `credentials` land: the toolset level of the credential store."""
+
+    async def set_toolset(self, toolset_id: str, credentials: Credentials) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    prompt: str
+    dts: str
+
+
+class RegistryService:
+    def __init__(
+        self,
+        toolsets: ToolsetStore,
+        workflows: WorkflowStore,
+        lister: ToolLister,
+        *,
+        credentials: ToolsetCredentialSink | None,
+        module_name: str,
+        max_payload: int,
+        searcher: Searcher | None = None,
+    ) -> None:
+        self._toolsets = toolsets
+        self._workflows = workflows
+        self._credentials = credentials
+        self._module_name = module_name
+        self._budget = max_payload - ENVELOPE_SLACK
+        self._pinner = Pinner(lister, workflows.get, self._pinned)
+        self._rendered: OrderedDict[str, Rendered] = OrderedDict()
+        self._searcher = searcher or Searcher()
+
+    async def _pinned(self, toolset_id_: str) -> Any:
+        stored = await self._toolsets.get(toolset_id_)
+        return stored.pinned if stored else None
+
+    async def _stored(self, toolset_id_: str) -> StoredToolset:
+        stored = await self._toolsets.get(toolset_id_)
+        if stored is None:
+            raise NotFound(f"Toolset '{toolset_id_}' is not registered.", details={"field": "id"})
+        return stored
+
+    def _render(self, stored: StoredToolset) -> Rendered:
+        """Declarations are deterministic per content-addressed toolset: render once, cache."""
+        hit = self._rendered.get(stored.id)
+        if hit is None:
+            infos = stored.table.infos()
+            hit = Rendered(prompt=render_prompt(infos), dts=render_dts(infos, self._module_name))
+            self._rendered[stored.id] = hit
+            while len(self._rendered) > 64:
+                self._rendered.popitem(last=False)
+        return hit
+
+    # ---- toolsets ---------------------------------------------------------------------------
+
+    async def create(self, req: ToolsetCreateRequest) -> dict[str, Any]:
+        pinned = await self._pinner.pin(req)
+        tid = toolset_id(pinned)
+        stored = await self._toolsets.put(tid, pinned)
+        if req.credentials is not None and self._credentials is not None:
+            await self._credentials.set_toolset(tid, req.credentials)
+        rendered = await asyncio.to_thread(self._render, stored)
+        tools = [t.wire() for t in stored.table.infos()]
+        reply = {
+            "id": tid,
+            "tools": tools,
+            "declarations": Declarations(prompt=rendered.prompt, dts=rendered.dts).wire(),
+        }
+        if len(orjson.dumps(reply)) > self._budget:
+            return {"id": tid, "toolCount": len(tools), "truncated": True}
+        return reply
+
+    async def get(self, req: ToolsetGetRequest) -> ToolsetGetReply:
+        stored = await self._stored(req.id)
+        tools = [t.wire() for t in stored.table.infos()]
+        page, nxt = page_items(tools, decode_cursor(req.cursor), self._budget)
+        return ToolsetGetReply.model_validate(
+            {"id": req.id, "tools": page, "nextCursor": encode_cursor(nxt) if nxt is not None else None}
+        )
+
+    async def declarations(self, req: ToolsetDeclarationsRequest) -> ToolsetDeclarationsReply:
+        stored = await self._stored(req.id)
+        rendered = await asyncio.to_thread(self._render, stored)
+        text = rendered.prompt if req.format == "prompt" else rendered.dts
+        chunk, nxt = page_text(text, decode_cursor(req.cursor), self._budget)
+        return ToolsetDeclarationsReply(
+            format=req.format, text=chunk, next_cursor=encode_cursor(nxt) if nxt is not None else None
+        )
+
+    async def search(self, req: ToolsetSearchRequest) -> ToolsetSearchReply:
+        stored = await self._stored(req.id)
+        return await asyncio.to_thread(self._searcher.search, stored, req.query, req.limit)
+
+    # ---- workflows --------------------------------------------------------------------------
+
+    async def publish_workflow(self, req: WorkflowPublishRequest) -> WorkflowPublishReply:
+        check_json_schema(req.input_schema, "inputSchema")
+        if req.output_schema is not None:
+            check_json_schema(req.output_schema, "outputSchema")
+        workflow = await self._workflows.publish(req)
+        return WorkflowPublishReply(name=workflow.name, version=workflow.version)
+
+    async def get_workflow(self, req: WorkflowGetRequest) -> Workflow:
+        workflow = await self._workflows.get(req.name, req.version)
+        if workflow is None:
+            what = (
+                f"version {req.version} of workflow '{req.name}'" if req.version else f"workflow '{req.name}'"
+            )
+            raise NotFound(f"No published {what}.", details={"field": "version" if req.version else "name"})
+        return workflow

@@ -1,0 +1,50 @@
+"""Published workflows in a JetStream key-value bucket: `<name>.<version>` holds the workflow,
+`<name>.latest` the newest version. The version is content-addressed."""
+
+from __future__ import annotations
+
+from nats.js.errors import KeyNotFoundError, NotFoundError
+from nats.js.kv import KeyValue
+from toolbus_common.canonical import sha256_hex
+from toolbus_common.clock import now_iso
+from toolbus_contracts import Workflow, WorkflowPublishRequest
+
+
+def workflow_version(req: WorkflowPublishRequest) -> str:
+    """First 12 hex digits of the SHA-256 of the canonical content (name included)."""
+    return sha256_hex(req.model_dump(mode="json", exclude_none=True))[:12]
+
+
+class WorkflowStore:
+    def __init__(self, kv: KeyValue) -> None:
+        self._kv = kv
+
+    async def publish(self, req: WorkflowPublishRequest) -> Workflow:
+        """Store a version (a no-op when the same content is published again) and make it latest."""
+        version = workflow_version(req)
+        existing = await self.get(req.name, version)
+        workflow = existing or Workflow(
+            name=req.name,
+            version=version,
+            description=req.description,
+            input_schema=req.input_schema,
+            output_schema=req.output_schema,
+            definition=req.definition,
+            published_at=now_iso(),
+        )
+        if existing is None:
+            await self._kv.put(f"{req.name}.{version}", workflow.model_dump_json(exclude_none=True).encode())
+        await self._kv.put(f"{req.name}.latest", version.encode())
+        return workflow
+
+    async def get(self, name: str, version: str | None = None) -> Workflow | None:
+        try:
+            if version is None:
+                latest = await self._kv.get(f"{name}.latest")
+                if not latest.value:
+                    return None
+                version = latest.value.decode()
+            entry = await self._kv.get(f"{name}.{version}")
+        except (KeyNotFoundError, NotFoundError):
+            return None
+        return Workflow.model_validate_json(entry.value) if entry.value else None

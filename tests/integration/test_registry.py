@@ -1,0 +1,379 @@
+"""The registry against real NATS (JetStream) and real MCP servers over streamable HTTP: every rule
+of the contract's Registry section, content addressing, paging and restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from tests.support.infra import request
+from tests.support.mcp_servers import (
+    McpTestServer,
+    echo_server,
+    paging_server,
+    synthetic_server,
+    synthetic_tools,
+    token_server,
+)
+from toolbus_common import Settings
+from toolbus_contracts import Subjects
+from toolbus_registry.app import RegistryApp
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+
+TOKEN = "reg-t0ken-9f2c4e1a"
+
+
+@pytest.fixture(scope="module")
+def settings(service_env: dict[str, str]) -> Settings:
+    env = {k.removeprefix("TOOLBUS_").lower(): v for k, v in service_env.items()}
+    return Settings(**env)
+
+
+@pytest.fixture(scope="module")
+def subjects(settings: Settings) -> Subjects:
+    return settings.subjects
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def registry(settings: Settings) -> AsyncIterator[RegistryApp]:
+    app = RegistryApp(settings)
+    await app.start()
+    yield app
+    await app.stop()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def servers() -> AsyncIterator[dict[str, McpTestServer]]:
+    started = {
+        "echo": echo_server(),
+        "paged": paging_server(n=8, page_size=3),
+        "locked": token_server(TOKEN),
+        "big": synthetic_server(100),
+    }
+    for s in started.values():
+        await s.start()
+    yield started
+    for s in started.values():
+        await s.stop()
+
+
+async def create(nc: Any, subjects: Subjects, body: Any, timeout: float = 20) -> dict[str, Any]:
+    return await request(nc, subjects.toolsets_create, body, timeout=timeout)
+
+
+def assert_error(reply: dict[str, Any], code: str, *names: str) -> None:
+    assert reply["ok"] is False, reply
+    assert reply["error"]["code"] == code, reply
+    for name in names:
+        assert name in reply["error"]["message"], (name, reply["error"]["message"])
+
+
+async def test_create_pins_every_tool_with_effective_policies(
+    nc: Any, subjects: Subjects, registry: RegistryApp, servers: dict[str, McpTestServer]
+) -> None:
+    body = {
+        "mcp": [
+            {"name": "echo", "url": servers["echo"].url, "policies": {"echo": {"onInterruption": "at_most_once"}}}
+        ],
+        "host": [
+            {
+                "name": "crm.find_customer",
+                "description": "Find a customer.",
+                "inputSchema": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
+                "policy": {"heartbeatTimeout": "30s", "concurrency": 2},
+            }
+        ],
+        "http": {"allow": ["api.github.com", "*.example.com"]},
+    }
+    reply = await create(nc, subjects, body)
+    assert reply["ok"], reply
+    data = reply["data"]
+    assert data["id"].startswith("ts_") and len(data["id"]) == 67
+    tools = {t["name"]: t for t in data["tools"]}
+    assert set(tools) >= {"echo.echo", "crm.find_customer", "http.fetch"}
+    assert tools["echo.echo"]["kind"] == "mcp"
+    assert tools["echo.echo"]["policy"] == {
+        "onInterruption": "at_most_once", "approval": False, "timeout": "5m",
+        "heartbeatTimeout": "60s", "concurrency": None,
+    }
+    assert tools["crm.find_customer"]["kind"] == "host"
+    assert tools["crm.find_customer"]["policy"] == {
+        "onInterruption": "retry", "approval": False, "timeout": None,
+        "heartbeatTimeout": "30s", "concurrency": 2,
+    }
+    assert tools["http.fetch"]["policy"]["timeout"] == "5m"
+    assert data["declarations"]["prompt"] and data["declarations"]["dts"]
+
+    got = await request(nc, subjects.toolsets_get, {"id": data["id"]})
+    assert got["ok"] and got["data"]["tools"] == data["tools"] and "declarations" not in got["data"]
+
+
+async def test_paged_tools_list_is_followed_to_the_end(
+    nc: Any, subjects: Subjects, registry: RegistryApp, servers: dict[str, McpTestServer]
+) -> None:
+    reply = await create(nc, subjects, {"mcp": [{"name": "paged", "url": servers["paged"].url}]})
+    assert reply["ok"], reply
+    names = sorted(t["name"] for t in reply["data"]["tools"])
+    assert len(names) == 8 and names == sorted(f"paged.{t['name']}" for t in servers["paged"].tools)
+
+
+async def test_same_toolset_in_another_order_gets_the_same_id(
+    nc: Any, subjects: Subjects, registry: RegistryApp, servers: dict[str, McpTestServer]
+) -> None:
+    host = [
+        {"name": "a_tool", "inputSchema": {"type": "object"}},
+        {"name": "b_tool", "inputSchema": {"type": "object"}},
+    ]
+    one = {
+        "mcp": [{"name": "echo", "url": servers["echo"].url}, {"name": "paged", "url": servers["paged"].url}],
+        "host": host,
+        "http": {"allow": ["a.example.com", "b.example.com"]},
+    }
+    two = {
+        "http": {"allow": ["b.example.com", "a.example.com"]},
+        "host": list(reversed(host)),
+        "mcp": list(reversed(one["mcp"])),
+    }
+    first, second = await create(nc, subjects, one), await create(nc, subjects, two)
+    assert first["ok"] and second["ok"]
+    assert first["data"]["id"] == second["data"]["id"]
+
+
+async def test_credentials_are_not_part_of_the_id_and_unlock_a_locked_server(
+    nc: Any, subjects: Subjects, registry: RegistryApp, servers: dict[str, McpTestServer]
+) -> None:
+    spec = {"mcp": [{"name": "locked", "url": servers["locked"].url}]}
+    refused = await create(nc, subjects, spec)
+    assert_error(refused, "credentialsRejected", "locked")
+    assert TOKEN not in json.dumps(refused)
+
+    with_token = {**spec, "credentials": {"servers": {"locked": {"headers": {"Authorization": f"Bearer {TOKEN}"}}}}}
+    first = await create(nc, subjects, with_token)
+    assert first["ok"], first
+    other = {**spec, "credentials": {"servers": {"locked": {"headers": {"Authorization": f"Bearer {TOKEN}", "X-Extra": "1"}}}}}
+    second = await create(nc, subjects, other)
+    assert second["ok"] and second["data"]["id"] == first["data"]["id"]
+    assert TOKEN not in json.dumps(first) + json.dumps(second)
+
+
+async def test_a_server_whose_tools_changed_gets_another_id(
+    nc: Any, subjects: Subjects, registry: RegistryApp
+) -> None:
+    async with McpTestServer(tools=synthetic_tools(3)) as server:
+        spec = {"mcp": [{"name": "svc", "url": server.url}]}
+        before = await create(nc, subjects, spec)
+        server.tools = synthetic_tools(4)
+        after = await create(nc, subjects, spec)
+    assert before["ok"] and after["ok"]
+    assert before["data"]["id"] != after["data"]["id"]
+
+
+async def test_unreachable_server_is_named(nc: Any, subjects: Subjects, registry: RegistryApp) -> None:
+    from tests.support.mcp_servers import free_port
+
+    reply = await create(nc, subjects, {"mcp": [{"name": "ghost", "url": f"http://127.0.0.1:{free_port()}/mcp"}]})
+    assert_error(reply, "upstreamUnreachable", "ghost")
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "named"),
+    [
+        ({"mcp": [{"name": "1bad", "url": "http://x/mcp"}]}, "invalidRequest", ["mcp[0].name"]),
+        ({"mcp": [{"name": "http", "url": "http://x/mcp"}]}, "invalidRequest", ["mcp[0].name", "reserved"]),
+        ({"mcp": [{"name": "workflows", "url": "http://x/mcp"}]}, "invalidRequest", ["reserved"]),
+        ({"mcp": [{"name": "ftp", "url": "ftp://x/mcp"}]}, "invalidRequest", ["ftp"]),
+        ({"host": [{"name": "a.b.c", "inputSchema": {"type": "object"}}]}, "invalidRequest", ["host[0].name"]),
+        ({"host": [{"name": "crm.9x", "inputSchema": {"type": "object"}}]}, "invalidRequest", ["host[0].name"]),
+        ({"host": [{"name": "http.get", "inputSchema": {"type": "object"}}]}, "invalidRequest", ["reserved"]),
+        ({"host": [{"name": "t"}]}, "invalidRequest", ["host[0].inputSchema"]),
+        ({"host": [{"name": "t", "inputSchema": {"type": "nope"}}]}, "invalidRequest", ["host[0].inputSchema"]),
+        (
+            {"host": [{"name": "t", "inputSchema": {"type": "object"}, "outputSchema": {"properties": 3}}]},
+            "invalidRequest",
+            ["host[0].outputSchema"],
+        ),
+        (
+            {"host": [{"name": "t", "inputSchema": {"type": "object"}}, {"name": "t", "inputSchema": {"type": "object"}}]},
+            "invalidRequest",
+            ["'t'"],
+        ),
+        ({"host": [{"name": "t", "inputSchema": {}, "policy": {"timeout": "0s"}}]}, "invalidRequest", ["timeout"]),
+        ({"host": [{"name": "t", "inputSchema": {}, "policy": {"concurrency": 17}}]}, "invalidRequest", ["concurrency"]),
+        ({"host": [{"name": "t", "inputSchema": {}, "policy": {"onInterruption": "never"}}]}, "invalidRequest", ["onInterruption"]),
+        ({"workflows": ["no_such_flow"]}, "notFound", ["no_such_flow"]),
+        ({"workflows": ["bad name"]}, "invalidRequest", ["workflows[0]"]),
+        ({"base": "ts_" + "0" * 64}, "notFound", ["ts_" + "0" * 64]),
+        ({"base": "ts_nope"}, "invalidRequest", ["base"]),
+        ({"bogus": 1}, "invalidRequest", ["bogus"]),
+        ({"mcp": "github"}, "invalidRequest", ["mcp"]),
+        ([1, 2], "invalidRequest", []),
+    ],
+)
+async def test_bad_specs_get_a_clear_error(
+    nc: Any, subjects: Subjects, registry: RegistryApp, body: Any, code: str, named: list[str]
+) -> None:
+    assert_error(await create(nc, subjects, body), code, *named)
+
+
+async def test_malformed_json_gets_invalid_request(nc: Any, subjects: Subjects, registry: RegistryApp) -> None:
+    for raw in (b"{", b"", b"null", b'{"mcp": [}'):
+        reply = await request(nc, subjects.toolsets_create, raw)
+        assert_error(reply, "invalidRequest")
+
+
+async def test_duplicate_qualified_name_across_kinds(
+    nc: Any, subjects: Subjects, registry: RegistryApp, servers: dict[str, McpTestServer]
+) -> None:
+    body = {
+        "mcp": [{"name": "echo", "url": servers["echo"].url}],
+        "host": [{"name": "echo.echo", "inputSchema": {"type": "object"}}],
+    }
+    assert_error(await create(nc, subjects, body), "invalidRequest", "echo.echo")
+
+
+async def test_duplicate_server_name(nc: Any, subjects: Subjects, registry: RegistryApp, servers: dict[str, McpTestServer]) -> None:
+    url = servers["echo"].url
+    body = {"mcp": [{"name": "echo", "url": url}, {"name": "echo", "url": url}]}
+    reply = await create(nc, subjects, body)
+    assert_error(reply, "invalidRequest", "echo")
+    assert reply["error"]["details"]["field"] == "mcp[1].name"
+
+
+async def test_policy_for_a_tool_the_server_does_not_list(
+    nc: Any, subjects: Subjects, registry: RegistryApp, servers: dict[str, McpTestServer]
+) -> None:
+    body = {"mcp": [{"name": "echo", "url": servers["echo"].url, "policies": {"delete_all": {"approval": True}}}]}
+    assert_error(await create(nc, subjects, body), "invalidRequest", "delete_all", "echo")
+
+
+async def test_credentials_for_a_server_the_toolset_lacks(
+    nc: Any, subjects: Subjects, registry: RegistryApp, servers: dict[str, McpTestServer]
+) -> None:
+    body = {
+        "mcp": [{"name": "echo", "url": servers["echo"].url}],
+        "credentials": {"servers": {"github": {"headers": {"Authorization": "Bearer x-y-z"}}}},
+    }
+    reply = await create(nc, subjects, body)
+    assert_error(reply, "invalidRequest", "github")
+    assert "x-y-z" not in json.dumps(reply)
+
+
+async def test_workflows_publish_get_and_pin(
+    nc: Any, subjects: Subjects, registry: RegistryApp, servers: dict[str, McpTestServer]
+) -> None:
+    wf = {"name": "triage", "description": "Triage an issue.", "inputSchema": {"type": "object"}, "definition": {"steps": [1]}}
+    v1 = await request(nc, subjects.workflows_publish, wf)
+    again = await request(nc, subjects.workflows_publish, wf)
+    assert v1["ok"] and again["data"] == v1["data"]
+    version1 = v1["data"]["version"]
+    assert len(version1) == 12 and int(version1, 16) >= 0
+    v2 = await request(nc, subjects.workflows_publish, {**wf, "definition": {"steps": [1, 2]}})
+    version2 = v2["data"]["version"]
+    assert version2 != version1
+
+    latest = await request(nc, subjects.workflows_get, {"name": "triage"})
+    assert latest["ok"] and latest["data"]["version"] == version2
+    old = await request(nc, subjects.workflows_get, {"name": "triage", "version": version1})
+    assert old["data"]["definition"] == {"steps": [1]}
+    assert_error(await request(nc, subjects.workflows_get, {"name": "triage", "version": "0" * 12}), "notFound")
+    assert_error(await request(nc, subjects.workflows_get, {"name": "nothing"}), "notFound", "nothing")
+
+    pinned_latest = await create(nc, subjects, {"workflows": ["triage"]})
+    pinned_old = await create(nc, subjects, {"workflows": [f"triage@{version1}"]})
+    assert pinned_latest["ok"] and pinned_old["ok"]
+    assert pinned_latest["data"]["id"] != pinned_old["data"]["id"]
+    assert [t["name"] for t in pinned_latest["data"]["tools"]] == ["workflows.triage"]
+    assert_error(await create(nc, subjects, {"workflows": ["triage@" + "f" * 12]}), "notFound", "triage")
+
+    # derive: keep the base's pins, re-pin a workflow; no listing happens again
+    base = await create(nc, subjects, {"mcp": [{"name": "echo", "url": servers["echo"].url}], "workflows": [f"triage@{version1}"]})
+    derived = await create(nc, subjects, {"base": base["data"]["id"], "workflows": ["triage"]})
+    assert derived["ok"], derived
+    assert derived["data"]["id"] == (
+        await create(nc, subjects, {"mcp": [{"name": "echo", "url": servers["echo"].url}], "workflows": ["triage"]})
+    )["data"]["id"]
+    for field, value in (("mcp", [{"name": "x", "url": "http://x/mcp"}]), ("host", [{"name": "t", "inputSchema": {}}]), ("http", {"allow": ["a.b"]})):
+        assert_error(await create(nc, subjects, {"base": base["data"]["id"], field: value}), "invalidRequest", field)
+
+
+async def test_publish_refuses_invalid_schema(nc: Any, subjects: Subjects, registry: RegistryApp) -> None:
+    reply = await request(nc, subjects.workflows_publish, {"name": "w", "inputSchema": {"type": 5}})
+    assert_error(reply, "invalidRequest", "inputSchema")
+
+
+async def test_large_toolset_is_stored_whole_and_paged(
+    nc: Any, subjects: Subjects, registry: RegistryApp
+) -> None:
+    # 1,500 tools of ~1 KB: more than one NATS message (1 MiB) even without declarations.
+    servers = [McpTestServer(tools=synthetic_tools(150, prefix=f"s{i}")) for i in range(10)]
+    await asyncio.gather(*(s.start() for s in servers))
+    try:
+        spec = {"mcp": [{"name": f"srv{i}", "url": s.url} for i, s in enumerate(servers)]}
+        reply = await create(nc, subjects, spec, timeout=60)
+    finally:
+        await asyncio.gather(*(s.stop() for s in servers))
+    assert reply["ok"], reply
+    data = reply["data"]
+    assert data["truncated"] is True and data["toolCount"] == 1500
+
+    tools: list[dict[str, Any]] = []
+    cursor = None
+    pages = 0
+    while True:
+        body = {"id": data["id"], **({"cursor": cursor} if cursor else {})}
+        page = await request(nc, subjects.toolsets_get, body, timeout=10)
+        assert page["ok"], page
+        tools.extend(page["data"]["tools"])
+        pages += 1
+        cursor = page["data"].get("nextCursor")
+        if cursor is None:
+            break
+    assert pages > 1 and len(tools) == 1500 and len({t["name"] for t in tools}) == 1500
+
+    for fmt in ("prompt", "dts"):
+        text, cursor, pages = "", None, 0
+        while True:
+            body = {"id": data["id"], "format": fmt, **({"cursor": cursor} if cursor else {})}
+            page = await request(nc, subjects.toolsets_declarations, body, timeout=30)
+            assert page["ok"], page
+            text += page["data"]["text"]
+            pages += 1
+            cursor = page["data"].get("nextCursor")
+            if cursor is None:
+                break
+        assert ("srv9.s9_0149" if fmt == "prompt" else "s9_0149") in text
+        if fmt == "prompt":
+            assert len(text.splitlines()) == 1500
+
+
+async def test_get_unknown_and_bad_cursor(nc: Any, subjects: Subjects, registry: RegistryApp) -> None:
+    assert_error(await request(nc, subjects.toolsets_get, {"id": "ts_" + "1" * 64}), "notFound")
+    assert_error(await request(nc, subjects.toolsets_get, {}), "invalidRequest", "id")
+    created = await create(nc, subjects, {"host": [{"name": "only", "inputSchema": {"type": "object"}}]})
+    bad = await request(nc, subjects.toolsets_get, {"id": created["data"]["id"], "cursor": "%%%"})
+    assert_error(bad, "invalidRequest", "cursor")
+
+
+async def test_registered_toolset_survives_a_registry_restart(
+    nc: Any, subjects: Subjects, settings: Settings, servers: dict[str, McpTestServer]
+) -> None:
+    first = RegistryApp(settings)
+    await first.start()
+    try:
+        created = await create(nc, subjects, {"mcp": [{"name": "echo", "url": servers["echo"].url}]})
+        assert created["ok"]
+    finally:
+        await first.stop()
+    second = RegistryApp(settings)
+    await second.start()
+    try:
+        got = await request(nc, subjects.toolsets_get, {"id": created["data"]["id"]})
+    finally:
+        await second.stop()
+    assert got["ok"] and got["data"]["tools"] == created["data"]["tools"]
