@@ -25,7 +25,7 @@ MCP_RESULT_WITHOUT_SCHEMA = "{ content: ContentBlock[] }"
 
 PRELUDE = """\
 /** Any JSON value: the type of whatever a schema leaves open. */
-export type JsonValue = string | number | boolean | null | JsonValue[] | { [key: string]: JsonValue };
+export type JsonValue = string | number | boolean | null | JsonValue[] | { [key: string]: JsonValue | undefined };
 /** Extra data an MCP server attaches to a content block. */
 export type Meta = { [key: string]: JsonValue };
 /** Hints on how a client should use a content block. */
