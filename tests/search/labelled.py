@@ -17,8 +17,6 @@ from toolbus_contracts import EffectivePolicy, ToolInfo
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 SERVERS = ("everything", "filesystem", "memory", "github", "playwright", "notion")
-# Where a developer's throwaway listing put catalogues before tests/catalogues/fetch.py existed.
-_LOCAL_CACHE = ROOT / ".cache" / "catalogues-search"
 
 
 @dataclass(frozen=True)
@@ -37,14 +35,9 @@ def load_queries() -> list[LabelledQuery]:
 
 
 def _raw_catalogues() -> Mapping[str, list[dict[str, Any]]]:
-    try:
-        from tests.catalogues.fetch import load_catalogues  # type: ignore[import-not-found]
-    except ImportError:
-        load_catalogues = None
-    if load_catalogues is not None:
-        catalogues: Mapping[str, list[dict[str, Any]]] = load_catalogues()
-        return catalogues
-    return {s: json.loads((_LOCAL_CACHE / f"{s}.json").read_text()) for s in SERVERS}
+    from tests.catalogues.fetch import load_catalogues
+
+    return load_catalogues(list(SERVERS))
 
 
 def to_tool_info(server: str, tool: Mapping[str, Any]) -> ToolInfo:
@@ -58,8 +51,8 @@ def to_tool_info(server: str, tool: Mapping[str, Any]) -> ToolInfo:
 
 
 def load_tools() -> list[ToolInfo]:
-    """Every tool of the labelled servers, named `<server>.<tool>`. Raises when a catalogue
-    cannot be had (no npm, no cache)."""
+    """Every tool of the labelled servers, named `<server>.<tool>`. Raises `LookupError` when a
+    catalogue cannot be had (no npm and no cache)."""
     catalogues = _raw_catalogues()
     missing = [s for s in SERVERS if s not in catalogues]
     if missing:

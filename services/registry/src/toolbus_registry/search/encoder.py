@@ -91,7 +91,9 @@ class Encoder:
                             [w(p + f"attention.self.{n}.weight").T for n in ("query", "key", "value")], axis=1
                         )
                     ),
-                    qkv_b=np.concatenate([w(p + f"attention.self.{n}.bias") for n in ("query", "key", "value")]),
+                    qkv_b=np.concatenate(
+                        [w(p + f"attention.self.{n}.bias") for n in ("query", "key", "value")]
+                    ),
                     attn_out_w=np.ascontiguousarray(w(p + "attention.output.dense.weight").T),
                     attn_out_b=w(p + "attention.output.dense.bias"),
                     attn_ln_w=w(p + "attention.output.LayerNorm.weight"),
@@ -157,7 +159,9 @@ class Encoder:
             np.exp(scores, out=scores)
             scores /= scores.sum(axis=-1, keepdims=True)
             context = (scores @ v).transpose(0, 2, 1, 3).reshape(batch, seq, hidden)
-            x = _layer_norm(context @ layer.attn_out_w + layer.attn_out_b + x, layer.attn_ln_w, layer.attn_ln_b)
+            x = _layer_norm(
+                context @ layer.attn_out_w + layer.attn_out_b + x, layer.attn_ln_w, layer.attn_ln_b
+            )
             inner = _gelu(x @ layer.ffn_in_w + layer.ffn_in_b)
             x = _layer_norm(inner @ layer.ffn_out_w + layer.ffn_out_b + x, layer.out_ln_w, layer.out_ln_b)
         weights = mask[:, :, None]

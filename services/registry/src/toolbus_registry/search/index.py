@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -41,7 +41,7 @@ class SearchOptions:
     """Weight of the BM25F score divided by the best BM25F score of the query."""
     params_text_chars: int = 2000
     """Parameter text (names and descriptions) indexed per tool, at most."""
-    bm25: Bm25Params = Bm25Params()
+    bm25: Bm25Params = field(default_factory=Bm25Params)
 
 
 class ScoredTool(NamedTuple):
@@ -106,7 +106,9 @@ def _schema_text(schema: Mapping[str, Any], limit: int) -> str:
 
 
 def embedding_text(tool: ToolInfo) -> str:
-    """What the encoder reads for a tool: its namespace and name as words, then its description."""
+    """What the encoder reads for a tool: its namespace and name as words, then its description.
+    (Adding parameter names and enum values was measured: recall@5 rose, top-1 fell, and encoding
+    took longer, so parameters stay lexical-only.)"""
     namespace, local = split_qualified_name(tool.name)
     words = " ".join(split_identifier(local))
     head = f"{' '.join(split_identifier(namespace))} {words}".strip()
@@ -206,10 +208,14 @@ class SearchIndex:
             return []
         vectors = self._cache().embed([self._texts[i] for i in candidates])
         fused = np.zeros(len(self.tools), dtype=np.float32)
-        fused[candidates] = opts.dense_weight * (vectors @ query_vec) + opts.lexical_weight * lex_norm[candidates]
+        fused[candidates] = (
+            opts.dense_weight * (vectors @ query_vec) + opts.lexical_weight * lex_norm[candidates]
+        )
         return self._top(fused, candidates, limit)
 
-    def _top_ids(self, scores: npt.NDArray[np.float32], ids: npt.NDArray[np.intp], k: int) -> npt.NDArray[np.intp]:
+    def _top_ids(
+        self, scores: npt.NDArray[np.float32], ids: npt.NDArray[np.intp], k: int
+    ) -> npt.NDArray[np.intp]:
         if ids.size > k:
             # Keep everything tied with the k-th score so that the name tie-break is exact.
             kth = np.partition(scores[ids], ids.size - k)[ids.size - k]
@@ -217,5 +223,7 @@ class SearchIndex:
         order = sorted(ids.tolist(), key=lambda i: (-float(scores[i]), self.tools[i].name))
         return np.asarray(order[:k], dtype=np.intp)
 
-    def _top(self, scores: npt.NDArray[np.float32], ids: npt.NDArray[np.intp], limit: int) -> list[ScoredTool]:
+    def _top(
+        self, scores: npt.NDArray[np.float32], ids: npt.NDArray[np.intp], limit: int
+    ) -> list[ScoredTool]:
         return [ScoredTool(self.tools[i], float(scores[i])) for i in self._top_ids(scores, ids, limit)]

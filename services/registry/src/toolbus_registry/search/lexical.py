@@ -50,9 +50,7 @@ class LexicalIndex:
         specs = params.field_specs()
         n = len(docs)
         self.size = n
-        avg_len = {
-            f: max(sum(len(d.get(f, ())) for d in docs) / n, 1.0) if n else 1.0 for f in specs
-        }
+        avg_len = {f: max(sum(len(d.get(f, ())) for d in docs) / n, 1.0) if n else 1.0 for f in specs}
         per_term: dict[str, tuple[list[int], list[float]]] = {}
         for doc_id, doc in enumerate(docs):
             weighted: dict[str, float] = {}

@@ -76,9 +76,7 @@ _STEP4 = (
 
 
 def _step1(word: str) -> str:
-    if word.endswith("sses"):
-        word = word[:-2]
-    elif word.endswith("ies"):
+    if word.endswith("sses") or word.endswith("ies"):
         word = word[:-2]
     elif word.endswith("s") and not word.endswith("ss"):
         word = word[:-1]

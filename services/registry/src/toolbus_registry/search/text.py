@@ -17,13 +17,14 @@ from toolbus_registry.search.stemmer import stem
 _CAMEL = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
 _WORDISH = re.compile(r"[A-Za-z0-9]+")
 
-STOP_WORDS = frozenset(
-    """a an the to of for in on at by with from into onto and or but nor is are was were be been
-    being it its this that these those there here i me my mine we our us you your he she they them
-    their his her some any please can could would should will shall may might must do does did so
-    as if then than via about using use which what who whom whose how when where why want need
-    like just also up out over under again very let lets""".split()
-)
+_STOP_WORDS_TEXT = """
+a an the to of for in on at by with from into onto and or but nor is are was were be been
+being it its this that these those there here i me my mine we our us you your he she they
+them their his her some any please can could would should will shall may might must do does
+did so as if then than via about using use which what who whom whose how when where why want
+need like just also up out over under again very let lets
+"""
+STOP_WORDS = frozenset(_STOP_WORDS_TEXT.split())
 
 
 def split_identifier(text: str) -> list[str]:
@@ -43,8 +44,8 @@ def terms(text: str) -> list[str]:
 # Groups of words that mean the same thing to someone looking for a tool. Each word of a query
 # also searches for the other words of its groups (stemmed), with a lower weight.
 SYNONYM_GROUPS: tuple[tuple[str, ...], ...] = (
-    ("delete", "remove", "erase", "destroy", "drop", "trash", "discard"),
-    ("create", "make", "new", "add", "insert", "post"),
+    ("delete", "remove", "erase", "destroy", "drop", "trash", "discard", "forget"),
+    ("create", "make", "new", "add", "insert", "post", "open", "record"),
     ("get", "fetch", "retrieve", "read", "show", "view", "obtain", "lookup", "load", "see", "inspect"),
     ("list", "enumerate", "all", "browse"),
     ("search", "find", "query", "lookup", "locate", "look"),
@@ -70,7 +71,7 @@ SYNONYM_GROUPS: tuple[tuple[str, ...], ...] = (
     ("entity", "node"),
     ("observation", "fact", "note"),
     ("relation", "relationship", "link", "edge"),
-    ("graph", "memory", "knowledge"),
+    ("graph", "memory", "knowledge", "remember"),
     ("database", "db", "table"),
     ("block", "content", "paragraph"),
     ("size", "sizes", "big", "large"),

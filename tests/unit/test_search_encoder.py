@@ -1,0 +1,36 @@
+"""The numpy MiniLM encoder reproduces all-MiniLM-L6-v2 and behaves like a sentence encoder."""
+
+from __future__ import annotations
+
+import numpy as np
+from toolbus_registry.search.encoder import default_encoder
+
+
+def test_matches_reference_similarities_of_all_minilm_l6_v2() -> None:
+    # The sentence-transformers quickstart prints these cosine similarities for this model
+    # (computed with torch): 0.6660, 0.1046, 0.1411.
+    vectors = default_encoder().encode(
+        ["The weather is lovely today.", "It's so sunny outside!", "He drove to the stadium."]
+    )
+    sims = vectors @ vectors.T
+    assert np.allclose(np.diag(sims), 1.0, atol=1e-5)
+    assert abs(sims[0, 1] - 0.6660) < 2e-3
+    assert abs(sims[0, 2] - 0.1046) < 2e-3
+    assert abs(sims[1, 2] - 0.1411) < 2e-3
+
+
+def test_paraphrases_score_far_above_unrelated_sentences() -> None:
+    a, b, c = default_encoder().encode(
+        ["close a GitHub issue", "mark the bug report on GitHub as resolved", "resize the browser window"]
+    )
+    assert float(a @ b) > float(a @ c) + 0.2
+
+
+def test_batching_and_padding_do_not_change_embeddings() -> None:
+    encoder = default_encoder()
+    texts = ["short", "a much longer sentence that needs many more word pieces than the first one"]
+    together = encoder.encode(texts, batch_size=2)
+    alone = np.stack([encoder.encode([t])[0] for t in texts])
+    assert together.shape == (2, encoder.dim)
+    assert np.allclose(together, alone, atol=1e-5)
+    assert encoder.encode([]).shape == (0, encoder.dim)

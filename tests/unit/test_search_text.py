@@ -1,0 +1,74 @@
+"""Identifier splitting, stemming, stop words and synonym expansion of tool search."""
+
+from __future__ import annotations
+
+import pytest
+from toolbus_registry.search.stemmer import stem
+from toolbus_registry.search.text import SYNONYMS, expand, split_identifier, terms
+
+
+@pytest.mark.parametrize(
+    ("identifier", "words"),
+    [
+        ("list_issues", ["list", "issues"]),
+        ("listIssues", ["list", "issues"]),
+        ("API-get-user", ["api", "get", "user"]),
+        ("github.create_pull_request", ["github", "create", "pull", "request"]),
+        ("getHTTPResponse2x", ["get", "http", "response", "2", "x"]),
+        ("browser_take_screenshot", ["browser", "take", "screenshot"]),
+        ("gzip-file-as-resource", ["gzip", "file", "as", "resource"]),
+        ("Close the page.", ["close", "the", "page"]),
+    ],
+)
+def test_split_identifier_breaks_snake_camel_kebab_and_dots(identifier: str, words: list[str]) -> None:
+    assert split_identifier(identifier) == words
+
+
+@pytest.mark.parametrize(
+    ("word", "expected"),
+    [
+        # From Porter's paper and its published test vocabulary.
+        ("caresses", "caress"),
+        ("ponies", "poni"),
+        ("agreed", "agre"),
+        ("motoring", "motor"),
+        ("hopping", "hop"),
+        ("filing", "file"),
+        ("relational", "relat"),
+        ("generalization", "gener"),
+        ("adjustment", "adjust"),
+        ("controll", "control"),
+    ],
+)
+def test_stem_follows_porter(word: str, expected: str) -> None:
+    assert stem(word) == expected
+
+
+def test_inflections_meet_on_one_stem() -> None:
+    assert stem("creating") == stem("created") == stem("create")
+    assert stem("issues") == stem("issue")
+    assert stem("directories") == stem("directory")
+
+
+def test_terms_drop_stop_words_and_stem() -> None:
+    assert terms("Close an issue in my repositories") == ["close", "issu", "repositori"]
+    assert terms("create_issue") == terms("creating issues")
+
+
+def test_synonyms_are_symmetric_and_stemmed() -> None:
+    assert stem("folder") in SYNONYMS[stem("directory")]
+    assert stem("directory") in SYNONYMS[stem("folder")]
+    assert stem("remove") in SYNONYMS[stem("delete")]
+
+
+def test_expand_gives_one_group_per_query_word_with_weighted_synonyms() -> None:
+    groups = expand(terms("remove folder"), synonym_weight=0.4)
+    assert len(groups) == 2
+    remove, folder = groups
+    assert remove[stem("remove")] == 1.0
+    assert remove[stem("delete")] == 0.4
+    assert folder[stem("directory")] == 0.4
+    # A synonym the query holds itself keeps its full weight in its own group.
+    both = expand(terms("delete remove"), synonym_weight=0.4)
+    assert stem("remove") not in both[0]
+    assert both[1][stem("remove")] == 1.0
