@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.tsc.values import cases
 from toolbus_contracts import EffectivePolicy, ToolInfo
 from toolbus_registry.declarations import render_dts
 from toolbus_registry.declarations.names import member_access, split_tool_name
+
+from tests.tsc.values import cases
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = "rewind:tools"
@@ -100,10 +101,28 @@ def run_gate(tools: Sequence[ToolInfo], tsc: str) -> GateResult:
         Path(tmp, "tools.d.ts").write_text(dts)
         Path(tmp, "calls.ts").write_text("\n".join(lines) + "\n")
         done = subprocess.run(
-            [tsc, "--noEmit", "--strict", "--target", "es2022", "--module", "esnext",
-             "--moduleResolution", "bundler", "--types", "", "--pretty", "false",
-             "tools.d.ts", "calls.ts"],
-            cwd=tmp, capture_output=True, text=True, timeout=120, check=False,
+            [
+                tsc,
+                "--noEmit",
+                "--strict",
+                "--target",
+                "es2022",
+                "--module",
+                "esnext",
+                "--moduleResolution",
+                "bundler",
+                "--types",
+                "",
+                "--pretty",
+                "false",
+                "tools.d.ts",
+                "calls.ts",
+            ],
+            cwd=tmp,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
         )
     for raw in (done.stdout + done.stderr).splitlines():
         match = _DIAG.match(raw.strip())

@@ -14,7 +14,6 @@ from typing import Any
 
 import jsonschema
 from jsonschema.exceptions import SchemaError
-
 from toolbus_registry.declarations.schema_to_ts import resolve_pointer, schema_types
 
 _SAMPLE_STRINGS = {
@@ -44,7 +43,7 @@ def validator(schema: Any) -> jsonschema.protocols.Validator | None:
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
         cls.check_schema(schema)
-    except SchemaError:
+    except (SchemaError, RecursionError):
         return None
     return cls(schema)
 
@@ -117,9 +116,11 @@ class _Gen:
             return [[item] * count, []]
         props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
         assert isinstance(props, dict)
-        required = [r for r in schema.get("required", []) if isinstance(r, str)] if isinstance(
-            schema.get("required"), list
-        ) else []
+        required = (
+            [r for r in schema.get("required", []) if isinstance(r, str)]
+            if isinstance(schema.get("required"), list)
+            else []
+        )
         full: dict[str, Any] = {}
         minimal: dict[str, Any] = {}
         for key, sub in props.items():
@@ -173,7 +174,14 @@ def _mutations(value: Any, schema: Any, root: Any) -> Iterator[tuple[str, Any]]:
 
 def cases(schema: Any, max_valid: int = 3, max_invalid: int = 6) -> list[Case]:
     """Valid and invalid inputs for `schema`, each confirmed by `jsonschema`; [] when the schema is
-    not valid JSON Schema."""
+    not valid JSON Schema (or has references that lead nowhere)."""
+    try:
+        return _cases(schema, max_valid, max_invalid)
+    except (jsonschema.exceptions._WrappedReferencingError, RecursionError):
+        return []
+
+
+def _cases(schema: Any, max_valid: int, max_invalid: int) -> list[Case]:
     check = validator(schema)
     if check is None:
         return []

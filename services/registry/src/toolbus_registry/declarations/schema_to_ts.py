@@ -397,7 +397,8 @@ class TypeRenderer:
             text = index[0] + (" | undefined" if any_optional else "")
             members.append(f"[key: string]: {text};")
         if not members:
-            return "{}", ATOM
+            # `{}` would accept any non-null value; a closed object with nothing in it takes no key.
+            return ("{ [key: string]: never }" if additional is False and not patterns else "{}"), ATOM
         if not documented:
             flat = "{ " + " ".join(members)[:-1] + " }"
             if len(flat) <= INLINE_WIDTH and "\n" not in flat:

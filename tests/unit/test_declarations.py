@@ -1,0 +1,148 @@
+"""Declarations as pure functions: layout, names, determinism, prompt lines, and robustness."""
+
+from __future__ import annotations
+
+import random
+
+from toolbus_contracts import EffectivePolicy, ToolInfo
+from toolbus_registry.declarations import render_dts, render_prompt, tool_dts_fragment, tool_prompt_line
+
+from tests.tsc.edge_cases import INVALID_SCHEMAS, edge_tools
+
+P = EffectivePolicy()
+
+
+def _tool(name: str, schema: dict | None = None, **kw: object) -> ToolInfo:
+    return ToolInfo(
+        name=name,
+        kind=kw.pop("kind", "mcp"),
+        input_schema=schema or {"type": "object"},  # type: ignore[arg-type]
+        policy=P,
+        **kw,
+    )  # type: ignore[arg-type]
+
+
+def test_same_tools_in_any_order_give_the_same_bytes() -> None:
+    tools = edge_tools()
+    shuffled = tools[:]
+    random.Random(7).shuffle(shuffled)
+    assert render_dts(tools, "rewind:tools") == render_dts(shuffled, "rewind:tools")
+    assert render_prompt(tools) == render_prompt(shuffled)
+
+
+def test_module_name_is_the_parameter_and_namespaces_are_exported_values() -> None:
+    dts = render_dts(
+        [_tool("github.list_issues"), _tool("notion.API-get-user"), _tool("ask_user", kind="host")],
+        "acme:tools",
+    )
+    assert 'declare module "acme:tools" {' in dts
+    assert "export const github: {" in dts
+    assert "    list_issues(input: " in dts
+    assert '    "API-get-user"(input: ' in dts
+    assert "export function ask_user(input: " in dts
+
+
+def test_mcp_tool_without_output_schema_returns_content_blocks_and_others_json() -> None:
+    dts = render_dts([_tool("s.a"), _tool("h.b", kind="host")], "m")
+    assert "a(input: { [key: string]: JsonValue }): Promise<{ content: ContentBlock[] }>;" in dts
+    assert "b(input: { [key: string]: JsonValue }): Promise<JsonValue>;" in dts
+
+
+def test_description_appears_once_and_property_descriptions_on_properties() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"owner": {"type": "string", "description": "Repo owner"}},
+        "required": ["owner"],
+        "additionalProperties": False,
+    }
+    dts = render_dts([_tool("g.t", schema, description="Unique tool text.")], "m")
+    assert dts.count("Unique tool text.") == 1
+    assert "/** Repo owner */\n" in dts
+
+
+def test_arrays_of_unions_are_parenthesised_and_sibling_anyof_keeps_properties() -> None:
+    schema = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "l": {"type": "array", "items": {"enum": ["a", "b"]}},
+            "e": {"type": "string"},
+            "p": {"type": "string"},
+        },
+        "anyOf": [{"required": ["e"]}, {"required": ["p"]}],
+    }
+    dts = render_dts([_tool("g.t", schema)], "m")
+    assert '("a" | "b")[]' in dts
+    assert (
+        '{ l?: ("a" | "b")[]; e: string; p?: string } | { l?: ("a" | "b")[]; e?: string; p: string }' in dts
+    )
+    assert "unknown" not in dts and "any;" not in dts
+
+
+def test_recursive_refs_become_named_types_in_the_tool_namespace() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"n": {"$ref": "#/$defs/Node"}},
+        "$defs": {
+            "Node": {
+                "type": "object",
+                "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/Node"}}},
+            }
+        },
+    }
+    dts = render_dts([_tool("g.tree", schema)], "m")
+    assert "export namespace $g {" in dts
+    assert "export type Node = { kids?: $g.tree.Node[];" in dts
+
+
+def test_tool_names_that_sanitize_alike_get_distinct_type_namespaces() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"n": {"$ref": "#/$defs/N"}},
+        "$defs": {"N": {"type": "string"}},
+    }
+    dts = render_dts([_tool("g.a-b", schema), _tool("g.a_b", schema)], "m")
+    assert "export namespace a_b {" in dts and "export namespace a_b_2 {" in dts
+
+
+def test_invalid_schemas_degrade_without_raising() -> None:
+    for name, schema in INVALID_SCHEMAS.items():
+        dts = render_dts([_tool(f"b.{name}", schema)], "m")
+        assert f"{name}(input:" in dts
+        assert tool_prompt_line(_tool(f"b.{name}", schema)).startswith(f"b.{name}(")
+    for weird in ([], "x", 5, None, {"type": ["object", 3]}, {"properties": {"a": None}}, {"enum": "x"}):
+        render_dts([_tool("b.w", {"type": "object", "properties": {"a": weird}})], "m")
+
+
+def test_prompt_line_shows_name_params_optional_marks_result_and_first_sentence() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "owner": {"type": "string"},
+            "state": {"enum": ["open", "closed"]},
+            "labels": {"type": "array", "items": {"type": "string"}},
+        },
+        "required": ["owner"],
+    }
+    line = tool_prompt_line(_tool("github.list_issues", schema, description="List issues. Paginated."))
+    assert line == (
+        'github.list_issues(owner: string, state?: "open"|"closed", labels?: string[])'
+        " -> {content: ContentBlock[]} -- List issues."
+    )
+
+
+def test_prompt_is_sorted_one_line_per_tool() -> None:
+    prompt = render_prompt([_tool("b.z"), _tool("a.y"), _tool("b.a")])
+    assert [line.split("(")[0] for line in prompt.splitlines()] == ["a.y", "b.a", "b.z"]
+
+
+def test_fragment_is_the_tool_alone_with_its_named_types() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"n": {"$ref": "#/$defs/N"}},
+        "$defs": {"N": {"type": "string"}},
+    }
+    fragment = tool_dts_fragment(_tool("notion.API-get-user", schema, description="Get a user."))
+    assert fragment.startswith("declare namespace $notion {")
+    assert 'declare const notion: {\n  /** Get a user. */\n  "API-get-user"(input:' in fragment
+    assert tool_dts_fragment(_tool("ask_user", kind="host")).startswith("declare function ask_user(")
