@@ -131,7 +131,6 @@ async def _list_tools(server: NpmServer, tmp: str) -> list[dict[str, Any]]:
     )
     tools: list[dict[str, Any]] = []
     # The servers' own chatter on stderr ("running on stdio") is noise here.
-    # The servers' own chatter on stderr ("running on stdio") is noise here.
     with open(os.devnull, "w") as errlog:  # noqa: ASYNC230 - opening /dev/null does not block
         async with Client(stdio_client(params, errlog=errlog), read_timeout_seconds=LIST_TIMEOUT_S) as client:
             cursor: str | None = None
