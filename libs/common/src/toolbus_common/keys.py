@@ -32,7 +32,7 @@ class Keys:
 
     def call_replies(self, call_id: str) -> str:
         """List of `calls.invoke` reply subjects waiting for the call's outcome."""
-        return f"{self.prefix}:call:{call_id}:replies"
+        return f"{self.prefix}:replies:{call_id}"
 
     def run_waiting(self, run_id: str) -> str:
         """ZSET callId -> arrival sequence: calls in `waitingSlot`, first come first served."""

@@ -1,0 +1,100 @@
+"""The http tool's allow-list: which hosts a URL may reach.
+
+A URL passes only when its scheme is http or https, it carries no userinfo, and its host, after
+lower-casing, IDNA encoding and dropping one trailing dot, is an exact entry, a subdomain of a
+`*.example.com` entry (not `example.com` itself), or an IP literal listed literally. Everything
+else raises `HostNotAllowed` naming the host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+from urllib.parse import SplitResult, urlsplit
+
+import idna
+from toolbus_contracts.errors import HostNotAllowed
+
+
+def normalize_host(host: str) -> str:
+    """The form hosts are compared in; raises ValueError for a name IDNA refuses."""
+    host = host.strip().lower()
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if host.endswith("."):
+        host = host[:-1]
+    if not host:
+        raise ValueError("empty host")
+    try:
+        return ipaddress.ip_address(host).compressed
+    except ValueError:
+        pass
+    if host.isascii():
+        # Plain ASCII labels (including ones IDNA 2008 would refuse, like underscores) compare as is.
+        return host
+    return idna.encode(host, uts46=True).decode("ascii")
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+class AllowList:
+    """Compiled allow entries of one toolset."""
+
+    def __init__(self, entries: list[str]) -> None:
+        self.exact: frozenset[str]
+        exact: set[str] = set()
+        suffixes: set[str] = set()
+        for entry in entries:
+            if entry.startswith("*."):
+                with contextlib.suppress(ValueError, idna.IDNAError):
+                    suffixes.add("." + normalize_host(entry[2:]))
+            else:
+                with contextlib.suppress(ValueError, idna.IDNAError):
+                    exact.add(normalize_host(entry))
+        self.exact = frozenset(exact)
+        self.suffixes = tuple(sorted(suffixes))
+
+    def allows_host(self, host: str) -> bool:
+        if host in self.exact:
+            return True
+        if _is_ip(host):
+            return False
+        return any(host.endswith(s) and len(host) > len(s) for s in self.suffixes)
+
+    def check(self, url: str) -> SplitResult:
+        """The parsed URL with its host normalized, or `HostNotAllowed` naming the host."""
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+        except ValueError:
+            raise HostNotAllowed(f"'{url[:200]}' is not a valid URL.", details={"host": ""}) from None
+        raw_host = parts.hostname or ""
+        if parts.scheme.lower() not in ("http", "https"):
+            raise HostNotAllowed(
+                f"Only http and https URLs may be fetched, not '{parts.scheme}' (host '{raw_host}').",
+                details={"host": raw_host},
+            )
+        if "@" in parts.netloc:
+            raise HostNotAllowed(
+                f"URLs with user info are refused (host '{raw_host}').", details={"host": raw_host}
+            )
+        try:
+            host = normalize_host(raw_host)
+        except (ValueError, idna.IDNAError):
+            raise HostNotAllowed(
+                f"Host '{raw_host}' is not a valid host name.", details={"host": raw_host}
+            ) from None
+        if not self.allows_host(host):
+            raise HostNotAllowed(
+                f"Host '{host}' is not on this toolset's http allow-list.", details={"host": host}
+            )
+        netloc = f"[{host}]" if ":" in host else host
+        if port is not None:
+            netloc += f":{port}"
+        return parts._replace(scheme=parts.scheme.lower(), netloc=netloc)

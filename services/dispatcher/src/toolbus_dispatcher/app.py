@@ -1,0 +1,257 @@
+"""Builds the dispatcher from settings: connections, streams, executors, subjects, background
+loops (lease renewal, reaper, internal consumers). `DispatcherApp` is what `run_service` runs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+from nats.aio.client import Client as NatsClient
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import FetchTimeoutError
+from redis.asyncio import Redis
+from toolbus_common.connections import connect_nats, connect_redis, ensure_stream
+from toolbus_common.keys import Keys
+from toolbus_common.rpc import RpcServer
+from toolbus_common.toolsets import ToolsetStore
+from toolbus_contracts import ToolbusError
+from toolbus_contracts.registry import ToolKind
+
+from toolbus_dispatcher.calls import CallRunner
+from toolbus_dispatcher.credentials import CredentialResolver, NoCredentials, StoreCredentials
+from toolbus_dispatcher.events import CallEvents
+from toolbus_dispatcher.executors.base import Executor
+from toolbus_dispatcher.executors.host import HostExecutor
+from toolbus_dispatcher.executors.http import HttpExecutor
+from toolbus_dispatcher.executors.mcp import McpExecutor, McpPoolLike
+from toolbus_dispatcher.executors.workflow import WorkflowExecutor
+from toolbus_dispatcher.handlers import QUEUE, Handlers
+from toolbus_dispatcher.service import DispatcherService
+from toolbus_dispatcher.settings import DispatcherSettings
+from toolbus_dispatcher.store import CallStore
+
+log = logging.getLogger(__name__)
+
+INTERNAL_MAX_AGE = timedelta(days=30)
+EVENTS_MAX_AGE = timedelta(days=30)
+
+
+def default_credentials(settings: DispatcherSettings, redis: Redis[bytes], keys: Keys) -> CredentialResolver:
+    """The credentials service's encrypted store when a secret key is set; else no credentials."""
+    if settings.secret_key is None:
+        log.warning("TOOLBUS_SECRET_KEY is not set: MCP calls are sent without credential headers")
+        return NoCredentials()
+    from toolbus_common.credential_store import CredentialStore
+    from toolbus_common.secrets import Cipher
+
+    return StoreCredentials(CredentialStore(redis, keys, Cipher.from_settings(settings)))
+
+
+class DispatcherApp:
+    """The dispatcher service: start, stop, ready."""
+
+    name = "dispatcher"
+
+    def __init__(
+        self,
+        settings: DispatcherSettings,
+        *,
+        mcp_pool: McpPoolLike | None = None,
+        credentials: CredentialResolver | None = None,
+    ) -> None:
+        self.settings = settings
+        self.owner = f"d_{uuid.uuid4().hex[:16]}"
+        self._mcp_pool = mcp_pool
+        self._credentials = credentials
+        self._ready = False
+        self._loops: list[asyncio.Task[None]] = []
+        self.nc: NatsClient | None = None
+        self.redis: Redis[bytes] | None = None
+        self.rpc: RpcServer | None = None
+        self.runner: CallRunner | None = None
+        self.service: DispatcherService | None = None
+        self._http: HttpExecutor | None = None
+        self._owns_pool = mcp_pool is None
+
+    def ready(self) -> bool:
+        return self._ready and self.nc is not None and self.nc.is_connected
+
+    async def start(self) -> None:
+        s = self.settings
+        subjects = s.subjects
+        keys = Keys(s.key_prefix)
+        nc = self.nc = await connect_nats(s, "toolbus-dispatcher")
+        js = nc.jetstream()
+        redis = self.redis = connect_redis(s)
+        await ensure_stream(js, s.js_name("EVENTS"), [subjects.all_events], max_age=EVENTS_MAX_AGE)
+        await ensure_stream(js, s.js_name("INTERNAL"), [subjects.internal_all], max_age=INTERNAL_MAX_AGE)
+        toolsets = ToolsetStore(js, s.js_name("toolsets"))
+        await toolsets.open()
+        credentials = self._credentials or default_credentials(s, redis, keys)
+        if self._mcp_pool is None:
+            from toolbus_mcp_client import McpPool
+
+            self._mcp_pool = McpPool()
+        host = HostExecutor(nc, subjects)
+        self._http = HttpExecutor(max_body=s.http_max_body, max_redirects=s.http_max_redirects)
+        executors: dict[ToolKind, Executor] = {
+            "mcp": McpExecutor(self._mcp_pool, credentials),
+            "host": host,
+            "http": self._http,
+            "workflow": WorkflowExecutor(nc, subjects, default_timeout=s.dispatcher_workflow_timeout),
+        }
+        store = CallStore(redis, keys, self.owner, lease=s.dispatcher_lease)
+        events = CallEvents(nc, subjects)
+        runner = self.runner = CallRunner(
+            store=store,
+            toolsets=toolsets,
+            executors=executors,
+            events=events,
+            nc=nc,
+            js=js,
+            subjects=subjects,
+            retry_backoff=s.dispatcher_retry_backoff,
+            retry_backoff_max=s.dispatcher_retry_backoff_max,
+        )
+        self.service = DispatcherService(
+            store=store,
+            toolsets=toolsets,
+            runner=runner,
+            events=events,
+            credentials=credentials,
+            js=js,
+            subjects=subjects,
+            run_retention=s.dispatcher_run_retention,
+            publish_reply=nc.publish,
+        )
+        handlers = Handlers(self.service, nc)
+        rpc = self.rpc = RpcServer(nc, queue=QUEUE)
+        handlers.register(rpc, subjects)
+        # Every replica hears every heartbeat and result; each routes only to attempts it waits on.
+        rpc.raw(subjects.host_heartbeats, host.on_heartbeat)
+        rpc.raw(subjects.host_results, host.on_result)
+        await rpc.start()
+        stream = s.js_name("INTERNAL")
+        consumer = s.dispatcher_consumer
+        self._loops = [
+            asyncio.create_task(self._every(s.dispatcher_lease / 3, runner.renew_leases, "lease renewal")),
+            asyncio.create_task(self._every(s.dispatcher_lease / 3, runner.reap, "reaper", jitter=True)),
+            asyncio.create_task(
+                self._consume(
+                    stream,
+                    f"{consumer}-approvals",
+                    subjects.internal_approval_decisions,
+                    handlers.handle_approval_decided,
+                )
+            ),
+            asyncio.create_task(
+                self._consume(
+                    stream, f"{consumer}-resume", subjects.internal_calls_resume, handlers.handle_calls_resume
+                )
+            ),
+        ]
+        await nc.flush()
+        self._ready = True
+
+    async def _every(
+        self, period: float, job: Callable[[], Awaitable[Any]], what: str, *, jitter: bool = False
+    ) -> None:
+        while True:
+            await asyncio.sleep(period * (random.uniform(0.5, 1.0) if jitter else 1.0))
+            try:
+                await job()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception(f"{what} failed; will try again")
+
+    async def _consume(
+        self, stream: str, durable: str, subject: str, apply: Callable[[bytes], Awaitable[None]]
+    ) -> None:
+        """A durable pull consumer shared by every replica: each message is applied once, acked
+        after it was applied (redelivered if this replica dies first)."""
+        assert self.nc is not None
+        js = self.nc.jetstream()
+        while True:
+            try:
+                sub = await js.pull_subscribe(
+                    subject,
+                    durable=durable,
+                    stream=stream,
+                    config=ConsumerConfig(
+                        ack_policy=AckPolicy.EXPLICIT,
+                        deliver_policy=DeliverPolicy.ALL,
+                        ack_wait=30,
+                        max_deliver=-1,
+                    ),
+                )
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception(
+                    "could not subscribe to internal commands; retrying", extra={"subject": subject}
+                )
+                await asyncio.sleep(1.0)
+        while True:
+            try:
+                msgs = await sub.fetch(16, timeout=1.0)
+            except (TimeoutError, FetchTimeoutError, NatsTimeout):
+                continue
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("fetching internal commands failed", extra={"subject": subject})
+                await asyncio.sleep(1.0)
+                continue
+            for msg in msgs:
+                try:
+                    await apply(msg.data)
+                except ToolbusError as exc:
+                    # A malformed command will never apply: drop it rather than loop on it.
+                    log.error("dropped an internal command", extra={"subject": subject, "error": exc.message})
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("applying an internal command failed; it will be redelivered")
+                    with contextlib.suppress(Exception):
+                        await msg.nak(delay=1.0)
+                    continue
+                with contextlib.suppress(Exception):
+                    await msg.ack()
+
+    async def stop(self, grace: float = 10.0) -> None:
+        self._ready = False
+        if self.rpc is not None:
+            await self.rpc.drain(grace)
+        for task in self._loops:
+            task.cancel()
+        for task in self._loops:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.runner is not None:
+            await self.runner.stop(grace)
+        if self._http is not None:
+            await self._http.aclose()
+        if self._owns_pool and self._mcp_pool is not None:
+            aclose = getattr(self._mcp_pool, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
+        if self.nc is not None:
+            with contextlib.suppress(Exception):
+                await self.nc.drain()
+        if self.redis is not None:
+            with contextlib.suppress(Exception):
+                await self.redis.aclose()  # type: ignore[attr-defined]  # stubs predate aclose
+
+
+async def build(settings: DispatcherSettings) -> DispatcherApp:
+    return DispatcherApp(settings)

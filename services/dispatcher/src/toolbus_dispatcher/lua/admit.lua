@@ -1,0 +1,72 @@
+-- Shared by every script that frees a slot or queues a call: admit waiting calls of one run, first
+-- come first served, into free slots. A call blocked only by its tool's `concurrency` is skipped,
+-- so it never blocks calls of other tools behind it. Admitted calls become `running`, owned by
+-- `owner`, with their attempt counter raised (the attempt starts now) and a lease until `expiry`.
+-- Returns {callId, {field, value, ...}} per admitted call.
+local function admit(waiting_key, slots_key, leases_key, call_prefix, owner, expiry, run_limit, max_scan)
+  local admitted = {}
+  local running = redis.call('ZCARD', slots_key)
+  if running >= run_limit then return admitted end
+  local waiting = redis.call('ZRANGE', waiting_key, 0, max_scan - 1)
+  local full = {}
+  for _, cid in ipairs(waiting) do
+    if running >= run_limit then break end
+    local ck = call_prefix .. cid
+    local f = redis.call('HMGET', ck, 'tslots', 'conc', 'state')
+    if not f[3] or f[3] ~= 'waitingSlot' then
+      redis.call('ZREM', waiting_key, cid)
+    else
+      local tkey = f[1]
+      local ok = true
+      if tkey and tkey ~= '' then
+        if full[tkey] then
+          ok = false
+        elseif redis.call('ZCARD', tkey) >= tonumber(f[2]) then
+          full[tkey] = true
+          ok = false
+        end
+      end
+      if ok then
+        redis.call('ZREM', waiting_key, cid)
+        redis.call('ZADD', slots_key, expiry, cid)
+        if tkey and tkey ~= '' then redis.call('ZADD', tkey, expiry, cid) end
+        redis.call('ZADD', leases_key, expiry, cid)
+        redis.call('HSET', ck, 'state', 'running', 'owner', owner)
+        redis.call('HINCRBY', ck, 'attempts', 1)
+        running = running + 1
+        admitted[#admitted + 1] = {cid, redis.call('HGETALL', ck)}
+      end
+    end
+  end
+  return admitted
+end
+
+-- Remove a call from its slots and lease.
+local function release(ck, cid, leases_key)
+  local f = redis.call('HMGET', ck, 'slots', 'tslots', 'waiting')
+  if f[1] then redis.call('ZREM', f[1], cid) end
+  if f[2] and f[2] ~= '' then redis.call('ZREM', f[2], cid) end
+  if f[3] then redis.call('ZREM', f[3], cid) end
+  redis.call('ZREM', leases_key, cid)
+end
+
+-- Pop every reply subject waiting for the call's outcome.
+local function pop_replies(replies_key)
+  local replies = redis.call('LRANGE', replies_key, 0, -1)
+  redis.call('DEL', replies_key)
+  return replies
+end
+
+-- Queue a call for a slot, behind every call already waiting in its run.
+local function enqueue(ck, cid)
+  local f = redis.call('HMGET', ck, 'waiting', 'runkey')
+  local seq = redis.call('HINCRBY', f[2], 'seq', 1)
+  redis.call('ZADD', f[1], seq, cid)
+  redis.call('HSET', ck, 'state', 'waitingSlot')
+end
+
+-- Admit waiting calls of the run a call belongs to.
+local function admit_for(ck, leases_key, call_prefix, owner, expiry, run_limit, max_scan)
+  local f = redis.call('HMGET', ck, 'waiting', 'slots')
+  return admit(f[1], f[2], leases_key, call_prefix, owner, expiry, run_limit, max_scan)
+end

@@ -1,0 +1,36 @@
+-- Store a new call durably and try to give it a slot, in one round trip; or, for a repeated
+-- idempotency key, return the existing call (registering the invoker's reply subject if the call
+-- is not done yet).
+-- KEYS: run, run_keys, run_calls, call, call_replies, run_waiting, run_slots, leases, cred_version
+-- ARGV: callId, idemKey, tool, inputJson, toolsetId, conc, onInterruption, reply, now, expiry,
+--       owner, approvalId, digest, callPrefix, toolSlotsKey, runLimit, maxScan, repliesPrefix, runId
+local run = redis.call('HMGET', KEYS[1], 'state', 'toolsetId', 'namespace')
+local credv = redis.call('GET', KEYS[9]) or '0'
+if run[1] ~= 'open' then return {'notFound', credv} end
+if run[2] ~= ARGV[5] then return {'toolsetChanged', credv} end
+local existing = redis.call('HGET', KEYS[2], ARGV[2])
+if existing then
+  local ck = ARGV[14] .. existing
+  local c = redis.call('HMGET', ck, 'state', 'outcome', 'attempts')
+  if c[1] ~= 'done' and ARGV[8] ~= '' then
+    redis.call('RPUSH', ARGV[18] .. existing, ARGV[8])
+  end
+  return {'exists', credv, existing, c[1] or 'done', c[2] or ''}
+end
+local cid = ARGV[1]
+local ck = KEYS[4]
+redis.call('HSET', ck, 'run', ARGV[19], 'tool', ARGV[3], 'input', ARGV[4],
+  'key', ARGV[2], 'ts', ARGV[5], 'ns', run[3] or '', 'onint', ARGV[7], 'attempts', 0,
+  'slots', KEYS[7], 'tslots', ARGV[15], 'conc', ARGV[6], 'waiting', KEYS[6], 'created', ARGV[9],
+  'approval', ARGV[12], 'digest', ARGV[13], 'state', 'queued', 'runkey', KEYS[1])
+redis.call('HSET', KEYS[2], ARGV[2], cid)
+redis.call('SADD', KEYS[3], cid)
+if ARGV[8] ~= '' then redis.call('RPUSH', KEYS[5], ARGV[8]) end
+if ARGV[12] ~= '' then
+  redis.call('HSET', ck, 'state', 'awaitingApproval')
+  return {'created', credv, cid, 'awaitingApproval', {}}
+end
+enqueue(ck, cid)
+local admitted = admit(KEYS[6], KEYS[7], KEYS[8], ARGV[14], ARGV[11], ARGV[10], tonumber(ARGV[16]), tonumber(ARGV[17]))
+local state = redis.call('HGET', ck, 'state')
+return {'created', credv, cid, state, admitted}

@@ -1,0 +1,13 @@
+-- Park a running call this dispatcher owns (its server answered 401): it holds no slot, and the
+-- attempt that met the 401 is given back. Its slots go to the next waiting calls.
+-- KEYS: call, leases
+-- ARGV: callId, owner, server, level, now, expiry, callPrefix, runLimit, maxScan
+local ck = KEYS[1]
+local cid = ARGV[1]
+local c = redis.call('HMGET', ck, 'state', 'owner')
+if c[1] ~= 'running' or c[2] ~= ARGV[2] then return {'stale', {}} end
+release(ck, cid, KEYS[2])
+redis.call('HINCRBY', ck, 'attempts', -1)
+redis.call('HSET', ck, 'state', 'parked', 'server', ARGV[3], 'level', ARGV[4], 'parkedAt', ARGV[5])
+local admitted = admit_for(ck, KEYS[2], ARGV[7], ARGV[2], ARGV[6], tonumber(ARGV[8]), tonumber(ARGV[9]))
+return {'parked', admitted}

@@ -1,0 +1,59 @@
+"""A call as the Redis scripts return it: the fields of its hash, typed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def pairs_to_dict(flat: list[Any]) -> dict[str, str]:
+    """`HGETALL` as a Lua script returns it (a flat list) to a dict of str."""
+    it = iter(flat)
+    return {_s(k): _s(v) for k, v in zip(it, it, strict=True)}
+
+
+@dataclass(slots=True)
+class CallRecord:
+    """What a dispatcher needs to run one call; built from its Redis hash."""
+
+    call_id: str
+    run_id: str
+    tool: str
+    input_json: str
+    idempotency_key: str
+    toolset_id: str
+    namespace: str | None
+    on_interruption: str
+    attempts: int
+    state: str
+
+    @property
+    def input(self) -> dict[str, Any]:
+        value: dict[str, Any] = orjson.loads(self.input_json)
+        return value
+
+    @staticmethod
+    def from_hash(call_id: str, h: dict[str, str]) -> CallRecord:
+        return CallRecord(
+            call_id=call_id,
+            run_id=h["run"],
+            tool=h["tool"],
+            input_json=h["input"],
+            idempotency_key=h["key"],
+            toolset_id=h["ts"],
+            namespace=h.get("ns") or None,
+            on_interruption=h.get("onint", "retry"),
+            attempts=int(h.get("attempts", "0")),
+            state=h.get("state", "queued"),
+        )
+
+    @staticmethod
+    def from_script(item: list[Any]) -> CallRecord:
+        """One `{callId, HGETALL}` pair of a script's admitted or reaped list."""
+        return CallRecord.from_hash(_s(item[0]), pairs_to_dict(item[1]))

@@ -1,0 +1,267 @@
+"""The dispatcher's request logic: runs, calls, approval decisions and resumes. No NATS
+subscriptions here (see `handlers.py`); every answer is a value or a contract exception."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import orjson
+from nats.js import JetStreamContext
+from toolbus_common.canonical import sha256_hex
+from toolbus_common.clock import now_iso
+from toolbus_common.toolsets import ToolsetStore
+from toolbus_contracts import (
+    CallGetReply,
+    CallGetRequest,
+    CallStartRequest,
+    RunCloseReply,
+    RunCloseRequest,
+    RunOpenReply,
+    RunOpenRequest,
+    Subjects,
+)
+from toolbus_contracts.errors import Conflict, NotFound, UnknownTool
+from toolbus_contracts.internal import ApprovalDecided, CallsResume
+
+from toolbus_dispatcher.calls import CallRunner, reply_body
+from toolbus_dispatcher.credentials import CredentialResolver
+from toolbus_dispatcher.events import CallEvents
+from toolbus_dispatcher.outcomes import failed
+from toolbus_dispatcher.store import CallStore
+from toolbus_dispatcher.validation import SchemaCache
+
+log = logging.getLogger(__name__)
+
+PublishReply = Callable[[str, bytes], Awaitable[None]]
+"""Publishes a reply body on a subject (the dispatcher's NATS connection)."""
+
+CANCELLED_JSON = orjson.dumps(
+    failed("cancelled", "The call's run was closed before the call finished.")
+).decode()
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """A stored call; `outcome_json` is set when it is already done (a repeated key)."""
+
+    call_id: str
+    idempotency_key: str
+    outcome_json: str | None = None
+
+
+class DispatcherService:
+    def __init__(
+        self,
+        *,
+        store: CallStore,
+        toolsets: ToolsetStore,
+        runner: CallRunner,
+        events: CallEvents,
+        credentials: CredentialResolver,
+        js: JetStreamContext,
+        subjects: Subjects,
+        run_retention: float,
+        publish_reply: PublishReply,
+    ) -> None:
+        self._store = store
+        self._toolsets = toolsets
+        self._runner = runner
+        self._events = events
+        self._credentials = credentials
+        self._js = js
+        self._subjects = subjects
+        self._retention = run_retention
+        self._publish_reply = publish_reply
+        self._schemas = SchemaCache()
+        self._runs: OrderedDict[str, tuple[str, str | None]] = OrderedDict()
+
+    # ---- runs -----------------------------------------------------------------------------------
+
+    async def open_run(self, req: RunOpenRequest) -> RunOpenReply:
+        if await self._toolsets.get(req.toolset_id) is None:
+            raise NotFound(
+                f"Toolset '{req.toolset_id}' is not registered.", details={"toolsetId": req.toolset_id}
+            )
+        run_id = req.run_id or f"run_{uuid.uuid4().hex}"
+        status = await self._store.open_run(run_id, req.toolset_id, req.namespace, now_iso())
+        if status == "conflict":
+            raise Conflict(f"Run '{run_id}' is open with another toolset.", details={"runId": run_id})
+        if status == "closed":
+            raise Conflict(f"Run '{run_id}' was closed; open a run with a new id.", details={"runId": run_id})
+        return RunOpenReply(run_id=run_id)
+
+    async def close_run(self, req: RunCloseRequest) -> RunCloseReply:
+        closed = await self._store.close_run(req.run_id, now_iso(), CANCELLED_JSON, self._retention)
+        if closed.status == "notFound":
+            raise NotFound(f"Run '{req.run_id}' does not exist.", details={"runId": req.run_id})
+        self._runs.pop(req.run_id, None)
+        self._runner.stop_local([cid for cid, _, _ in closed.cancelled])
+        outcome = orjson.loads(CANCELLED_JSON)
+        for cid, replies, key in closed.cancelled:
+            for reply in replies:
+                await self._publish_reply(reply, reply_body(cid, key, CANCELLED_JSON))
+            await self._events.publish("completed", req.run_id, cid, outcome=outcome)
+        if closed.status == "closed":
+            await self._credentials.delete_run(req.run_id)
+            body = {"runId": req.run_id, "toolsetId": closed.toolset_id, "callIds": closed.call_ids}
+            await self._js.publish(self._subjects.internal_runs_closed, orjson.dumps(body))
+        return RunCloseReply(run_id=req.run_id, cancelled=len(closed.cancelled))
+
+    async def _run(self, run_id: str) -> tuple[str, str | None]:
+        hit = self._runs.get(run_id)
+        if hit is not None:
+            return hit
+        info = await self._store.run_info(run_id)
+        if info is None or info[0] != "open":
+            raise NotFound(f"Run '{run_id}' is not open; open it with runs.open.", details={"runId": run_id})
+        hit = self._runs[run_id] = (info[1], info[2])
+        while len(self._runs) > 10_000:
+            self._runs.popitem(last=False)
+        return hit
+
+    # ---- calls ----------------------------------------------------------------------------------
+
+    async def start_call(self, req: CallStartRequest, reply: str = "") -> Started:
+        """Check and store a call (`calls.start`, `calls.invoke`); `reply` gets the outcome later."""
+        toolset_id, _ = await self._run(req.run_id)
+        stored = await self._toolsets.get(toolset_id)
+        tool = stored.table.get(req.tool) if stored is not None else None
+        if tool is None:
+            raise UnknownTool(f"Tool '{req.tool}' is not in this run's toolset.", details={"tool": req.tool})
+        self._schemas.check(toolset_id, tool.name, tool.info.input_schema, req.input)
+        key = req.idempotency_key or uuid.uuid4().hex
+        call_id = f"call_{uuid.uuid4().hex}"
+        policy = tool.policy
+        approval_id = digest = ""
+        if policy.approval:
+            approval_id, digest = f"apr_{uuid.uuid4().hex}", sha256_hex(req.input)
+        self._runner.accepting(call_id)
+        try:
+            created = await self._store.create_call(
+                call_id=call_id,
+                run_id=req.run_id,
+                idempotency_key=key,
+                tool=tool.name,
+                input_json=orjson.dumps(req.input).decode(),
+                toolset_id=toolset_id,
+                concurrency=policy.concurrency,
+                on_interruption=policy.on_interruption,
+                reply=reply,
+                now=now_iso(),
+                approval_id=approval_id,
+                digest=digest,
+            )
+            self._credentials.observe_version(created.cred_version)
+            if created.status == "exists":
+                return Started(
+                    created.call_id, key, created.outcome_json if created.state == "done" else None
+                )
+            if created.status != "created":
+                self._runs.pop(req.run_id, None)
+                raise NotFound(
+                    f"Run '{req.run_id}' is not open; open it with runs.open.", details={"runId": req.run_id}
+                )
+            await self._events.publish("accepted", req.run_id, call_id)
+        finally:
+            self._runner.accepted(call_id)
+        if created.state == "awaitingApproval":
+            await self._request_approval(req, call_id, toolset_id, tool.name, approval_id, digest)
+        if created.admitted:
+            self._runner.start(created.admitted)
+        return Started(call_id, key)
+
+    async def _request_approval(
+        self, req: CallStartRequest, call_id: str, toolset_id: str, tool: str, approval_id: str, digest: str
+    ) -> None:
+        _, namespace = await self._run(req.run_id)
+        await self._events.publish("approvalRequested", req.run_id, call_id, approvalId=approval_id)
+        needed = {
+            "approvalId": approval_id,
+            "callId": call_id,
+            "runId": req.run_id,
+            "namespace": namespace,
+            "toolsetId": toolset_id,
+            "tool": tool,
+            "input": req.input,
+            "inputDigest": digest,
+            "requestedAt": now_iso(),
+        }
+        await self._js.publish(self._subjects.internal_approval_requests, orjson.dumps(needed))
+
+    async def get_call(self, req: CallGetRequest) -> CallGetReply:
+        found = await self._store.get_call(req.call_id)
+        if found is None:
+            raise NotFound(f"Call '{req.call_id}' does not exist.", details={"callId": req.call_id})
+        state, attempts, outcome = found
+        return CallGetReply.model_construct(
+            call_id=req.call_id,
+            state=state,  # type: ignore[arg-type]  # written only by the scripts, always a CallState
+            attempts=max(0, attempts),
+            outcome=orjson.loads(outcome) if outcome else None,
+        )
+
+    # ---- decisions from other services -----------------------------------------------------------
+
+    async def apply_decision(self, decision: ApprovalDecided) -> None:
+        """Apply an approval decision if the call still waits for exactly this one."""
+        match = (decision.approval_id, decision.tool, decision.toolset_id, decision.input_digest)
+        now = now_iso()
+        if decision.decision == "approved":
+            result = await self._store.release_waiting(
+                decision.call_id, "awaitingApproval", now=now, approval=match
+            )
+            if result.status == "queued":
+                await self._events.publish(
+                    "approved", result.run_id, decision.call_id, approvalId=decision.approval_id
+                )
+                self._runner.start(result.admitted)
+            return
+        outcome = failed("denied", decision.reason or "The call was denied.")
+        result = await self._store.release_waiting(
+            decision.call_id,
+            "awaitingApproval",
+            outcome_json=orjson.dumps(outcome).decode(),
+            now=now,
+            approval=match,
+        )
+        if result.status == "done":
+            await self._events.publish(
+                "denied",
+                result.run_id,
+                decision.call_id,
+                approvalId=decision.approval_id,
+                reason=decision.reason,
+            )
+            await self._end_held(decision.call_id, result.run_id, result.replies, result.key, outcome)
+
+    async def apply_resume(self, resume: CallsResume) -> None:
+        """Send parked calls again in order, or end them with `credentialsRejected`."""
+        await self._credentials.refresh()
+        for call_id in resume.call_ids:
+            now = now_iso()
+            if resume.reason == "credentialsRejected":
+                outcome = failed(
+                    "credentialsRejected",
+                    "The server kept rejecting the credentials and no new ones were set in time.",
+                )
+                result = await self._store.release_waiting(
+                    call_id, "parked", outcome_json=orjson.dumps(outcome).decode(), now=now
+                )
+                if result.status == "done":
+                    await self._end_held(call_id, result.run_id, result.replies, result.key, outcome)
+                continue
+            result = await self._store.release_waiting(call_id, "parked", now=now)
+            if result.status == "queued":
+                await self._events.publish("resumed", result.run_id, call_id)
+                self._runner.start(result.admitted)
+
+    async def _end_held(
+        self, call_id: str, run_id: str, replies: list[str], key: str, outcome: dict[str, object]
+    ) -> None:
+        for reply in replies:
+            await self._publish_reply(reply, reply_body(call_id, key, outcome))
+        await self._events.publish("completed", run_id, call_id, outcome=outcome)

@@ -1,0 +1,296 @@
+"""The durable state of runs and calls in Redis, behind atomic Lua scripts.
+
+Every method is one round trip. The hot path of a call is two of them: `create_call` (idempotency
+check, store, enqueue, take slots) and `finish` (store outcome, free slots, admit the next waiting
+calls). Admitted calls come back with their fields, so the caller starts them without reading again.
+Runs on a single Redis (or a primary with replicas), not Redis Cluster: scripts touch the keys a
+call's hash names.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
+from toolbus_common.keys import Keys
+
+from toolbus_dispatcher.records import CallRecord, _s
+
+RUN_LIMIT = 16
+MAX_SCAN = 1000
+"""How many waiting calls of one run admission looks at, at most, per script run."""
+
+
+def _load(name: str, *, with_admit: bool = True) -> str:
+    lua = resources.files("toolbus_dispatcher") / "lua"
+    body = (lua / name).read_text()
+    return ((lua / "admit.lua").read_text() + "\n" + body) if with_admit else body
+
+
+@dataclass(slots=True)
+class Created:
+    """What `create_call` did: `created` or `exists` (same key again) or `notFound`."""
+
+    status: str
+    cred_version: str
+    call_id: str = ""
+    state: str = ""
+    outcome_json: str = ""
+    admitted: list[CallRecord] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Finished:
+    status: str
+    replies: list[str]
+    admitted: list[CallRecord]
+    run_id: str = ""
+    key: str = ""
+
+
+@dataclass(slots=True)
+class Closed:
+    status: str
+    toolset_id: str
+    call_ids: list[str]
+    cancelled: list[tuple[str, list[str], str]]
+
+
+class CallStore:
+    """Runs, calls, slots, queues and leases of one deployment (`Keys` prefix), for one owner."""
+
+    def __init__(self, redis: Redis[bytes], keys: Keys, owner: str, *, lease: float) -> None:
+        self._r = redis
+        self.keys = keys
+        self.owner = owner
+        self.lease = lease
+        self._call_prefix = keys.call("")
+        self._replies_prefix = keys.call_replies("")
+        self._create: AsyncScript = redis.register_script(_load("create_call.lua"))
+        self._finish: AsyncScript = redis.register_script(_load("finish_call.lua"))
+        self._park: AsyncScript = redis.register_script(_load("park_call.lua"))
+        self._release: AsyncScript = redis.register_script(_load("release_waiting.lua"))
+        self._next: AsyncScript = redis.register_script(_load("next_attempt.lua", with_admit=False))
+        self._renew: AsyncScript = redis.register_script(_load("renew_leases.lua", with_admit=False))
+        self._reap: AsyncScript = redis.register_script(_load("reap_leases.lua", with_admit=False))
+        self._open: AsyncScript = redis.register_script(_load("open_run.lua", with_admit=False))
+        self._close: AsyncScript = redis.register_script(_load("close_run.lua"))
+
+    def _expiry(self) -> str:
+        return repr(time.time() + self.lease)
+
+    # ---- runs -----------------------------------------------------------------------------------
+
+    async def open_run(self, run_id: str, toolset_id: str, namespace: str | None, now: str) -> str:
+        """`opened`, `open` (already, same toolset), `conflict` (other toolset) or `closed`."""
+        return _s(await self._open(keys=[self.keys.run(run_id)], args=[toolset_id, namespace or "", now]))
+
+    async def run_info(self, run_id: str) -> tuple[str, str, str | None] | None:
+        """(state, toolsetId, namespace) of a run, or None when there is no such run."""
+        state, ts, ns = await self._r.hmget(self.keys.run(run_id), ["state", "toolsetId", "namespace"])
+        if state is None or ts is None:
+            return None
+        return _s(state), _s(ts), (_s(ns) or None) if ns else None
+
+    async def close_run(self, run_id: str, now: str, cancelled_json: str, retention: float) -> Closed:
+        k = self.keys
+        res = await self._close(
+            keys=[
+                k.run(run_id),
+                k.run_calls(run_id),
+                k.run_keys(run_id),
+                k.run_waiting(run_id),
+                k.run_slots(run_id),
+                k.call_leases,
+            ],
+            args=[now, cancelled_json, self._call_prefix, self._replies_prefix, int(retention)],
+        )
+        status = _s(res[0])
+        if status == "notFound":
+            return Closed(status, "", [], [])
+        return Closed(
+            status,
+            _s(res[1]),
+            [_s(c) for c in res[2]],
+            [(_s(item[0]), [_s(r) for r in item[1]], _s(item[2])) for item in res[3]],
+        )
+
+    # ---- calls ----------------------------------------------------------------------------------
+
+    async def create_call(
+        self,
+        *,
+        call_id: str,
+        run_id: str,
+        idempotency_key: str,
+        tool: str,
+        input_json: str,
+        toolset_id: str,
+        concurrency: int | None,
+        on_interruption: str,
+        reply: str,
+        now: str,
+        approval_id: str,
+        digest: str,
+    ) -> Created:
+        k = self.keys
+        res: list[Any] = await self._create(
+            keys=[
+                k.run(run_id),
+                k.run_keys(run_id),
+                k.run_calls(run_id),
+                k.call(call_id),
+                k.call_replies(call_id),
+                k.run_waiting(run_id),
+                k.run_slots(run_id),
+                k.call_leases,
+                k.credentials_version,
+            ],
+            args=[
+                call_id,
+                idempotency_key,
+                tool,
+                input_json,
+                toolset_id,
+                concurrency or "",
+                on_interruption,
+                reply,
+                now,
+                self._expiry(),
+                self.owner,
+                approval_id,
+                digest,
+                self._call_prefix,
+                k.run_tool_slots(run_id, tool) if concurrency else "",
+                RUN_LIMIT,
+                MAX_SCAN,
+                self._replies_prefix,
+                run_id,
+            ],
+        )
+        status = _s(res[0])
+        cred_version = _s(res[1])
+        if status == "created":
+            return Created(
+                status,
+                cred_version,
+                _s(res[2]),
+                _s(res[3]),
+                admitted=[CallRecord.from_script(i) for i in res[4]],
+            )
+        if status == "exists":
+            return Created(status, cred_version, _s(res[2]), _s(res[3]), _s(res[4]))
+        return Created(status, cred_version)
+
+    async def finish(self, call_id: str, outcome_json: str, now: str) -> Finished:
+        """Store the outcome of a call we own; `stale` when it is no longer ours."""
+        k = self.keys
+        res = await self._finish(
+            keys=[k.call(call_id), k.call_replies(call_id), k.call_leases],
+            args=[
+                call_id,
+                self.owner,
+                outcome_json,
+                now,
+                self._expiry(),
+                self._call_prefix,
+                RUN_LIMIT,
+                MAX_SCAN,
+            ],
+        )
+        return Finished(_s(res[0]), [_s(r) for r in res[1]], [CallRecord.from_script(i) for i in res[2]])
+
+    async def park(self, call_id: str, server: str, level: str, now: str) -> Finished:
+        k = self.keys
+        res = await self._park(
+            keys=[k.call(call_id), k.call_leases],
+            args=[
+                call_id,
+                self.owner,
+                server,
+                level,
+                now,
+                self._expiry(),
+                self._call_prefix,
+                RUN_LIMIT,
+                MAX_SCAN,
+            ],
+        )
+        return Finished(_s(res[0]), [], [CallRecord.from_script(i) for i in res[1]])
+
+    async def release_waiting(
+        self,
+        call_id: str,
+        from_state: str,
+        *,
+        outcome_json: str = "",
+        now: str,
+        approval: tuple[str, str, str, str] | None = None,
+    ) -> Finished:
+        """Queue a call held in `from_state` for a slot, or end it with `outcome_json`.
+
+        `approval` (approvalId, tool, toolsetId, digest) must all match the call, else `mismatch`.
+        """
+        k = self.keys
+        res = await self._release(
+            keys=[k.call(call_id), k.call_replies(call_id), k.call_leases],
+            args=[
+                call_id,
+                from_state,
+                outcome_json,
+                self.owner,
+                now,
+                self._expiry(),
+                self._call_prefix,
+                RUN_LIMIT,
+                MAX_SCAN,
+                *(approval or ("", "", "", "")),
+            ],
+        )
+        return Finished(
+            _s(res[0]),
+            [_s(r) for r in res[1]],
+            [CallRecord.from_script(i) for i in res[2]],
+            _s(res[3]),
+            _s(res[4]),
+        )
+
+    async def next_attempt(self, call_id: str) -> int:
+        """The number of the attempt that starts now, or 0 when the call is no longer ours."""
+        return int(await self._next(keys=[self.keys.call(call_id)], args=[self.owner]))
+
+    async def renew(self, call_ids: list[str]) -> list[str]:
+        """Extend the leases of our running calls; returns the ones that are no longer ours."""
+        if not call_ids:
+            return []
+        res = await self._renew(
+            keys=[self.keys.call_leases], args=[self.owner, self._expiry(), self._call_prefix, *call_ids]
+        )
+        return [_s(c) for c in res]
+
+    async def reap(self, limit: int = 100) -> list[CallRecord]:
+        """Claim running calls whose lease expired; each had its attempt interrupted."""
+        res = await self._reap(
+            keys=[self.keys.call_leases],
+            args=[repr(time.time()), self.owner, self._expiry(), self._call_prefix, limit],
+        )
+        return [CallRecord.from_script(i) for i in res]
+
+    async def get_call(self, call_id: str) -> tuple[str, int, str | None] | None:
+        """(state, attempts, outcomeJson) of a call, or None."""
+        state, attempts, outcome = await self._r.hmget(
+            self.keys.call(call_id), ["state", "attempts", "outcome"]
+        )
+        if state is None:
+            return None
+        return _s(state), int(attempts or 0), _s(outcome) if outcome else None
+
+    async def call_fields(self, call_id: str) -> CallRecord | None:
+        raw = await self._r.hgetall(self.keys.call(call_id))
+        if not raw:
+            return None
+        return CallRecord.from_hash(call_id, {_s(k): _s(v) for k, v in raw.items()})
