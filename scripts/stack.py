@@ -49,11 +49,13 @@ from tests.support.infra import (  # noqa: E402 (needs ROOT on sys.path)
     wait_ready,
 )
 
-STACK = ROOT / ".stack"
+# `TOOLBUS_STACK_DIR` moves all of it (the tests run a second stack beside a developer's).
+STACK = Path(os.environ.get("TOOLBUS_STACK_DIR") or ROOT / ".stack").resolve()
 PIDS = STACK / "pids"
 LOGS = STACK / "logs"
 SECRET_FILE = STACK / "secret.key"
-SERVICES: dict[str, int] = {"registry": 8081, "dispatcher": 8082, "approval": 8083, "credentials": 8084}
+DEFAULT_PORTS: dict[str, int] = {"registry": 8081, "dispatcher": 8082, "approval": 8083, "credentials": 8084}
+SERVICES = dict(DEFAULT_PORTS)
 SERVERS = ("nats", "redis")
 
 
@@ -189,7 +191,7 @@ def _secret_key() -> tuple[str, str]:
     if from_env:
         return from_env, "from TOOLBUS_SECRET_KEY"
     if SECRET_FILE.exists():
-        return SECRET_FILE.read_text().strip(), f"dev key from {SECRET_FILE.relative_to(ROOT)}"
+        return SECRET_FILE.read_text().strip(), f"dev key from {_rel(SECRET_FILE)}"
     from cryptography.fernet import Fernet
 
     STACK.mkdir(parents=True, exist_ok=True)
@@ -197,14 +199,14 @@ def _secret_key() -> tuple[str, str]:
     key = Fernet.generate_key().decode()
     with os.fdopen(fd, "w") as out:
         out.write(key + "\n")
-    return key, f"new dev key generated into {SECRET_FILE.relative_to(ROOT)} (TOOLBUS_SECRET_KEY unset)"
+    return key, f"new dev key generated into {_rel(SECRET_FILE)} (TOOLBUS_SECRET_KEY unset)"
 
 
 def _rel(path: Path) -> Path:
-    return path.relative_to(ROOT)
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
 
 
-def up(ready_timeout: float) -> int:
+def up(ready_timeout: float, only: list[str] | None) -> int:
     for directory in (STACK, PIDS, LOGS):
         directory.mkdir(parents=True, exist_ok=True)
     try:
@@ -230,6 +232,9 @@ def up(ready_timeout: float) -> int:
         ours = _tracked(name)
         if ours and ours.alive:
             already[name] = ours
+            continue
+        if only is not None and name not in only:
+            missing.append(name)
             continue
         if not service_module_exists(name):
             missing.append(name)
@@ -268,7 +273,12 @@ def up(ready_timeout: float) -> int:
     for name, port in SERVICES.items():
         log = _rel(LOGS / f"{name}.log")
         if name in missing:
-            print(f"{name:<15} not started: toolbus_{name}.__main__ does not exist yet")
+            why = (
+                "not asked for (--services)"
+                if only is not None and name not in only
+                else (f"toolbus_{name}.__main__ does not exist yet")
+            )
+            print(f"{name:<15} not started: {why}")
             continue
         if name in failed:
             state = "FAILED (see the error above)"
@@ -300,15 +310,18 @@ def down() -> int:
 
 
 def logs(follow: bool, lines: int, names: list[str]) -> int:
-    files = [LOGS / f"{n}.log" for n in names] if names else sorted(LOGS.glob("*.log"))
+    if not names:
+        # The servers' logs only while ours run: with an external NATS/Redis they are stale.
+        names = [*(n for n in SERVERS if (t := _tracked(n)) and t.alive), *SERVICES]
+    files = [LOGS / f"{n}.log" for n in names]
     files = [f for f in files if f.exists()]
     if not files:
-        print(f"no logs under {LOGS.relative_to(ROOT)}/ yet: run make up")
+        print(f"no logs under {_rel(LOGS)}/ yet: run make up")
         return 0
     if follow:
         os.execvp("tail", ["tail", "-n", str(lines), "-F", *map(str, files)])
     for f in files:
-        print(f"==> {f.relative_to(ROOT)} <==\n{log_tail(f, lines)}")
+        print(f"==> {_rel(f)} <==\n{log_tail(f, lines)}")
     return 0
 
 
@@ -321,8 +334,9 @@ def status() -> int:
             else "not started by make up"
         )
         print(f"{name:<12} {where}")
-    for name, port in SERVICES.items():
+    for name, default_port in SERVICES.items():
         tracked = _tracked(name)
+        port = int(tracked.info.get("port", default_port)) if tracked else default_port
         ready = http_status(f"http://127.0.0.1:{port}/readyz")
         running = f"pid {tracked.pid}" if tracked and tracked.alive else "not started by make up"
         print(f"{name:<12} {running}  /readyz -> {ready if ready is not None else 'no answer'}")
@@ -334,6 +348,10 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p_up = sub.add_parser("up", help="start NATS/Redis if needed and the services; wait until ready")
     p_up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each /readyz")
+    p_up.add_argument("--services", help="comma-separated subset to start (default: all that exist)")
+    p_up.add_argument(
+        "--port-base", type=int, default=8081, help="registry's HTTP port; the others follow (8081)"
+    )
     sub.add_parser("down", help="stop what up started")
     p_logs = sub.add_parser("logs", help="show (or follow with -f) the logs")
     p_logs.add_argument("-f", "--follow", action="store_true")
@@ -342,7 +360,13 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("status", help="what is running and whether it is ready")
     args = parser.parse_args(argv)
     if args.command == "up":
-        return up(args.timeout)
+        for offset, name in enumerate(DEFAULT_PORTS):
+            SERVICES[name] = args.port_base + offset
+        only = [n.strip() for n in args.services.split(",") if n.strip()] if args.services else None
+        unknown = sorted(set(only or ()) - set(SERVICES))
+        if unknown:
+            parser.error(f"unknown services: {', '.join(unknown)} (known: {', '.join(SERVICES)})")
+        return up(args.timeout, only)
     if args.command == "down":
         return down()
     if args.command == "logs":

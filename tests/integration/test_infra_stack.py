@@ -1,0 +1,98 @@
+"""`scripts/stack.py` starts what is missing, leaves it running, and `down` stops exactly that."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.infra import (
+    free_port,
+    http_status,
+    nats_answers,
+    redis_answers,
+    service_module_exists,
+)
+
+pytestmark = pytest.mark.integration
+
+STACK_PY = Path(__file__).resolve().parents[2] / "scripts" / "stack.py"
+
+
+def _stack(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(STACK_PY), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+
+
+def test_up_starts_local_servers_and_a_service_and_down_stops_exactly_them(tmp_path: Path) -> None:
+    nats_url = f"nats://127.0.0.1:{free_port()}"
+    redis_url = f"redis://127.0.0.1:{free_port()}/0"
+    approval_port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "TOOLBUS_SECRET_KEY"}
+    env |= {
+        "TOOLBUS_STACK_DIR": str(tmp_path / "stack"),
+        "TOOLBUS_NATS_URL": nats_url,
+        "TOOLBUS_REDIS_URL": redis_url,
+        "TOOLBUS_SUBJECT_PREFIX": f"tbtstack{approval_port}",
+    }
+    with_service = service_module_exists("approval")
+    try:
+        up = _stack(env, "up", "--services", "approval", "--port-base", str(approval_port - 2))
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert f"NATS            {nats_url}: started here" in up.stdout
+        assert f"Redis           {redis_url}: started here" in up.stdout
+        assert "new dev key generated into" in up.stdout
+        key_file = tmp_path / "stack" / "secret.key"
+        assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+        assert key_file.read_text().strip() not in up.stdout + up.stderr
+        assert "dispatcher      not started: not asked for (--services)" in up.stdout
+        assert nats_answers(nats_url)
+        assert redis_answers(redis_url)
+        if with_service:
+            assert f"approval        ready: http://127.0.0.1:{approval_port}/healthz" in up.stdout
+            assert http_status(f"http://127.0.0.1:{approval_port}/readyz") == 200
+
+        again = _stack(env, "up", "--services", "approval", "--port-base", str(approval_port - 2))
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert "started by an earlier `up`" in again.stdout
+        assert "dev key from" in again.stdout
+    finally:
+        down = _stack(env, "down")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert "nats         pid" in down.stdout
+    assert "redis        pid" in down.stdout
+    assert not nats_answers(nats_url, jetstream=False)
+    assert not redis_answers(redis_url)
+    assert http_status(f"http://127.0.0.1:{approval_port}/readyz") is None
+    assert list((tmp_path / "stack" / "pids").iterdir()) == []
+
+    second = _stack(env, "down")
+    assert second.returncode == 0
+    assert "nothing to stop" in second.stdout
+
+
+def test_down_never_signals_a_process_whose_pid_was_reused(tmp_path: Path) -> None:
+    """A pidfile whose start time does not match the live process with that pid is only removed."""
+    stack_dir = tmp_path / "stack"
+    (stack_dir / "pids").mkdir(parents=True)
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (stack_dir / "pids" / "registry.json").write_text(f'{{"pid": {bystander.pid}, "start": 1}}')
+        down = _stack({**os.environ, "TOOLBUS_STACK_DIR": str(stack_dir)}, "down")
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert f"registry     pid {bystander.pid}: was not running" in down.stdout
+        assert bystander.poll() is None
+        assert not (stack_dir / "pids" / "registry.json").exists()
+    finally:
+        bystander.kill()
+        bystander.wait()
