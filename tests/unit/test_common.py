@@ -23,8 +23,40 @@ def test_content_id_ignores_key_order() -> None:
 def test_log_lines_never_carry_secrets() -> None:
     register_secret("sk-live-abcdef123456")
     record = logging.makeLogRecord(
-        {"msg": "sending with sk-live-abcdef123456", "levelname": "INFO", "name": "t", "header": "Authorization: Bearer zzz999"}
+        {
+            "msg": "sending with sk-live-abcdef123456",
+            "levelname": "INFO",
+            "name": "t",
+            "header": "Authorization: Bearer zzz999",
+        }
     )
     line = JsonFormatter().format(record)
     assert "sk-live-abcdef123456" not in line and "zzz999" not in line
     assert json.loads(line)["event"].startswith("sending with")
+
+
+def test_fast_canonical_form_matches_the_reference() -> None:
+    import rfc8785
+
+    from tests.support.mcp_servers import synthetic_tools
+
+    samples: list[object] = [
+        {"z": 1, "a": {"y": [1, 2, {"b": None, "a": True}]}, "é": "ü", "\u00e9a": "x"},
+        {
+            "ctl": '\x00\x01\x1f\x7f"\\/\b\f\n\r\t',
+            "u2028": "\u2028\u2029",
+            "int": 2**53 - 1,
+            "neg": -(2**53 - 1),
+        },
+        {"float": 0.5, "int_float": 1.0, "exp": 1e21, "small": 5e-324},
+        {"emoji": "😀", "😀": 1, "\ufb01": 2},
+        synthetic_tools(50),
+        ["", [], {}, 0, -0, False],
+    ]
+    for sample in samples:
+        assert canonical_json(sample) == bytes(rfc8785.dumps(sample)), sample
+
+
+def test_integers_beyond_the_double_range_are_taken_as_doubles() -> None:
+    assert canonical_json({"max": 2**63 - 1}) == b'{"max":9223372036854776000}'
+    assert canonical_json({"huge": 2**70}) == canonical_json({"huge": float(2**70)})
