@@ -22,10 +22,11 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.support.mcp_servers import McpTestServer, synthetic_tools  # noqa: E402
-from toolbus_common import Settings  # noqa: E402
-from toolbus_mcp_client import McpConnection  # noqa: E402
-from toolbus_registry.app import RegistryApp  # noqa: E402
+from toolbus_common import Settings
+from toolbus_mcp_client import McpConnection
+from toolbus_registry.app import RegistryApp
+
+from tests.support.mcp_servers import McpTestServer, synthetic_tools
 
 SERVERS, TOOLS = 10, 100
 
