@@ -22,6 +22,8 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import contextlib
+
 from toolbus_common import Settings
 from toolbus_mcp_client import McpConnection
 from toolbus_registry.app import RegistryApp
@@ -89,10 +91,8 @@ async def main(rounds: int) -> None:
         js = nc.jetstream()
         for bucket in ("toolsets", "workflows"):
             for kind in ("OBJ_", "KV_"):
-                try:
+                with contextlib.suppress(Exception):
                     await js.delete_stream(kind + settings.js_name(bucket))
-                except Exception:
-                    pass
         await nc.close()
 
     lp, rp = statistics.median(listing), statistics.median(registering)
