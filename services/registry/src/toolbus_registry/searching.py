@@ -1,48 +1,21 @@
-"""Glue between the registry and the search index: one index per content-addressed toolset, built
-once and cached (a toolset id never changes content), hits rendered with their prompt line and dts
-fragment."""
+"""Glue between the registry and the search package: one index per content-addressed toolset
+(built once, cached: an id never changes content), hits with their prompt line and dts fragment."""
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-
 from toolbus_common.toolsets import StoredToolset
 from toolbus_contracts import ToolsetSearchReply
-from toolbus_contracts.registry import SearchHit
 from toolbus_registry.declarations import tool_dts_fragment, tool_prompt_line
-from toolbus_registry.search.index import SearchIndex
+from toolbus_registry.search import IndexCache, to_hits
 
 
 class Searcher:
     """Synchronous and CPU-bound: the registry runs it off the event loop."""
 
     def __init__(self, cache_size: int = 32) -> None:
-        self._indexes: OrderedDict[str, SearchIndex] = OrderedDict()
-        self._size = cache_size
-        self._lock = threading.Lock()
-
-    def index(self, stored: StoredToolset) -> SearchIndex:
-        with self._lock:
-            hit = self._indexes.get(stored.id)
-            if hit is not None:
-                self._indexes.move_to_end(stored.id)
-                return hit
-        built = SearchIndex.build(stored.table.infos())
-        with self._lock:
-            self._indexes[stored.id] = built
-            while len(self._indexes) > self._size:
-                self._indexes.popitem(last=False)
-        return built
+        self._cache = IndexCache(cache_size)
 
     def search(self, stored: StoredToolset, query: str, limit: int) -> ToolsetSearchReply:
-        hits = [
-            SearchHit(
-                name=hit.tool.name,
-                prompt=tool_prompt_line(hit.tool),
-                dts=tool_dts_fragment(hit.tool),
-                score=round(float(hit.score), 4),
-            )
-            for hit in self.index(stored).search(query, limit)
-        ]
+        index = self._cache.get_or_build(stored.id, stored.table.infos)
+        hits = to_hits(index.search(query, limit), tool_prompt_line, tool_dts_fragment)
         return ToolsetSearchReply(tools=hits)
