@@ -377,3 +377,54 @@ async def test_registered_toolset_survives_a_registry_restart(
     finally:
         await second.stop()
     assert got["ok"] and got["data"]["tools"] == created["data"]["tools"]
+
+
+async def test_declarations_and_search_over_nats(
+    nc: Any, subjects: Subjects, registry: RegistryApp, servers: dict[str, McpTestServer]
+) -> None:
+    created = await create(
+        nc,
+        subjects,
+        {
+            "mcp": [{"name": "echo", "url": servers["echo"].url}],
+            "host": [
+                {
+                    "name": "crm.find_customer",
+                    "description": "Find a customer by email address. Returns the customer record.",
+                    "inputSchema": {"type": "object", "properties": {"email": {"type": "string"}}, "required": ["email"]},
+                },
+                {
+                    "name": "ask_user",
+                    "description": "Ask the end user a question and wait for the answer.",
+                    "inputSchema": {"type": "object", "properties": {"question": {"type": "string"}}, "required": ["question"]},
+                },
+            ],
+        },
+    )
+    assert created["ok"], created
+    tid = created["data"]["id"]
+
+    prompt = await request(nc, subjects.toolsets_declarations, {"id": tid, "format": "prompt"})
+    assert prompt["ok"] and prompt["data"]["format"] == "prompt" and "nextCursor" not in prompt["data"]
+    lines = prompt["data"]["text"].splitlines()
+    assert [line.split("(")[0] for line in lines] == sorted(line.split("(")[0] for line in lines)
+    assert any(line.startswith("crm.find_customer") and "email" in line for line in lines)
+    assert prompt["data"]["text"] == created["data"]["declarations"]["prompt"]
+
+    dts = await request(nc, subjects.toolsets_declarations, {"id": tid, "format": "dts"})
+    assert dts["ok"] and 'declare module "rewind:tools"' in dts["data"]["text"]
+    assert "export const crm" in dts["data"]["text"] and "ask_user" in dts["data"]["text"]
+    again = await request(nc, subjects.toolsets_declarations, {"id": tid, "format": "dts"})
+    assert again["data"]["text"] == dts["data"]["text"]
+
+    found = await request(nc, subjects.toolsets_search, {"id": tid, "query": "look up a customer by their email", "limit": 2})
+    assert found["ok"], found
+    hits = found["data"]["tools"]
+    assert hits[0]["name"] == "crm.find_customer" and len(hits) <= 2
+    assert hits[0]["prompt"].startswith("crm.find_customer") and "find_customer" in hits[0]["dts"]
+    assert hits[0]["score"] >= hits[-1]["score"]
+
+    for bad in ({"id": tid, "query": "x", "limit": 0}, {"id": tid, "query": "x", "limit": 51}, {"id": tid, "query": ""}):
+        assert_error(await request(nc, subjects.toolsets_search, bad), "invalidRequest")
+    assert_error(await request(nc, subjects.toolsets_declarations, {"id": tid, "format": "yaml"}), "invalidRequest", "format")
+    assert_error(await request(nc, subjects.toolsets_search, {"id": "ts_" + "2" * 64, "query": "x"}), "notFound")
