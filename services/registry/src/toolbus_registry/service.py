@@ -66,6 +66,7 @@ class RegistryService:
         self._pinner = Pinner(lister, workflows.get, self._pinned)
         self._rendered: OrderedDict[str, Rendered] = OrderedDict()
         self._searcher = searcher or Searcher()
+        self._warming: dict[str, asyncio.Task[None]] = {}
 
     async def _pinned(self, toolset_id_: str) -> Any:
         stored = await self._toolsets.get(toolset_id_)
@@ -97,6 +98,7 @@ class RegistryService:
         if req.credentials is not None and self._credentials is not None:
             await self._credentials.set_toolset(tid, req.credentials)
         rendered = await asyncio.to_thread(self._render, stored)
+        self._warm_search(stored)
         tools = [t.wire() for t in stored.table.infos()]
         reply = {
             "id": tid,
@@ -106,6 +108,14 @@ class RegistryService:
         if len(orjson.dumps(reply)) > self._budget:
             return {"id": tid, "toolCount": len(tools), "truncated": True}
         return reply
+
+    def _warm_search(self, stored: StoredToolset) -> None:
+        """Embed a new toolset's tools in the background: search is usually asked for next."""
+        if stored.id in self._warming:
+            return
+        task = asyncio.create_task(asyncio.to_thread(self._searcher.warm, stored))
+        self._warming[stored.id] = task
+        task.add_done_callback(lambda _: self._warming.pop(stored.id, None))
 
     async def get(self, req: ToolsetGetRequest) -> ToolsetGetReply:
         stored = await self._stored(req.id)
