@@ -41,10 +41,11 @@ class HostExecutor:
         self._nc = nc
         self._subjects = subjects
         self._waiters: dict[str, _Waiter] = {}
-        self._id_at = len(subjects.host_result("x")) - 1
+        self._result_at = len(subjects.host_result(""))
+        self._beat_at = len(subjects.host_heartbeat(""))
 
     async def on_heartbeat(self, msg: Msg) -> None:
-        waiter = self._waiters.get(msg.subject[self._id_at :])
+        waiter = self._waiters.get(msg.subject[self._beat_at :])
         if waiter is None:
             return
         if msg.data:
@@ -55,7 +56,7 @@ class HostExecutor:
         waiter.last_beat = time.monotonic()
 
     async def on_result(self, msg: Msg) -> None:
-        waiter = self._waiters.get(msg.subject[self._id_at :])
+        waiter = self._waiters.get(msg.subject[self._result_at :])
         if waiter is None or waiter.result.done():
             return
         try:
@@ -94,7 +95,7 @@ class HostExecutor:
                             f"for {attempt.tool.policy.heartbeat_timeout}."
                         )
                     )
-                done, _ = await asyncio.wait(watch, timeout=remaining)
+                done, _ = await asyncio.wait(watch, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
                 if waiter.result.done():
                     body = waiter.result.result()
                     break
