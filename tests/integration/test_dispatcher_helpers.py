@@ -115,15 +115,15 @@ class Harness:
         await self.store.put(tid, pinned)
         return tid
 
-    async def request(self, subject: str, body: Any, timeout: float = 10.0) -> dict[str, Any]:
+    async def request(self, subject: str, body: Any, within: float = 10.0) -> dict[str, Any]:
         assert self.nc is not None
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        msg = await self.nc.request(subject, data, timeout=timeout)
+        msg = await self.nc.request(subject, data, timeout=within)
         reply: dict[str, Any] = json.loads(msg.data)
         return reply
 
-    async def ok(self, subject: str, body: Any, timeout: float = 10.0) -> dict[str, Any]:
-        reply = await self.request(subject, body, timeout)
+    async def ok(self, subject: str, body: Any, within: float = 10.0) -> dict[str, Any]:
+        reply = await self.request(subject, body, within)
         assert reply["ok"], reply
         data: dict[str, Any] = reply["data"]
         return data
@@ -135,12 +135,12 @@ class Harness:
 
     async def invoke(self, run_id: str, tool: str, input: dict[str, Any], **extra: Any) -> dict[str, Any]:
         return await self.ok(
-            self.subjects.calls_invoke, {"runId": run_id, "tool": tool, "input": input, **extra}, timeout=30
+            self.subjects.calls_invoke, {"runId": run_id, "tool": tool, "input": input, **extra}, within=30
         )
 
-    async def wait_state(self, call_id: str, state: str, timeout: float = 15.0) -> dict[str, Any]:
+    async def wait_state(self, call_id: str, state: str, within: float = 15.0) -> dict[str, Any]:
         """Poll `calls.get` until the call is in `state` (bounded)."""
-        deadline = asyncio.get_running_loop().time() + timeout
+        deadline = asyncio.get_running_loop().time() + within
         while True:
             data = await self.ok(self.subjects.calls_get, {"callId": call_id})
             if data["state"] == state:
@@ -166,8 +166,8 @@ class Harness:
             await sub.unsubscribe()
 
 
-async def wait_until(predicate: Any, timeout: float = 15.0, what: str = "condition") -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
+async def wait_until(predicate: Any, within: float = 15.0, what: str = "condition") -> None:
+    deadline = asyncio.get_running_loop().time() + within
     while not predicate():
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
