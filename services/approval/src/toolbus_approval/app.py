@@ -1,0 +1,176 @@
+"""The approval service assembled: NATS and Redis connections, the INTERNAL stream and its two
+durable consumers, the request routes, the webhook sender and the sweeper (expiry and retries)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from datetime import timedelta
+
+import orjson
+from nats.aio.client import Client as NatsClient
+from nats.js import JetStreamContext
+from redis.asyncio import Redis
+from toolbus_common.connections import connect_nats, connect_redis, ensure_stream
+from toolbus_common.keys import Keys
+from toolbus_common.rpc import RpcServer
+from toolbus_common.settings import Settings
+from toolbus_common.webhooks import WebhookSender
+from toolbus_contracts import Subjects
+from toolbus_contracts.approvals import ApprovalRequested
+from toolbus_contracts.internal import ApprovalDecided
+
+from toolbus_approval.approvals import Approvals
+from toolbus_approval.consumer import DurableConsumer
+from toolbus_approval.handlers import add_routes, approval_needed_handler, run_closed_handler
+from toolbus_approval.settings import ApprovalSettings
+from toolbus_approval.store import ApprovalStore
+
+log = logging.getLogger(__name__)
+
+QUEUE = "toolbus-approval"
+INTERNAL_STREAM = "INTERNAL"
+INTERNAL_MAX_AGE = timedelta(days=30)
+DURABLE_NEEDED = "approval-needed"
+DURABLE_RUNS_CLOSED = "approval-runs-closed"
+RETRY_AFTER = timedelta(seconds=5)
+"""How old an unsent announcement or decision must be before the sweeper sends it (the request
+that queued it normally sends it within milliseconds)."""
+
+
+class NatsOutlet:
+    """Publishes `approval.requested` with core NATS (the EVENTS stream captures it, deduplicated by
+    message id) and decisions with a JetStream publish that waits for the INTERNAL stream's ack."""
+
+    def __init__(
+        self, nc: NatsClient, js: JetStreamContext, subjects: Subjects, internal_stream: str
+    ) -> None:
+        self._nc = nc
+        self._js = js
+        self._subjects = subjects
+        self._stream = internal_stream
+
+    async def publish_requested(self, event: ApprovalRequested) -> None:
+        headers = {"Nats-Msg-Id": f"approval-requested-{event.approval_id}"}
+        await self._nc.publish(
+            self._subjects.approvals_requested, orjson.dumps(event.wire()), headers=headers
+        )
+
+    async def publish_decided(self, decided: ApprovalDecided) -> None:
+        headers = {"Nats-Msg-Id": f"approval-decided-{decided.approval_id}"}
+        await self._js.publish(
+            self._subjects.internal_approval_decisions,
+            decided.wire_json(),
+            stream=self._stream,
+            headers=headers,
+            timeout=5.0,
+        )
+
+
+class ApprovalApp:
+    """The running service (`toolbus_common.runtime.Service`): ready once connected, its consumers
+    pulling and its routes subscribed."""
+
+    name = "approval"
+
+    def __init__(self, settings: Settings, approval_settings: ApprovalSettings | None = None) -> None:
+        self.settings = settings
+        self.approval_settings = approval_settings or ApprovalSettings()
+        self._nc: NatsClient | None = None
+        self._redis: Redis[bytes] | None = None
+        self._rpc: RpcServer | None = None
+        self._consumers: list[DurableConsumer] = []
+        self._webhooks: WebhookSender | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self._ready = False
+        self.approvals: Approvals | None = None
+
+    async def start(self) -> None:
+        s = self.settings
+        subjects = s.subjects
+        self._nc = nc = await connect_nats(s, name="toolbus-approval")
+        js = nc.jetstream()
+        self._redis = redis = connect_redis(s)
+        keys = Keys(s.key_prefix)
+        stream = s.js_name(INTERNAL_STREAM)
+        await ensure_stream(js, stream, [subjects.internal_all], max_age=INTERNAL_MAX_AGE)
+        self._webhooks = WebhookSender(
+            redis,
+            keys,
+            url=s.webhook_url,
+            secret=s.webhook_secret,
+            schedule=self.approval_settings.webhook_retry_schedule,
+        )
+        self.approvals = approvals = Approvals(
+            ApprovalStore(redis, keys),
+            NatsOutlet(nc, js, subjects, stream),
+            webhooks=self._webhooks if self._webhooks.enabled else None,
+            timeout=self.approval_settings.timeout,
+        )
+        # What a previous process stored but did not send goes out before anything new.
+        sent = await approvals.flush(older_than=None)
+        if sent:
+            log.info("unsent approvals and decisions sent", extra={"count": sent})
+        self._rpc = RpcServer(nc, queue=QUEUE)
+        add_routes(self._rpc, subjects, approvals)
+        await self._rpc.start()
+        self._consumers = [
+            DurableConsumer(
+                js,
+                stream=stream,
+                subject=subjects.internal_approval_requests,
+                durable=DURABLE_NEEDED,
+                handle=approval_needed_handler(approvals),
+            ),
+            DurableConsumer(
+                js,
+                stream=stream,
+                subject=subjects.internal_runs_closed,
+                durable=DURABLE_RUNS_CLOSED,
+                handle=run_closed_handler(approvals),
+            ),
+        ]
+        for consumer in self._consumers:
+            await consumer.start()
+        await self._webhooks.start()
+        self._sweeper = asyncio.create_task(self._sweep(approvals), name="approval-sweeper")
+        self._ready = True
+
+    async def _sweep(self, approvals: Approvals) -> None:
+        interval = self.approval_settings.approval_sweep_interval
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await approvals.expire_due()
+                await approvals.flush(older_than=RETRY_AFTER)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis or NATS briefly away: the next sweep tries again
+                log.warning("sweep failed", extra={"error": type(exc).__name__, "detail": str(exc)})
+
+    async def stop(self) -> None:
+        self._ready = False
+        if self._rpc is not None:
+            await self._rpc.drain()
+        for consumer in self._consumers:
+            await consumer.stop()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        if self._webhooks is not None:
+            await self._webhooks.stop()
+        if self._nc is not None:
+            with contextlib.suppress(Exception):
+                await self._nc.drain()
+        if self._redis is not None:
+            await self._redis.aclose()  # type: ignore[attr-defined]  # redis>=5; stubs lag
+
+    def ready(self) -> bool:
+        return self._ready and self._nc is not None and self._nc.is_connected
+
+
+async def build(settings: Settings) -> ApprovalApp:
+    """The app factory `run_service` calls: settings are read here, not at import."""
+    return ApprovalApp(settings, ApprovalSettings())

@@ -1,0 +1,208 @@
+"""What the approval service does, with no NATS in it: store an approval once, announce it once,
+let exactly one decision (or the expiry, or the run closing) end it, and hand every decision to the
+dispatcher until the INTERNAL stream has acknowledged it."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, Protocol
+
+from toolbus_common.clock import now_iso
+from toolbus_contracts.approvals import ApprovalDecideReply, ApprovalRequested
+from toolbus_contracts.errors import Conflict, NotFound
+from toolbus_contracts.internal import ApprovalDecided, ApprovalNeeded
+
+from toolbus_approval.store import (
+    CANCELLED_REASON,
+    EXPIRED_REASON,
+    ApprovalStore,
+    DecideResult,
+    State,
+    epoch_ms,
+)
+
+log = logging.getLogger(__name__)
+
+WEBHOOK_EVENT = "approval.requested"
+
+
+class Outlet(Protocol):
+    """Where approvals leave the service: the public event and the command to the dispatcher."""
+
+    async def publish_requested(self, event: ApprovalRequested) -> None:
+        """Publish `events.approvals.requested`; may be repeated for one approval after a crash."""
+
+    async def publish_decided(self, decided: ApprovalDecided) -> None:
+        """Publish the decision durably; return only once it is stored (raise otherwise)."""
+
+
+class WebhookQueue(Protocol):
+    """`toolbus_common.webhooks.WebhookSender`'s enqueue: durable, signed, retried delivery."""
+
+    async def enqueue(
+        self, event_type: str, data: dict[str, Any], *, webhook_id: str | None = None
+    ) -> str: ...
+
+
+def webhook_id(approval_id: str) -> str:
+    """The one webhook id of an approval's `approval.requested`: a resend after a crash reuses it,
+    so the receiver can drop the duplicate (Standard Webhooks `webhook-id`)."""
+    return f"msg_approval_requested_{approval_id}"
+
+
+class Approvals:
+    """The approval logic over an `ApprovalStore`. Safe with several replicas: every transition is
+    one atomic script in Redis, and outbound messages are retried from durable queues."""
+
+    def __init__(
+        self,
+        store: ApprovalStore,
+        outlet: Outlet,
+        *,
+        webhooks: WebhookQueue | None = None,
+        timeout: timedelta | None = None,
+        clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+    ) -> None:
+        self._store = store
+        self._outlet = outlet
+        self._webhooks = webhooks
+        self._timeout_ms = None if timeout is None else int(timeout.total_seconds() * 1000)
+        self._now_ms = clock_ms
+
+    # ---- commands from the dispatcher ------------------------------------------------------------
+
+    async def request(self, needed: ApprovalNeeded) -> bool:
+        """Store the approval and announce it. Idempotent on the approval id: a redelivered command
+        creates nothing and announces nothing again. True when this call created it."""
+        now = self._now_ms()
+        expires = None if self._timeout_ms is None else epoch_ms(needed.requested_at) + self._timeout_ms
+        result = await self._store.create(needed, expires_ms=expires, now_ms=now)
+        if result.created:
+            log.info(
+                "approval requested",
+                extra={"approvalId": needed.approval_id, "callId": needed.call_id, "runId": needed.run_id},
+            )
+            await self.announce(needed.approval_id)
+        elif result.state == "cancelled":
+            log.info("approval for a closed run cancelled", extra={"approvalId": needed.approval_id})
+        return result.created
+
+    async def close_run(self, run_id: str) -> int:
+        """Cancel the run's pending approvals (no decision is sent: the dispatcher already ended its
+        calls) and make any approval of this run that arrives later start cancelled."""
+        cancelled = 0
+        for approval_id in await self._store.mark_run_closed(run_id):
+            result = await self._transition(approval_id, "cancelled", CANCELLED_REASON)
+            cancelled += result.outcome == "ok"
+        if cancelled:
+            log.info("run closed: approvals cancelled", extra={"runId": run_id, "cancelled": cancelled})
+        return cancelled
+
+    # ---- requests from people ------------------------------------------------------------------
+
+    async def pending(self, *, run_id: str | None, namespace: str | None) -> list[ApprovalRequested]:
+        """Pending approvals, oldest request first, of one run and/or namespace (all without)."""
+        ids = await self._store.pending_ids(run_id=run_id, namespace=namespace)
+        return [
+            a.requested()
+            for a in await self._store.get_many(ids)
+            if a.state == "pending" and (namespace is None or a.needed.namespace == namespace)
+        ]
+
+    async def decide(self, approval_id: str, *, approve: bool, reason: str | None) -> ApprovalDecideReply:
+        """Record the first decision on a pending approval and send it to the dispatcher. Raises
+        `NotFound` for an unknown id and `Conflict` (saying what came first) for a second one."""
+        state: State = "approved" if approve else "denied"
+        result = await self._transition(approval_id, state, reason)
+        if result.outcome == "missing":
+            raise NotFound(
+                f"No approval {approval_id!r}: use an id from approvals.list or an approval.requested event.",
+                details={"approvalId": approval_id},
+            )
+        if result.outcome == "taken":
+            raise Conflict(_conflict_message(approval_id, result), details=_conflict_details(result))
+        log.info("approval decided", extra={"approvalId": approval_id, "decision": state})
+        return ApprovalDecideReply(approval_id=approval_id, decision="approved" if approve else "denied")
+
+    # ---- background duties ---------------------------------------------------------------------
+
+    async def expire_due(self) -> int:
+        """Deny, with reason `expired`, every pending approval past its deadline. Replicas may run
+        this together: the atomic transition lets exactly one of them (or a person) win."""
+        expired = 0
+        for approval_id in await self._store.due_expiries(self._now_ms()):
+            result = await self._transition(approval_id, "denied", EXPIRED_REASON)
+            if result.outcome == "ok":
+                expired += 1
+                log.info("approval expired", extra={"approvalId": approval_id})
+            elif result.outcome == "missing":
+                await self._store.drop_expiry(approval_id)
+        return expired
+
+    async def flush(self, *, older_than: timedelta | None) -> int:
+        """Send what a crash or an outage left unsent: announcements and decisions queued before
+        `older_than` ago (everything with None). Returns how many went out."""
+        cutoff = None if older_than is None else self._now_ms() - int(older_than.total_seconds() * 1000)
+        sent = 0
+        for approval_id in await self._store.announce_queue(cutoff):
+            sent += await self.announce(approval_id)
+        for approval_id in await self._store.outbox(cutoff):
+            sent += await self.send_decision(approval_id)
+        return sent
+
+    async def announce(self, approval_id: str) -> bool:
+        """Send `approval.requested` (webhook, then event) for a stored approval, then dequeue it.
+        An approval that ended before it was announced is only dequeued."""
+        stored = await self._store.get(approval_id)
+        if stored is None or stored.state != "pending":
+            await self._store.announce_done(approval_id)
+            return False
+        event = stored.requested()
+        if self._webhooks is not None:
+            await self._webhooks.enqueue(WEBHOOK_EVENT, event.wire(), webhook_id=webhook_id(approval_id))
+        await self._outlet.publish_requested(event)
+        await self._store.announce_done(approval_id)
+        return True
+
+    async def send_decision(self, approval_id: str) -> bool:
+        """Publish a recorded decision to the dispatcher and dequeue it once acknowledged."""
+        stored = await self._store.get(approval_id)
+        if stored is None or stored.state not in ("approved", "denied"):
+            await self._store.outbox_done(approval_id)
+            return False
+        await self._outlet.publish_decided(stored.decided())
+        await self._store.outbox_done(approval_id)
+        return True
+
+    async def _transition(self, approval_id: str, state: State, reason: str | None) -> DecideResult:
+        result = await self._store.transition(
+            approval_id, state, reason, decided_at=now_iso(), now_ms=self._now_ms()
+        )
+        if result.outcome == "ok" and state != "cancelled":
+            try:
+                await self.send_decision(approval_id)
+            except Exception as exc:
+                # Recorded durably: the outbox sends it once NATS answers again.
+                log.warning(
+                    "decision stored, sending it later",
+                    extra={"approvalId": approval_id, "error": type(exc).__name__},
+                )
+        return result
+
+
+def _conflict_message(approval_id: str, result: DecideResult) -> str:
+    if result.state == "cancelled":
+        return f"Approval '{approval_id}' was cancelled because its run closed; nothing can be decided on it."
+    if result.reason == EXPIRED_REASON:
+        return f"Approval '{approval_id}' already expired and was denied; the first decision stands."
+    return f"Approval '{approval_id}' was already {result.state}; the first decision stands."
+
+
+def _conflict_details(result: DecideResult) -> dict[str, Any]:
+    details: dict[str, Any] = {"state": result.state}
+    if result.reason:
+        details["reason"] = result.reason
+    return details

@@ -1,0 +1,285 @@
+"""Approvals in Redis: one hash per approval plus sorted-set indexes, changed only by Lua scripts so
+that every transition (create, decide, expire, cancel) is atomic and the first decision wins.
+
+Layout (see `toolbus_common.keys.Keys`, approvals section): the approval hash keeps the
+`ApprovalNeeded` body it was created from, so a decision always carries the binding (tool, toolset
+id, input digest) of what was asked, never anything a decider sends. Pending approvals are indexed
+by requestedAt globally, per run and per namespace; `announce` and `outbox` are durable to-do lists
+that make "stored but not yet announced" and "decided but not yet published" safe across crashes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from redis.asyncio import Redis
+from toolbus_common.keys import Keys
+from toolbus_contracts.approvals import ApprovalRequested, Decision
+from toolbus_contracts.internal import ApprovalDecided, ApprovalNeeded
+
+State = Literal["pending", "approved", "denied", "cancelled"]
+
+DECIDED_TTL_SECONDS = 30 * 24 * 3600
+"""How long a decided or cancelled approval is kept (a later decide answers `conflict`, after that
+`notFound`); the INTERNAL stream keeps commands as long."""
+
+CLOSED_RUN_TTL_SECONDS = 31 * 24 * 3600
+"""How long a closed run is remembered, so an ApprovalNeeded redelivered after its RunClosed is
+cancelled rather than left pending: longer than the INTERNAL stream keeps a message."""
+
+CANCELLED_REASON = "run closed"
+EXPIRED_REASON = "expired"
+
+# KEYS: approval, pending, pending_run, pending_ns, expiry, announce, closed_run
+# ARGV: needed_json, run_id, namespace ('' = none), requested_ms, expires_ms ('' = never), id, now_ms
+_CREATE = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if state then return {'exists', state} end
+if redis.call('EXISTS', KEYS[7]) == 1 then
+  redis.call('HSET', KEYS[1], 'needed', ARGV[1], 'runId', ARGV[2], 'namespace', ARGV[3],
+             'state', 'cancelled', 'reason', 'run closed', 'decidedAt', ARGV[7])
+  redis.call('EXPIRE', KEYS[1], tonumber(ARGV[8]))
+  return {'cancelled', 'cancelled'}
+end
+redis.call('HSET', KEYS[1], 'needed', ARGV[1], 'runId', ARGV[2], 'namespace', ARGV[3], 'state', 'pending')
+redis.call('ZADD', KEYS[2], ARGV[4], ARGV[6])
+redis.call('ZADD', KEYS[3], ARGV[4], ARGV[6])
+if ARGV[3] ~= '' then redis.call('ZADD', KEYS[4], ARGV[4], ARGV[6]) end
+if ARGV[5] ~= '' then redis.call('ZADD', KEYS[5], ARGV[5], ARGV[6]) end
+redis.call('ZADD', KEYS[6], ARGV[7], ARGV[6])
+return {'created', 'pending'}
+"""
+
+# KEYS: approval, pending, pending_run, pending_ns, expiry, outbox
+# ARGV: new state, reason ('' = none), decided_at (ISO), id, now_ms, ttl, outbox? ('1'/'0')
+_DECIDE = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return {'missing'} end
+if state ~= 'pending' then
+  return {'taken', state, redis.call('HGET', KEYS[1], 'reason') or ''}
+end
+redis.call('HSET', KEYS[1], 'state', ARGV[1], 'decidedAt', ARGV[3])
+if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'reason', ARGV[2]) end
+redis.call('ZREM', KEYS[2], ARGV[4])
+redis.call('ZREM', KEYS[3], ARGV[4])
+redis.call('ZREM', KEYS[4], ARGV[4])
+redis.call('ZREM', KEYS[5], ARGV[4])
+if ARGV[7] == '1' then
+  redis.call('ZADD', KEYS[6], ARGV[5], ARGV[4])
+else
+  redis.call('ZREM', KEYS[6], ARGV[4])
+end
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[6]))
+return {'ok', ARGV[1]}
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredApproval:
+    """One approval as stored: the request it came from and where it stands."""
+
+    needed: ApprovalNeeded
+    state: State
+    reason: str | None
+    decided_at: str | None
+
+    def requested(self) -> ApprovalRequested:
+        """The public `approval.requested` body (the input digest stays internal)."""
+        n = self.needed
+        return ApprovalRequested(
+            approval_id=n.approval_id,
+            call_id=n.call_id,
+            run_id=n.run_id,
+            namespace=n.namespace,
+            toolset_id=n.toolset_id,
+            tool=n.tool,
+            input=n.input,
+            requested_at=n.requested_at,
+        )
+
+    def decided(self) -> ApprovalDecided:
+        """The command for the dispatcher, bound to the tool, toolset and input digest asked about."""
+        if self.state not in ("approved", "denied"):
+            raise ValueError(f"approval {self.needed.approval_id} is {self.state}, not decided")
+        decision: Decision = "approved" if self.state == "approved" else "denied"
+        n = self.needed
+        return ApprovalDecided(
+            approval_id=n.approval_id,
+            call_id=n.call_id,
+            run_id=n.run_id,
+            toolset_id=n.toolset_id,
+            tool=n.tool,
+            input_digest=n.input_digest,
+            decision=decision,
+            reason=self.reason,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CreateResult:
+    created: bool
+    """True only the first time this approval id is stored."""
+    state: State
+
+
+@dataclass(frozen=True, slots=True)
+class DecideResult:
+    """`outcome` is `ok` (this decision won), `missing` (no such approval) or `taken` (an earlier
+    decision, an expiry or a cancel came first: `state` and `reason` say which)."""
+
+    outcome: Literal["ok", "missing", "taken"]
+    state: State | None = None
+    reason: str | None = None
+
+
+def epoch_ms(iso: str) -> int:
+    """Milliseconds since the epoch of an RFC 3339 timestamp (naive ones are taken as UTC)."""
+    moment = datetime.fromisoformat(iso)
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def _s(value: bytes | str | None) -> str | None:
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class ApprovalStore:
+    """The approvals of one deployment (`keys`) in Redis. Every method is safe to call from several
+    replicas at once."""
+
+    def __init__(self, redis: Redis[bytes], keys: Keys) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._create = redis.register_script(_CREATE)
+        self._decide = redis.register_script(_DECIDE)
+
+    async def create(self, needed: ApprovalNeeded, *, expires_ms: int | None, now_ms: int) -> CreateResult:
+        """Store a pending approval once per approval id (a repeat changes nothing), queue its
+        announcement, and index it. If its run already closed it is stored as `cancelled`."""
+        k = self._keys
+        ns = needed.namespace or ""
+        keys = [
+            k.approval(needed.approval_id),
+            k.approvals_pending,
+            k.approvals_pending_run(needed.run_id),
+            k.approvals_pending_namespace(ns),
+            k.approvals_expiry,
+            k.approvals_announce,
+            k.approvals_closed_run(needed.run_id),
+        ]
+        argv = [
+            needed.model_dump_json(by_alias=True),
+            needed.run_id,
+            ns,
+            str(epoch_ms(needed.requested_at)),
+            "" if expires_ms is None else str(expires_ms),
+            needed.approval_id,
+            str(now_ms),
+            str(DECIDED_TTL_SECONDS),
+        ]
+        outcome, state = (_s(x) for x in await self._create(keys=keys, args=argv))
+        return CreateResult(created=outcome == "created", state=state)  # type: ignore[arg-type]
+
+    async def get(self, approval_id: str) -> StoredApproval | None:
+        raw = await self._redis.hgetall(self._keys.approval(approval_id))
+        return self._parse(raw) if raw else None
+
+    async def get_many(self, approval_ids: list[str]) -> list[StoredApproval]:
+        """The approvals that exist among `approval_ids`, in that order (one round trip)."""
+        if not approval_ids:
+            return []
+        pipe = self._redis.pipeline(transaction=False)
+        for approval_id in approval_ids:
+            pipe.hgetall(self._keys.approval(approval_id))
+        rows: list[dict[bytes, bytes]] = await pipe.execute()
+        return [self._parse(raw) for raw in rows if raw]
+
+    @staticmethod
+    def _parse(raw: dict[bytes, bytes]) -> StoredApproval:
+        needed = ApprovalNeeded.model_validate_json(raw[b"needed"], by_alias=True)
+        return StoredApproval(
+            needed=needed,
+            state=raw[b"state"].decode(),  # type: ignore[arg-type]
+            reason=_s(raw.get(b"reason")),
+            decided_at=_s(raw.get(b"decidedAt")),
+        )
+
+    async def pending_ids(self, *, run_id: str | None, namespace: str | None) -> list[str]:
+        """Ids of pending approvals, oldest request first, from the narrowest index that applies."""
+        k = self._keys
+        if run_id is not None:
+            index = k.approvals_pending_run(run_id)
+        elif namespace is not None:
+            index = k.approvals_pending_namespace(namespace)
+        else:
+            index = k.approvals_pending
+        return [m.decode() for m in await self._redis.zrange(index, 0, -1)]
+
+    async def transition(
+        self, approval_id: str, state: State, reason: str | None, *, decided_at: str, now_ms: int
+    ) -> DecideResult:
+        """Move a pending approval to `state` atomically; only the first transition wins. A decision
+        (`approved`/`denied`) also goes to the outbox for the dispatcher; a cancel does not."""
+        k = self._keys
+        head = await self._redis.hmget(k.approval(approval_id), ["runId", "namespace"])
+        run_id, namespace = _s(head[0]), _s(head[1])
+        if run_id is None:
+            return DecideResult("missing")
+        keys = [
+            k.approval(approval_id),
+            k.approvals_pending,
+            k.approvals_pending_run(run_id),
+            k.approvals_pending_namespace(namespace or ""),
+            k.approvals_expiry,
+            k.approvals_outbox,
+        ]
+        argv = [
+            state,
+            reason or "",
+            decided_at,
+            approval_id,
+            str(now_ms),
+            str(DECIDED_TTL_SECONDS),
+            "0" if state == "cancelled" else "1",
+        ]
+        reply = [_s(x) for x in await self._decide(keys=keys, args=argv)]
+        if reply[0] == "missing":
+            return DecideResult("missing")
+        if reply[0] == "taken":
+            return DecideResult("taken", state=reply[1], reason=reply[2] or None)  # type: ignore[arg-type]
+        return DecideResult("ok", state=state, reason=reason)
+
+    async def mark_run_closed(self, run_id: str) -> list[str]:
+        """Remember that the run closed and return its pending approval ids."""
+        await self._redis.set(self._keys.approvals_closed_run(run_id), b"1", ex=CLOSED_RUN_TTL_SECONDS)
+        return [m.decode() for m in await self._redis.zrange(self._keys.approvals_pending_run(run_id), 0, -1)]
+
+    async def due_expiries(self, now_ms: int, limit: int = 100) -> list[str]:
+        members = await self._redis.zrangebyscore(self._keys.approvals_expiry, "-inf", now_ms, 0, limit)
+        return [m.decode() for m in members]
+
+    async def drop_expiry(self, approval_id: str) -> None:
+        await self._redis.zrem(self._keys.approvals_expiry, approval_id)
+
+    async def announce_queue(self, older_than_ms: int | None, limit: int = 100) -> list[str]:
+        """Approvals whose `approval.requested` is not yet sent (queued before `older_than_ms`)."""
+        return await self._queue(self._keys.approvals_announce, older_than_ms, limit)
+
+    async def announce_done(self, approval_id: str) -> None:
+        await self._redis.zrem(self._keys.approvals_announce, approval_id)
+
+    async def outbox(self, older_than_ms: int | None, limit: int = 100) -> list[str]:
+        """Decisions not yet acknowledged by the INTERNAL stream (decided before `older_than_ms`)."""
+        return await self._queue(self._keys.approvals_outbox, older_than_ms, limit)
+
+    async def outbox_done(self, approval_id: str) -> None:
+        await self._redis.zrem(self._keys.approvals_outbox, approval_id)
+
+    async def _queue(self, key: str, older_than_ms: int | None, limit: int) -> list[str]:
+        top: Any = "+inf" if older_than_ms is None else older_than_ms
+        return [m.decode() for m in await self._redis.zrangebyscore(key, "-inf", top, 0, limit)]
