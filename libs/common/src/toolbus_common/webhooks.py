@@ -117,6 +117,7 @@ class WebhookSender:
         self._http = http
         self._own_http = http is None
         self._wake = asyncio.Event()
+        self._stopping = False
         self._task: asyncio.Task[None] | None = None
         self._inflight: set[asyncio.Task[None]] = set()
         self._enqueue = redis.register_script(_ENQUEUE)
@@ -154,10 +155,15 @@ class WebhookSender:
         """Stop claiming; let attempts in flight finish (up to `grace`); unfinished ones stay
         stored and are sent after their lease by any replica."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            self._stopping = True
+            self._wake.set()
+            done, _ = await asyncio.wait({self._task}, timeout=grace)
+            if not done:
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
             self._task = None
+            self._stopping = False
         if self._inflight:
             await asyncio.wait(set(self._inflight), timeout=grace)
             for task in set(self._inflight):
@@ -171,16 +177,19 @@ class WebhookSender:
         return int(await self._redis.zcard(self._keys.webhooks_due))
 
     async def _loop(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 await self.deliver_due()
-            except asyncio.CancelledError:
-                raise
             except Exception:
                 log.exception("webhook delivery loop failed; retrying")
             self._wake.clear()
+            if self._stopping:
+                break
+            # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation that races
+            # with the event being set, and the loop would never end.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self._poll)
+                async with asyncio.timeout(self._poll):
+                    await self._wake.wait()
 
     async def deliver_due(self) -> int:
         """Claim the deliveries due now and send each once (in the background); returns how many
