@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 from toolbus_contracts.errors import (
@@ -134,14 +133,13 @@ async def test_concurrent_calls_share_one_connection_and_keep_their_own_keys(
     assert all(c.idempotency_key_meta == c.idempotency_key_header for c in server.calls)
 
 
-async def test_unknown_tool_error_from_server_is_a_non_retryable_upstream_error(conn: McpConnection) -> None:
-    result_or_error: Any
-    try:
-        result_or_error = await conn.call_tool("nope", {}, idempotency_key=key(), timeout=10)
-    except UpstreamError as exc:
-        result_or_error = exc
-    # The test server answers unknown tools by echoing; what matters is that it is not a crash.
-    assert isinstance(result_or_error, ToolResult | UpstreamError)
+async def test_json_rpc_error_from_server_is_a_final_upstream_error(conn: McpConnection) -> None:
+    with pytest.raises(UpstreamError) as info:
+        await conn.call_tool("nope", {}, idempotency_key=key(), timeout=10)
+    assert info.value.retryable is False
+    assert info.value.details["rpcCode"] == -32602
+    assert info.value.details["server"] == "echo"
+    assert "Unknown tool: nope" in info.value.message
 
 
 async def test_401_is_credentials_rejected_naming_the_server_without_the_token() -> None:

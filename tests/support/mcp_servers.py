@@ -33,6 +33,7 @@ from typing import Any
 import mcp_types as types
 import uvicorn
 from mcp.server import Server, ServerRequestContext
+from mcp.shared.exceptions import MCPError
 
 IDEMPOTENCY_META_KEY = "toolbus/idempotencyKey"
 
@@ -98,7 +99,7 @@ def echo_tools() -> list[dict[str, Any]]:
 
 
 async def echo_handler(name: str, arguments: dict[str, Any]) -> Any:
-    """The behaviour of `echo_tools()`; any other tool name echoes its arguments."""
+    """The behaviour of `echo_tools()`; any other listed tool echoes its arguments."""
     if name == "echo":
         return {"text": arguments.get("text", "")}
     if name == "plain":
@@ -155,7 +156,9 @@ def synthetic_tools(n: int, *, prefix: str = "op") -> list[dict[str, Any]]:
 
 
 def _free_socket() -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY only on sockets that say they are TCP,
+    # and without it every response waits ~40 ms for a delayed ACK (Nagle).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
@@ -273,6 +276,7 @@ class McpTestServer:
 
     def _build_app(self) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
         tool_models = [types.Tool.model_validate(t) for t in self.tools]
+        tool_names = {t.name for t in tool_models}
 
         async def on_list_tools(
             ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
@@ -288,6 +292,8 @@ class McpTestServer:
         async def on_call_tool(
             ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
         ) -> types.CallToolResult:
+            if params.name not in tool_names:
+                raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name}")
             result = await self.handler(params.name, dict(params.arguments or {}))
             if isinstance(result, types.CallToolResult):
                 return result

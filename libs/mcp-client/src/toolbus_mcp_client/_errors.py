@@ -7,6 +7,7 @@
     HTTP 401 / 403                                  CredentialsRejected        no         True
     HTTP 502 / 503 / 504                            UpstreamError              yes        True
     other HTTP 4xx / 5xx, JSON-RPC or protocol      UpstreamError              no         True
+                                                    (details: status and/or rpcCode)
 
 Every exception's `details` holds `server` (the server's name in the toolset), never a header
 value or the URL (which may carry a token), and its message names the server.
@@ -75,6 +76,12 @@ def classify(
             f"MCP server '{server}' is temporarily unavailable (HTTP {status}) for {what}; try again later.",
             details={"server": server, "status": status, "sent": True},
             retryable=True,
+        )
+    if status is not None and status >= 400 and error is not None and attempt.status_has_json:
+        return UpstreamError(
+            f"MCP server '{server}' refused {what}: {_clip(error.message)} (JSON-RPC error {error.code}).",
+            details={"server": server, "status": status, "rpcCode": error.code, "sent": True},
+            retryable=False,
         )
     if status is not None and status >= 400:
         reason = f": {_clip(error.message)}" if error is not None and error.message else ""

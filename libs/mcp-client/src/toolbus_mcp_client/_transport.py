@@ -37,6 +37,8 @@ class Attempt:
     sent: bool = False
     status: int | None = None
     network_error: str | None = None
+    # The error status came with a JSON body: a JSON-RPC error the SDK passes on as it is.
+    status_has_json: bool = False
 
     @property
     def failed_before_sending(self) -> bool:
@@ -103,6 +105,9 @@ class WatchingTransport(httpx2.AsyncBaseTransport):
             # An error status sticks: a later exchange of the same operation must not hide it.
             if attempt.status is None or attempt.status < 400:
                 attempt.status = response.status_code
+                if response.status_code >= 400:
+                    content_type = response.headers.get("content-type", "")
+                    attempt.status_has_json = content_type.lower().startswith("application/json")
         stream = response.stream
         assert isinstance(stream, httpx2.AsyncByteStream)
         return httpx2.Response(

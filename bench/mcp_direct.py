@@ -1,0 +1,128 @@
+"""How much toolbus's MCP client adds to a tool call: `McpConnection.call_tool` vs a bare `mcp.Client`.
+
+Starts a local MCP server (tests.support.mcp_servers, in a subprocess so it does not share this
+process's GIL), then times `echo` calls, sequentially and with 16 in flight, through both clients
+on one reused httpx2 client each; also times `McpPool.get` on a hit. Bounded loops; stops by itself.
+
+    uv run python bench/mcp_direct.py [--calls 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from toolbus_mcp_client import IDEMPOTENCY_META_KEY, McpConnection, McpPool
+
+ROOT = Path(__file__).resolve().parent.parent
+Call = Callable[[], Awaitable[object]]
+
+
+def start_server() -> tuple[subprocess.Popen[str], str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.mcp_servers"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    url = proc.stdout.readline().strip()
+    if not url.startswith("http"):
+        proc.kill()
+        raise SystemExit("the MCP test server did not start")
+    return proc, url
+
+
+async def sequential(call: Call, n: int) -> tuple[list[float], float]:
+    latencies = []
+    start = time.perf_counter()
+    for _ in range(n):
+        t = time.perf_counter()
+        await call()
+        latencies.append(time.perf_counter() - t)
+    return latencies, n / (time.perf_counter() - start)
+
+
+async def in_flight(call: Call, n: int, width: int = 16) -> tuple[list[float], float]:
+    latencies: list[float] = []
+    remaining = n
+
+    async def worker() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            t = time.perf_counter()
+            await call()
+            latencies.append(time.perf_counter() - t)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(width)))
+    return latencies, n / (time.perf_counter() - start)
+
+
+def line(label: str, latencies: list[float], rate: float) -> str:
+    ordered = sorted(latencies)
+    p50 = statistics.median(ordered) * 1000
+    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000
+    return f"{label:<34} p50 {p50:6.2f} ms   p99 {p99:6.2f} ms   {rate:7.0f} calls/s"
+
+
+async def bench(url: str, n: int) -> None:
+    conn = await McpConnection.open(url, {"Authorization": "Bearer bench"}, server_name="bench")
+    http = create_mcp_http_client(headers={"Authorization": "Bearer bench"})
+    async with http, Client(streamable_http_client(url, http_client=http), mode="auto") as bare:
+
+        async def ours() -> object:
+            return await conn.call_tool("echo", {"text": "hi"}, idempotency_key=uuid.uuid4().hex, timeout=30)
+
+        async def sdk() -> object:
+            return await bare.call_tool("echo", {"text": "hi"}, meta={IDEMPOTENCY_META_KEY: uuid.uuid4().hex})
+
+        for call in (ours, sdk):  # warm both up (the bare client lists tools on its first call)
+            await sequential(call, 50)
+        print(f"echo over streamable HTTP, protocol {conn.protocol_version}, {n} calls per row")
+        for round_no in (1, 2):
+            for label, call in (("McpConnection.call_tool", ours), ("bare mcp.Client.call_tool", sdk)):
+                print(line(f"{label} seq   [{round_no}]", *await sequential(call, n)))
+            for label, call in (("McpConnection.call_tool", ours), ("bare mcp.Client.call_tool", sdk)):
+                print(line(f"{label} x16   [{round_no}]", *await in_flight(call, n * 2)))
+    await conn.aclose()
+
+    pool = McpPool()
+    headers = {"Authorization": "Bearer bench"}
+    await pool.get(url, headers, server_name="bench")
+    hits = 100_000
+    start = time.perf_counter()
+    for _ in range(hits):
+        await pool.get(url, headers, server_name="bench")
+    print(f"McpPool.get on a hit: {(time.perf_counter() - start) / hits * 1e6:.2f} µs")
+    await pool.aclose()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=1000, help="calls per sequential row (x2 for x16 rows)")
+    args = parser.parse_args()
+    proc, url = start_server()
+    try:
+        asyncio.run(bench(url, args.calls))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+if __name__ == "__main__":
+    main()

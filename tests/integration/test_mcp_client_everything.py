@@ -1,0 +1,107 @@
+"""`McpConnection` against the npm reference server `@modelcontextprotocol/server-everything`
+(streamable HTTP, protocol 2025-11-25, sessions). Skipped when node or the package is missing;
+install it with `npm install --prefix .cache/npm @modelcontextprotocol/server-everything`."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from toolbus_contracts.errors import UpstreamError
+from toolbus_mcp_client import McpConnection
+
+from tests.support.mcp_servers import free_port
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+ENTRY = Path("node_modules/@modelcontextprotocol/server-everything/dist/index.js")
+
+
+def _find_entry() -> Path | None:
+    for base in (ROOT / ".cache" / "npm", ROOT):
+        if (base / ENTRY).is_file():
+            return base / ENTRY
+    return None
+
+
+@pytest.fixture(scope="module")
+async def everything_url() -> AsyncIterator[str]:
+    node, entry = shutil.which("node"), _find_entry()
+    if node is None or entry is None:
+        pytest.skip("node or @modelcontextprotocol/server-everything is not installed")
+    port = free_port()
+    proc = subprocess.Popen(
+        [node, str(entry), "streamableHttp"],
+        env={**os.environ, "PORT": str(port)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(200):
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                if proc.poll() is not None:
+                    pytest.skip("server-everything exited at start")
+                await asyncio.sleep(0.05)
+                continue
+            writer.close()
+            await writer.wait_closed()
+            break
+        else:
+            pytest.fail("server-everything did not listen within 10s")
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+async def test_falls_back_to_2025_sessions_lists_and_calls(everything_url: str) -> None:
+    conn = await McpConnection.open(everything_url, {"X-Trace": "t1"}, server_name="everything")
+    try:
+        assert conn.protocol_version == "2025-11-25"
+        tools = {t["name"]: t for t in await conn.list_tools()}
+        assert {"echo", "get-sum", "get-structured-content"} <= set(tools)
+        assert tools["echo"]["inputSchema"]["properties"]["message"]["type"] == "string"
+        results = await asyncio.gather(
+            *(
+                conn.call_tool("echo", {"message": f"m{i}"}, idempotency_key=uuid.uuid4().hex, timeout=10)
+                for i in range(8)
+            )
+        )
+        assert [r.content for r in results] == [[{"type": "text", "text": f"Echo: m{i}"}] for i in range(8)]
+        assert not any(r.is_error for r in results)
+    finally:
+        await conn.aclose()
+
+
+async def test_structured_content_and_protocol_errors(everything_url: str) -> None:
+    conn = await McpConnection.open(everything_url, {}, server_name="everything")
+    try:
+        result = await conn.call_tool(
+            "get-structured-content", {"location": "New York"}, idempotency_key="k", timeout=10
+        )
+        assert isinstance(result.structured_content, dict)
+        assert "temperature" in result.structured_content
+        try:
+            outcome: object = await conn.call_tool("no-such-tool", {}, idempotency_key="k2", timeout=10)
+        except UpstreamError as exc:
+            outcome = exc
+            assert exc.details["server"] == "everything"
+            assert exc.retryable is False
+        if not isinstance(outcome, UpstreamError):
+            # Some releases answer an unknown tool with an isError result instead.
+            assert getattr(outcome, "is_error", False) is True
+    finally:
+        await conn.aclose()
