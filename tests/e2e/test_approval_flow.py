@@ -1,0 +1,273 @@
+"""Approvals end to end: the registry, the dispatcher and the approval service as processes, a real
+MCP server over streamable HTTP, and a harness talking the public contract only.
+
+Proves: an approved call reaches the MCP server exactly once, with its idempotency key; a denied
+call never reaches it and ends `denied` with the reason; a decision made while the dispatcher is
+down takes effect when it is back; closing a run cancels its pending approval. Prints the event
+sequence of one approved and one denied call (run pytest with `-s` to see it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from toolbus_contracts import Subjects
+
+from tests.support.infra import aservice_process, js_name, request, unique_prefix
+from tests.support.mcp_servers import McpTestServer
+
+pytestmark = pytest.mark.e2e
+
+
+class Client:
+    """A harness's view of toolbus: requests, `approval.requested` events, the run's events."""
+
+    def __init__(self, nc: Any, prefix: str) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.prefix = prefix
+        self.subjects = Subjects(prefix)
+        self.requested: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+    async def ok(self, subject: str, body: dict[str, Any], within: float = 10.0) -> dict[str, Any]:
+        reply = await request(self.nc, subject, body, timeout=within)
+        assert reply["ok"] is True, reply
+        data: dict[str, Any] = reply["data"]
+        return data
+
+    async def on_requested(self, msg: Any) -> None:
+        await self.requested.put(json.loads(msg.data))
+
+    async def approval_for(self, call_id: str) -> dict[str, Any]:
+        while True:
+            event = await asyncio.wait_for(self.requested.get(), 30)
+            if event["callId"] == call_id:
+                return event
+
+    async def run_events(self, run_id: str) -> list[dict[str, Any]]:
+        """Every event of the run now in the EVENTS stream, in order."""
+        sub = await self.js.subscribe(
+            self.subjects.run_events(run_id), stream=js_name(self.prefix, "EVENTS"), ordered_consumer=True
+        )
+        events: list[dict[str, Any]] = []
+        try:
+            while True:
+                msg = await sub.next_msg(timeout=5)
+                events.append(json.loads(msg.data))
+                if msg.metadata.num_pending == 0:
+                    return events
+        finally:
+            await sub.unsubscribe()
+
+    async def settled(self, run_id: str, call_id: str, last: str) -> list[str]:
+        """The call's event types, once its `last` event is in the stream (events are core NATS
+        publishes captured by the stream, so the outcome may arrive a moment before them)."""
+        for _ in range(400):
+            kinds = [e["type"] for e in await self.run_events(run_id) if e["callId"] == call_id]
+            if kinds and kinds[-1] == last:
+                return kinds
+            await asyncio.sleep(0.025)
+        raise AssertionError(f"call {call_id} never reached its {last} event: {kinds}")
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def mcp() -> AsyncIterator[McpTestServer]:
+    async with McpTestServer(name="shop") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def env(service_env: dict[str, str]) -> dict[str, str]:
+    """A prefix of this module's own, so no other test's consumers see its commands."""
+    prefix = unique_prefix("tbae")
+    return {
+        **service_env,
+        "TOOLBUS_SUBJECT_PREFIX": prefix,
+        "TOOLBUS_REDIS_PREFIX": prefix,
+        "TOOLBUS_LOG_LEVEL": "WARNING",
+        "TOOLBUS_DISPATCHER_LEASE": "2",
+    }
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def client(env: dict[str, str], nats_url: str, redis_url: str) -> AsyncIterator[Client]:
+    import nats
+    from redis.asyncio import Redis
+
+    prefix = env["TOOLBUS_SUBJECT_PREFIX"]
+    nc = await nats.connect(nats_url)
+    c = Client(nc, prefix)
+    sub = await nc.subscribe(c.subjects.approvals_requested, cb=c.on_requested)
+    try:
+        yield c
+    finally:
+        await sub.unsubscribe()
+        js = nc.jetstream()
+        for name in ("EVENTS", "INTERNAL", "toolsets", "workflows"):
+            for stream in (
+                js_name(prefix, name),
+                f"OBJ_{js_name(prefix, name)}",
+                f"KV_{js_name(prefix, name)}",
+            ):
+                with contextlib.suppress(Exception):
+                    await js.delete_stream(stream)
+        await nc.drain()
+        redis = Redis.from_url(redis_url)
+        keys = [k async for k in redis.scan_iter(match=f"{prefix}:*", count=500)]
+        if keys:
+            await redis.unlink(*keys)
+        await redis.aclose()
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def services(env: dict[str, str], client: Client) -> AsyncIterator[None]:
+    """The registry and the approval service for the whole module (the dispatcher is per test)."""
+    async with aservice_process("registry", env), aservice_process("approval", env):
+        yield
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def toolset(services: None, client: Client, mcp: McpTestServer) -> str:
+    spec = {"mcp": [{"name": "shop", "url": mcp.url, "policies": {"echo": {"approval": True}}}]}
+    data = await client.ok(client.subjects.toolsets_create, spec, within=30)
+    toolset_id: str = data["id"]
+    return toolset_id
+
+
+async def start_call(client: Client, run_id: str, text: str, key: str) -> tuple[str, dict[str, Any]]:
+    body = {"runId": run_id, "tool": "shop.echo", "input": {"text": text}, "idempotencyKey": key}
+    started = await client.ok(client.subjects.calls_start, body)
+    approval = await client.approval_for(started["callId"])
+    got = await client.ok(client.subjects.calls_get, {"callId": started["callId"]})
+    assert got["state"] == "awaitingApproval"
+    call_id: str = started["callId"]
+    return call_id, approval
+
+
+async def outcome_of(client: Client, run_id: str, text: str, key: str) -> dict[str, Any]:
+    """`calls.invoke` with the same key: the same call, answered once it is done."""
+    body = {"runId": run_id, "tool": "shop.echo", "input": {"text": text}, "idempotencyKey": key}
+    return await client.ok(client.subjects.calls_invoke, body, within=30)
+
+
+def show(title: str, events: list[dict[str, Any]]) -> None:
+    print(f"\n{title}")
+    for event in events:
+        extra = {k: v for k, v in event.items() if k not in ("type", "callId", "runId", "at")}
+        print(f"  {event['at']}  {event['type']:<18} {json.dumps(extra, sort_keys=True) if extra else ''}")
+
+
+async def test_approved_call_reaches_the_server_once_and_denied_never(
+    env: dict[str, str], client: Client, toolset: str, mcp: McpTestServer
+) -> None:
+    async with aservice_process("dispatcher", env):
+        run_id = (await client.ok(client.subjects.runs_open, {"toolsetId": toolset, "namespace": "user-7"}))[
+            "runId"
+        ]
+        before = len(mcp.calls_to("echo"))
+
+        approved_id, approval = await start_call(client, run_id, "refund 5", "key-approve")
+        assert approval["tool"] == "shop.echo"
+        assert approval["input"] == {"text": "refund 5"}
+        assert approval["namespace"] == "user-7"
+        assert approval["toolsetId"] == toolset
+        listed = await client.ok(client.subjects.approvals_list, {"runId": run_id})
+        assert [a["approvalId"] for a in listed["approvals"]] == [approval["approvalId"]]
+        assert len(mcp.calls_to("echo")) == before  # nothing is sent before the decision
+
+        decided = await client.ok(
+            client.subjects.approvals_decide, {"approvalId": approval["approvalId"], "approve": True}
+        )
+        assert decided == {"approvalId": approval["approvalId"], "decision": "approved"}
+        done = await outcome_of(client, run_id, "refund 5", "key-approve")
+        assert done["callId"] == approved_id
+        assert done["outcome"] == {"status": "ok", "output": {"text": "refund 5"}}
+        sent = mcp.calls_to("echo")[before:]
+        assert [(c.arguments, c.idempotency_key_header) for c in sent] == [
+            ({"text": "refund 5"}, "key-approve")
+        ]
+
+        denied_id, approval = await start_call(client, run_id, "refund 5000", "key-deny")
+        decided = await client.ok(
+            client.subjects.approvals_decide,
+            {"approvalId": approval["approvalId"], "approve": False, "reason": "too large"},
+        )
+        assert decided["decision"] == "denied"
+        done = await outcome_of(client, run_id, "refund 5000", "key-deny")
+        assert done["outcome"]["status"] == "error"
+        assert done["outcome"]["error"]["code"] == "denied"
+        assert "too large" in done["outcome"]["error"]["message"]
+        assert len(mcp.calls_to("echo")) == before + 1  # the denied call never reached the server
+
+        again = await request(
+            client.nc,
+            client.subjects.approvals_decide,
+            {"approvalId": approval["approvalId"], "approve": True},
+        )
+        assert again["error"]["code"] == "conflict"
+
+        approved_kinds = await client.settled(run_id, approved_id, "completed")
+        denied_kinds = await client.settled(run_id, denied_id, "completed")
+        assert approved_kinds[:3] == ["accepted", "approvalRequested", "approved"]
+        assert approved_kinds[-1] == "completed"
+        assert denied_kinds == ["accepted", "approvalRequested", "denied", "completed"]
+        events = await client.run_events(run_id)
+        show("approved call:", [e for e in events if e["callId"] == approved_id])
+        show("denied call:", [e for e in events if e["callId"] == denied_id])
+
+
+async def test_decision_made_while_the_dispatcher_is_down_takes_effect_when_it_is_back(
+    env: dict[str, str], client: Client, toolset: str, mcp: McpTestServer
+) -> None:
+    async with aservice_process("dispatcher", env) as dispatcher:
+        run_id = (await client.ok(client.subjects.runs_open, {"toolsetId": toolset}))["runId"]
+        before = len(mcp.calls_to("echo"))
+        call_id, approval = await start_call(client, run_id, "later", "key-restart")
+        dispatcher.kill()  # a crash while the call waits
+
+    decided = await client.ok(
+        client.subjects.approvals_decide, {"approvalId": approval["approvalId"], "approve": True}
+    )
+    assert decided["decision"] == "approved"
+
+    async with aservice_process("dispatcher", env):
+        done = await outcome_of(client, run_id, "later", "key-restart")
+    assert done["callId"] == call_id
+    assert done["outcome"] == {"status": "ok", "output": {"text": "later"}}
+    sent = mcp.calls_to("echo")[before:]
+    assert [c.idempotency_key_header for c in sent] == ["key-restart"]
+
+
+async def test_closing_the_run_cancels_its_pending_approval(
+    env: dict[str, str], client: Client, toolset: str, mcp: McpTestServer
+) -> None:
+    async with aservice_process("dispatcher", env):
+        run_id = (await client.ok(client.subjects.runs_open, {"toolsetId": toolset}))["runId"]
+        before = len(mcp.calls_to("echo"))
+        call_id, approval = await start_call(client, run_id, "closing", "key-close")
+        closed = await client.ok(client.subjects.runs_close, {"runId": run_id})
+        assert closed["cancelled"] == 1
+        got = await client.ok(client.subjects.calls_get, {"callId": call_id})
+        assert got["state"] == "done"
+        assert got["outcome"]["error"]["code"] == "cancelled"
+
+        for _ in range(400):  # the approval service applies RunClosed from its durable consumer
+            listed = await client.ok(client.subjects.approvals_list, {"runId": run_id})
+            if not listed["approvals"]:
+                break
+            await asyncio.sleep(0.025)
+        assert listed["approvals"] == []
+        late = await request(
+            client.nc,
+            client.subjects.approvals_decide,
+            {"approvalId": approval["approvalId"], "approve": True},
+        )
+        assert late["error"]["code"] == "conflict"
+        assert "run closed" in late["error"]["message"]
+        assert len(mcp.calls_to("echo")) == before
