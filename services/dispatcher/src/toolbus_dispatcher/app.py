@@ -246,8 +246,12 @@ class DispatcherApp:
                 with contextlib.suppress(Exception):
                     await aclose()
         if self.nc is not None:
+            # Requests were drained above; flush what is still buffered (events, replies) and close.
+            # (`drain()` would also wait on the cancelled pull consumers, up to its 30 s timeout.)
             with contextlib.suppress(Exception):
-                await self.nc.drain()
+                await self.nc.flush(timeout=5)
+            with contextlib.suppress(Exception):
+                await self.nc.close()
         if self.redis is not None:
             with contextlib.suppress(Exception):
                 await self.redis.aclose()  # type: ignore[attr-defined]  # stubs predate aclose
