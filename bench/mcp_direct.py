@@ -19,10 +19,12 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import cast
 
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp_types import RequestParamsMeta
 from toolbus_mcp_client import IDEMPOTENCY_META_KEY, McpConnection, McpPool
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,16 +91,19 @@ async def bench(url: str, n: int) -> None:
             return await conn.call_tool("echo", {"text": "hi"}, idempotency_key=uuid.uuid4().hex, timeout=30)
 
         async def sdk() -> object:
-            return await bare.call_tool("echo", {"text": "hi"}, meta={IDEMPOTENCY_META_KEY: uuid.uuid4().hex})
+            meta = cast(RequestParamsMeta, {IDEMPOTENCY_META_KEY: uuid.uuid4().hex})
+            return await bare.call_tool("echo", {"text": "hi"}, meta=meta)
 
         for call in (ours, sdk):  # warm both up (the bare client lists tools on its first call)
             await sequential(call, 50)
         print(f"echo over streamable HTTP, protocol {conn.protocol_version}, {n} calls per row")
-        for round_no in (1, 2):
-            for label, call in (("McpConnection.call_tool", ours), ("bare mcp.Client.call_tool", sdk)):
+        pair = [("McpConnection.call_tool", ours), ("bare mcp.Client.call_tool", sdk)]
+        for round_no in (1, 2):  # the second round runs in the other order, to expose drift
+            for label, call in pair:
                 print(line(f"{label} seq   [{round_no}]", *await sequential(call, n)))
-            for label, call in (("McpConnection.call_tool", ours), ("bare mcp.Client.call_tool", sdk)):
+            for label, call in pair:
                 print(line(f"{label} x16   [{round_no}]", *await in_flight(call, n * 2)))
+            pair.reverse()
     await conn.aclose()
 
     pool = McpPool()

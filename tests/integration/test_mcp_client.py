@@ -255,8 +255,26 @@ async def test_legacy_2025_session_mode_works_and_survives_a_server_restart() ->
             result = await conn.call_tool("echo", {"text": "old"}, idempotency_key=k, timeout=10)
             assert result.structured_content == {"text": "old"}
             assert (server.calls[-1].idempotency_key_header, server.calls[-1].idempotency_key_meta) == (k, k)
+            # A restarted server no longer knows the session (404): the connection opens a new one.
+            await server.stop()
+            await server.start()
+            again = await conn.call_tool("echo", {"text": "new"}, idempotency_key=k, timeout=10)
+            assert again.structured_content == {"text": "new"}
+            # The test server records every tools/call that arrives, the one refused for its session too.
+            assert [c.arguments["text"] for c in server.calls] == ["old", "new", "new"]
         finally:
             await conn.aclose()
+
+
+async def test_connection_reconnects_after_a_restart_on_2026(server: McpTestServer) -> None:
+    conn = await McpConnection.open(server.url, {}, server_name="echo")
+    try:
+        await server.stop()
+        await server.start()
+        result = await conn.call_tool("echo", {"text": "back"}, idempotency_key=key(), timeout=10)
+        assert result.structured_content == {"text": "back"}
+    finally:
+        await conn.aclose()
 
 
 async def test_pool_reuses_one_connection_per_url_and_headers(shared_echo: McpTestServer) -> None:

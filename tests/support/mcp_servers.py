@@ -155,12 +155,12 @@ def synthetic_tools(n: int, *, prefix: str = "op") -> list[dict[str, Any]]:
     return tools
 
 
-def _free_socket() -> socket.socket:
+def _listening_socket(port: int = 0) -> socket.socket:
     # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY only on sockets that say they are TCP,
     # and without it every response waits ~40 ms for a delayed ACK (Nagle).
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind(("127.0.0.1", port))
     sock.listen(128)
     sock.setblocking(False)
     return sock
@@ -179,7 +179,8 @@ class McpTestServer:
 
     `tools` are wire-form tool dicts (camelCase); `handler(name, arguments)` answers calls;
     `page_size` pages `tools/list`; `required_token` makes every request without
-    `Authorization: Bearer <token>` get 401 (assign `server.required_token` to rotate it).
+    `Authorization: Bearer <token>` get 401 (assign `server.required_token` to rotate it);
+    `port` 0 picks a free one, and a stopped server starts again on the same port (a restart).
     Everything a test reads (`calls`) or sets (`required_token`, `call_delay`, `add_fault`)
     may be used from any thread.
     """
@@ -193,6 +194,7 @@ class McpTestServer:
         page_size: int | None = None,
         required_token: str | None = None,
         json_response: bool = False,
+        port: int = 0,
     ) -> None:
         self.name = name
         self.tools = echo_tools() if tools is None else tools
@@ -208,7 +210,7 @@ class McpTestServer:
         self._json_response = json_response
         self._thread: threading.Thread | None = None
         self._uvicorn: uvicorn.Server | None = None
-        self.port = 0
+        self.port = port
 
     @property
     def url(self) -> str:
@@ -233,11 +235,11 @@ class McpTestServer:
 
     def start_blocking(self) -> None:
         """`start()` for code without an event loop."""
-        sock = _free_socket()
+        sock = _listening_socket(self.port)
         self.port = sock.getsockname()[1]
         app = self._build_app()
         config = uvicorn.Config(
-            app, log_config=None, log_level="warning", lifespan="on", timeout_graceful_shutdown=2
+            app, log_config=None, log_level="warning", lifespan="on", timeout_graceful_shutdown=1
         )
         server = uvicorn.Server(config)
         self._uvicorn = server

@@ -110,13 +110,8 @@ class WatchingTransport(httpx2.AsyncBaseTransport):
                     attempt.status_has_json = content_type.lower().startswith("application/json")
         stream = response.stream
         assert isinstance(stream, httpx2.AsyncByteStream)
-        return httpx2.Response(
-            response.status_code,
-            headers=response.headers,
-            stream=_WatchedStream(stream, attempt),
-            extensions=response.extensions,
-            request=request,
-        )
+        response.stream = _WatchedStream(stream, attempt)
+        return response
 
     async def aclose(self) -> None:
         await self._inner.aclose()
