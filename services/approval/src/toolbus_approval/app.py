@@ -109,9 +109,12 @@ class ApprovalApp:
             timeout=self.approval_settings.timeout,
         )
         # What a previous process stored but did not send goes out before anything new.
-        sent = await approvals.flush(older_than=None)
-        if sent:
-            log.info("unsent approvals and decisions sent", extra={"count": sent})
+        try:
+            sent = await approvals.flush(older_than=None)
+            if sent:
+                log.info("unsent approvals and decisions sent", extra={"count": sent})
+        except Exception as exc:  # the sweeper retries them; serving must not wait for it
+            log.warning("unsent approvals not sent yet", extra={"error": type(exc).__name__})
         self._rpc = RpcServer(nc, queue=QUEUE)
         add_routes(self._rpc, subjects, approvals)
         await self._rpc.start()
