@@ -1,0 +1,222 @@
+"""Host tools' heartbeats and the http tool's allow-list, through a real dispatcher: a worker that
+stops heartbeating is interrupted and the call goes to another worker; the http tool refuses
+every host not on the list, on the first URL and on every redirect."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import AsyncIterator, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from nats.aio.msg import Msg
+from toolbus_contracts import WORKER_QUEUE
+
+from tests.integration.test_dispatcher_helpers import Harness, host_tool
+
+pytestmark = pytest.mark.integration
+
+MAX_BODY = 4096
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def h(nats_url: str, redis_url: str) -> AsyncIterator[Harness]:
+    harness = Harness(nats_url, redis_url)
+    await harness.connect()
+    await harness.dispatcher(http_max_body=MAX_BODY)
+    try:
+        yield harness
+    finally:
+        await harness.close()
+
+
+# ---- host tools ----------------------------------------------------------------------------------
+
+
+async def test_a_worker_that_stops_heartbeating_is_interrupted_and_the_call_moves_to_another(
+    h: Harness,
+) -> None:
+    assert h.nc is not None
+    nc = h.nc
+    ts = await h.toolset({"host": [host_tool("ask", heartbeatTimeout="300ms")]})
+    run = await h.open_run(ts)
+    subject = h.subjects.host_call("ask")
+    stuck_got: list[dict[str, Any]] = []
+    healthy_got: list[dict[str, Any]] = []
+    first_task = asyncio.Event()
+
+    async def stuck(msg: Msg) -> None:
+        # Takes the task, then freezes: no heartbeat; much later a stale result for attempt 1.
+        task = json.loads(msg.data)
+        stuck_got.append(task)
+        await stuck_sub.unsubscribe()
+        first_task.set()
+
+        async def late() -> None:
+            await asyncio.sleep(0.6)
+            await nc.publish(
+                h.subjects.host_result(task["callId"]), json.dumps({"attempt": 1, "output": "stale"}).encode()
+            )
+
+        asyncio.get_running_loop().create_task(late())
+
+    async def healthy(msg: Msg) -> None:
+        task = json.loads(msg.data)
+        healthy_got.append(task)
+
+        async def work() -> None:
+            for _ in range(8):  # 0.8 s of work, far past the 300 ms heartbeat timeout
+                await nc.publish(
+                    h.subjects.host_heartbeat(task["callId"]),
+                    json.dumps({"attempt": task["attempt"]}).encode(),
+                )
+                await asyncio.sleep(0.1)
+            body = {"attempt": task["attempt"], "output": {"answer": "fresh"}}
+            await nc.publish(h.subjects.host_result(task["callId"]), json.dumps(body).encode())
+
+        asyncio.get_running_loop().create_task(work())
+
+    stuck_sub = await nc.subscribe(subject, queue=WORKER_QUEUE, cb=stuck)
+    await nc.flush()
+    invoke = asyncio.create_task(h.invoke(run, "ask", {"q": "?"}, idempotencyKey="hb-1"))
+    await asyncio.wait_for(first_task.wait(), 10)
+    healthy_sub = await nc.subscribe(subject, queue=WORKER_QUEUE, cb=healthy)
+    try:
+        data = await invoke
+    finally:
+        await healthy_sub.unsubscribe()
+    assert data["outcome"] == {"status": "ok", "output": {"answer": "fresh"}}
+    assert [t["attempt"] for t in stuck_got] == [1]
+    assert [t["attempt"] for t in healthy_got] == [2]
+    assert stuck_got[0]["idempotencyKey"] == healthy_got[0]["idempotencyKey"] == "hb-1"
+    assert healthy_got[0]["heartbeatTimeout"] == "300ms" and healthy_got[0]["runId"] == run
+    got = await h.ok(h.subjects.calls_get, {"callId": data["callId"]})
+    assert got["attempts"] == 2
+
+
+async def test_a_host_tool_nobody_serves_is_never_sent_and_retried_even_at_most_once(h: Harness) -> None:
+    ts = await h.toolset({"host": [host_tool("orphan", onInterruption="at_most_once")]})
+    run = await h.open_run(ts)
+    data = await h.invoke(run, "orphan", {})
+    assert data["outcome"]["error"]["code"] == "upstreamUnreachable"
+    assert (await h.ok(h.subjects.calls_get, {"callId": data["callId"]}))["attempts"] == 5
+
+
+# ---- the http tool -------------------------------------------------------------------------------
+
+
+class _Handler(BaseHTTPRequestHandler):
+    seen: list[dict[str, Any]] = []
+
+    def log_message(self, *args: Any) -> None:
+        return None
+
+    def _send(
+        self, status: int, body: bytes, content_type: str | None, extra: dict[str, str] | None = None
+    ) -> None:
+        self.send_response(status)
+        if content_type:
+            self.send_header("Content-Type", content_type)
+        for k, v in (extra or {}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        self.seen.append({"path": self.path, "key": self.headers.get("Idempotency-Key")})
+        port = self.server.server_address[1]
+        routes: dict[str, tuple[int, bytes, str | None, dict[str, str]]] = {
+            "/text": (200, "héllo".encode(), "text/plain; charset=utf-8", {}),
+            "/json": (200, b'{"a":1}', "application/json", {}),
+            "/bin": (200, bytes(range(8)), "application/octet-stream", {}),
+            "/big": (200, b"x" * (MAX_BODY + 1), "text/plain", {}),
+            "/hop": (302, b"", None, {"Location": "/text"}),
+            "/hop-local": (302, b"", None, {"Location": f"http://localhost:{port}/text"}),
+            "/off": (302, b"", None, {"Location": "http://evil.example.net/steal"}),
+            "/busy": (503, b"busy", "text/plain", {}),
+            "/missing": (404, b"nope", "text/plain", {}),
+        }
+        status, body, ctype, extra = routes.get(self.path, (404, b"", None, {}))
+        self._send(status, body, ctype, extra)
+
+
+@pytest.fixture(scope="module")
+def web() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def http_run(h: Harness) -> str:
+    ts = await h.toolset({"http": {"allow": ["127.0.0.1", "*.example.com"]}})
+    return await h.open_run(ts)
+
+
+async def fetch(h: Harness, run: str, url: str, **extra: Any) -> dict[str, Any]:
+    data = await h.invoke(run, "http.fetch", {"url": url, **extra})
+    outcome: dict[str, Any] = data["outcome"]
+    return outcome
+
+
+async def test_fetch_returns_text_bodies_as_text_and_binary_as_base64(
+    h: Harness, http_run: str, web: str
+) -> None:
+    text = await fetch(h, http_run, f"{web}/text")
+    assert text["status"] == "ok"
+    out = text["output"]
+    assert (out["status"], out["body"], out["bodyEncoding"]) == (200, "héllo", "text")
+    assert out["headers"]["content-type"].startswith("text/plain")
+    assert _Handler.seen[-1]["key"]  # the idempotency key travels as a header
+    assert (await fetch(h, http_run, f"{web}/json"))["output"]["body"] == '{"a":1}'
+    binary = (await fetch(h, http_run, f"{web}/bin"))["output"]
+    assert (binary["body"], binary["bodyEncoding"]) == ("AAECAwQFBgc=", "base64")
+    hop = (await fetch(h, http_run, f"{web}/hop"))["output"]
+    assert hop["body"] == "héllo"
+    missing = (await fetch(h, http_run, f"{web}/missing"))["output"]
+    assert missing["status"] == 404
+
+
+@pytest.mark.parametrize(
+    ("url", "host"),
+    [
+        ("http://localhost:{port}/text", "localhost"),
+        ("{web}/hop-local", "localhost"),
+        ("{web}/off", "evil.example.net"),
+        ("http://127.0.0.1@evil.host/", "evil.host"),
+        ("http://example.com/", "example.com"),
+        ("ftp://127.0.0.1/file", "127.0.0.1"),
+    ],
+)
+async def test_fetch_refuses_hosts_off_the_allow_list(
+    h: Harness, http_run: str, web: str, url: str, host: str
+) -> None:
+    port = web.rsplit(":", 1)[1]
+    outcome = await fetch(h, http_run, url.format(web=web, port=port))
+    assert outcome["status"] == "error"
+    assert outcome["error"]["code"] == "hostNotAllowed"
+    assert host in outcome["error"]["message"]
+
+
+async def test_fetch_of_a_body_over_the_limit_is_upstream_error(h: Harness, http_run: str, web: str) -> None:
+    outcome = await fetch(h, http_run, f"{web}/big")
+    assert outcome["error"]["code"] == "upstreamError"
+
+
+async def test_a_503_is_an_interruption_retried_up_to_5_attempts(h: Harness, http_run: str, web: str) -> None:
+    before = sum(1 for s in _Handler.seen if s["path"] == "/busy")
+    data = await h.invoke(http_run, "http.fetch", {"url": f"{web}/busy"})
+    assert data["outcome"]["error"]["code"] == "upstreamError"
+    busy = [s for s in _Handler.seen if s["path"] == "/busy"][before:]
+    assert len(busy) == 5 and {s["key"] for s in busy} == {data["idempotencyKey"]}
