@@ -266,6 +266,35 @@ async def test_legacy_2025_session_mode_works_and_survives_a_server_restart() ->
             await conn.aclose()
 
 
+async def test_tool_with_mcp_param_headers_is_listed_then_called_once() -> None:
+    tool = {
+        "name": "regional",
+        "description": "A tool whose region argument is mirrored into a header for routing.",
+        "inputSchema": {
+            "type": "object",
+            "properties": {
+                "region": {"type": "string", "x-mcp-header": "Region"},
+                "text": {"type": "string"},
+            },
+            "required": ["region"],
+        },
+    }
+    async with McpTestServer(tools=[tool]) as server:
+        conn = await McpConnection.open(server.url, {}, server_name="routed")
+        try:
+            k = key()
+            result = await conn.call_tool(
+                "regional", {"region": "eu", "text": "t"}, idempotency_key=k, timeout=10
+            )
+            assert result.structured_content == {"arguments": {"region": "eu", "text": "t"}}
+            again = await conn.call_tool("regional", {"region": "us"}, idempotency_key=key(), timeout=10)
+            assert again.structured_content == {"arguments": {"region": "us"}}
+        finally:
+            await conn.aclose()
+        assert [c.idempotency_key_header for c in server.calls[:2]] == [k, k]
+        assert len(server.calls) == 3
+
+
 async def test_connection_reconnects_after_a_restart_on_2026(server: McpTestServer) -> None:
     conn = await McpConnection.open(server.url, {}, server_name="echo")
     try:

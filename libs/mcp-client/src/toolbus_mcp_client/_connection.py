@@ -21,6 +21,7 @@ import mcp_types as types
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
+from mcp_types import HEADER_MISMATCH
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import TypeAdapter, ValidationError
 from toolbus_contracts.errors import Timeout, ToolbusError, UpstreamError, UpstreamUnreachable
@@ -300,6 +301,13 @@ class McpConnection:
         try:
             try:
                 raw = await self._send_call(live, name, arguments, idempotency_key, timeout)
+            except _HeadersUnknown:
+                # The tool mirrors arguments into `Mcp-Param-*` headers, which the SDK stamps only
+                # for tools this client listed; the server refused before running it. List, resend.
+                await self._learn_tool(live, name, timeout)
+                raw = await self._send_call(
+                    live, name, arguments, idempotency_key, timeout, header_retry=False
+                )
             except _SessionLost:
                 # A 2025-era server forgot our session (it restarted): the call was not run there.
                 live.dead = True
@@ -326,6 +334,8 @@ class McpConnection:
         arguments: dict[str, Any],
         key: str,
         timeout: float,  # noqa: ASYNC109
+        *,
+        header_retry: bool = True,
     ) -> dict[str, Any]:
         client = live.client
         assert client is not None
@@ -344,11 +354,34 @@ class McpConnection:
         except MCPError as exc:
             if attempt.status == 404 and not live.modern and attempt.network_error is None:
                 raise _SessionLost from None
+            if exc.code == HEADER_MISMATCH and header_retry and live.modern:
+                raise _HeadersUnknown from None
             raise classify(
                 self.server_name, attempt, exc, what=f"the call of tool '{name}'", timeout=timeout
             ) from None
         except ValidationError as exc:
             raise protocol_error(self.server_name, f"the call of tool '{name}'", str(exc)) from None
+        finally:
+            current_attempt.reset(token)
+
+    async def _learn_tool(self, live: _Live, name: str, timeout: float) -> None:  # noqa: ASYNC109
+        """Let the SDK list tools page by page until it has seen `name` (it keeps their headers)."""
+        client = live.client
+        assert client is not None
+        cursor: str | None = None
+        attempt = Attempt()
+        token = current_attempt.set(attempt)
+        what = f"listing tools to call '{name}'"
+        try:
+            for _ in range(MAX_LIST_PAGES):
+                page = await client.list_tools(cursor=cursor, cache_mode="refresh")
+                cursor = page.next_cursor
+                if cursor is None or any(tool.name == name for tool in page.tools):
+                    return
+        except MCPError as exc:
+            raise classify(self.server_name, attempt, exc, what=what, timeout=timeout) from None
+        except ValidationError as exc:
+            raise protocol_error(self.server_name, what, str(exc)) from None
         finally:
             current_attempt.reset(token)
 
@@ -371,6 +404,10 @@ class McpConnection:
             structured_content=raw.get("structuredContent"),
             content=content,
         )
+
+
+class _HeadersUnknown(Exception):
+    """HEADER_MISMATCH on a 2026 call: the tool wants `Mcp-Param-*` headers the SDK can't yet stamp."""
 
 
 class _SessionLost(Exception):
