@@ -55,5 +55,17 @@ class CallRecord:
 
     @staticmethod
     def from_script(item: list[Any]) -> CallRecord:
-        """One `{callId, HGETALL}` pair of a script's admitted or reaped list."""
-        return CallRecord.from_hash(_s(item[0]), pairs_to_dict(item[1]))
+        """One `{callId, call_fields}` pair of a script's admitted or reaped list (see admit.lua)."""
+        run, tool, input_json, key, ts, ns, onint, attempts, state = (_s(v) if v is not None else "" for v in item[1])
+        return CallRecord(
+            call_id=_s(item[0]),
+            run_id=run,
+            tool=tool,
+            input_json=input_json,
+            idempotency_key=key,
+            toolset_id=ts,
+            namespace=ns or None,
+            on_interruption=onint or "retry",
+            attempts=int(attempts or 0),
+            state=state,
+        )

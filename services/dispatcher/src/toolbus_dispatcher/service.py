@@ -127,7 +127,7 @@ class DispatcherService:
 
     async def start_call(self, req: CallStartRequest, reply: str = "") -> Started:
         """Check and store a call (`calls.start`, `calls.invoke`); `reply` gets the outcome later."""
-        toolset_id, _ = await self._run(req.run_id)
+        toolset_id, namespace = await self._run(req.run_id)
         stored = await self._toolsets.get(toolset_id)
         tool = stored.table.get(req.tool) if stored is not None else None
         if tool is None:
@@ -148,6 +148,7 @@ class DispatcherService:
                 tool=tool.name,
                 input_json=orjson.dumps(req.input).decode(),
                 toolset_id=toolset_id,
+                namespace=namespace,
                 concurrency=policy.concurrency,
                 on_interruption=policy.on_interruption,
                 reply=reply,

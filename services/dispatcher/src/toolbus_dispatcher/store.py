@@ -76,7 +76,7 @@ class CallStore:
         self._release: AsyncScript = redis.register_script(_load("release_waiting.lua"))
         self._next: AsyncScript = redis.register_script(_load("next_attempt.lua", with_admit=False))
         self._renew: AsyncScript = redis.register_script(_load("renew_leases.lua", with_admit=False))
-        self._reap: AsyncScript = redis.register_script(_load("reap_leases.lua", with_admit=False))
+        self._reap: AsyncScript = redis.register_script(_load("reap_leases.lua"))
         self._open: AsyncScript = redis.register_script(_load("open_run.lua", with_admit=False))
         self._close: AsyncScript = redis.register_script(_load("close_run.lua"))
 
@@ -130,6 +130,7 @@ class CallStore:
         tool: str,
         input_json: str,
         toolset_id: str,
+        namespace: str | None,
         concurrency: int | None,
         on_interruption: str,
         reply: str,
@@ -180,7 +181,23 @@ class CallStore:
                 cred_version,
                 _s(res[2]),
                 _s(res[3]),
-                admitted=[CallRecord.from_script(i) for i in res[4]],
+                admitted=[
+                    CallRecord(
+                        call_id,
+                        run_id,
+                        tool,
+                        input_json,
+                        idempotency_key,
+                        toolset_id,
+                        namespace,
+                        on_interruption,
+                        int(item[1][1]),
+                        "running",
+                    )
+                    if _s(item[1][0]) == "self"
+                    else CallRecord.from_script(item)
+                    for item in res[4]
+                ],
             )
         if status == "exists":
             return Created(status, cred_version, _s(res[2]), _s(res[3]), _s(res[4]))

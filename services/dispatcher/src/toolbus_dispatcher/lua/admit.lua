@@ -1,8 +1,13 @@
+-- The fields a dispatcher needs to run a call (CallRecord), in this order.
+local function call_fields(ck)
+  return redis.call('HMGET', ck, 'run', 'tool', 'input', 'key', 'ts', 'ns', 'onint', 'attempts', 'state')
+end
+
 -- Shared by every script that frees a slot or queues a call: admit waiting calls of one run, first
 -- come first served, into free slots. A call blocked only by its tool's `concurrency` is skipped,
 -- so it never blocks calls of other tools behind it. Admitted calls become `running`, owned by
 -- `owner`, with their attempt counter raised (the attempt starts now) and a lease until `expiry`.
--- Returns {callId, {field, value, ...}} per admitted call.
+-- Returns {callId, call_fields} per admitted call.
 local function admit(waiting_key, slots_key, leases_key, call_prefix, owner, expiry, run_limit, max_scan)
   local admitted = {}
   local running = redis.call('ZCARD', slots_key)
@@ -34,7 +39,7 @@ local function admit(waiting_key, slots_key, leases_key, call_prefix, owner, exp
         redis.call('HSET', ck, 'state', 'running', 'owner', owner)
         redis.call('HINCRBY', ck, 'attempts', 1)
         running = running + 1
-        admitted[#admitted + 1] = {cid, redis.call('HGETALL', ck)}
+        admitted[#admitted + 1] = {cid, call_fields(ck)}
       end
     end
   end

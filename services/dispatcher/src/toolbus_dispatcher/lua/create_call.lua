@@ -33,4 +33,8 @@ end
 enqueue(ck, cid)
 local admitted = admit(KEYS[6], KEYS[7], KEYS[8], ARGV[14], ARGV[11], ARGV[10], tonumber(ARGV[16]), tonumber(ARGV[17]))
 local state = redis.call('HGET', ck, 'state')
+-- The caller knows the call it just created: send back only its attempt number.
+for i, item in ipairs(admitted) do
+  if item[1] == cid then admitted[i] = {cid, {'self', item[2][8]}} end
+end
 return {'created', credv, cid, state, admitted}

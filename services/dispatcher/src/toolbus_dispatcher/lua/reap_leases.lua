@@ -15,7 +15,7 @@ for _, cid in ipairs(ids) do
     redis.call('ZADD', f[2], ARGV[3], cid)
     if f[3] and f[3] ~= '' then redis.call('ZADD', f[3], ARGV[3], cid) end
     redis.call('HSET', ck, 'owner', ARGV[2])
-    out[#out + 1] = {cid, redis.call('HGETALL', ck)}
+    out[#out + 1] = {cid, call_fields(ck)}
   end
 end
 return out

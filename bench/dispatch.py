@@ -1,0 +1,186 @@
+"""What the dispatcher adds to an MCP tool call: `calls.invoke` vs a direct MCP call.
+
+Starts a local MCP server (tests.support.mcp_servers) and a dispatcher (`python -m
+toolbus_dispatcher`), each in its own process, on a fresh prefix of the local NATS and Redis; pins
+the server's tools straight into the toolset store (no registry needed); then times `echo` calls
+(a) directly with toolbus's MCP client on one reused connection and (b) through `calls.invoke`,
+sequentially and with 16 in flight, and prints p50/p99 latency and calls/s side by side.
+Bounded loops; cleans up its streams and keys; stops by itself.
+
+    uv run python bench/dispatch.py [--calls 1000] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import nats
+import orjson
+from redis.asyncio import Redis
+from toolbus_common.canonical import content_id
+from toolbus_common.toolsets import ToolsetStore
+from toolbus_contracts import PinnedToolset, Subjects
+from toolbus_mcp_client import McpPool
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.support.infra import free_port, js_name, start_service, stop_process, unique_prefix  # noqa: E402
+
+NATS_URL = os.environ.get("TOOLBUS_NATS_URL", "nats://127.0.0.1:4222")
+REDIS_URL = os.environ.get("TOOLBUS_REDIS_URL", "redis://127.0.0.1:6379/0")
+Call = Callable[[], Awaitable[object]]
+
+
+def start_mcp_server() -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.mcp_servers"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    url = proc.stdout.readline().strip()
+    if not url.startswith("http"):
+        proc.kill()
+        raise SystemExit("the MCP test server did not start")
+    return proc, url
+
+
+async def sequential(call: Call, n: int) -> tuple[list[float], float]:
+    lat: list[float] = []
+    t0 = time.perf_counter()
+    for _ in range(n):
+        s = time.perf_counter()
+        await call()
+        lat.append(time.perf_counter() - s)
+    return lat, time.perf_counter() - t0
+
+
+async def parallel(call: Call, n: int, width: int = 16) -> tuple[list[float], float]:
+    lat: list[float] = []
+    left = n
+
+    async def lane() -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            s = time.perf_counter()
+            await call()
+            lat.append(time.perf_counter() - s)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(lane() for _ in range(width)))
+    return lat, time.perf_counter() - t0
+
+
+def pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
+
+
+async def main(calls: int, rounds: int) -> None:
+    prefix = unique_prefix("tbbench")
+    subjects = Subjects(prefix)
+    server, url = start_mcp_server()
+    env = {
+        "TOOLBUS_NATS_URL": NATS_URL,
+        "TOOLBUS_REDIS_URL": REDIS_URL,
+        "TOOLBUS_SUBJECT_PREFIX": prefix,
+        "TOOLBUS_LOG_LEVEL": "WARNING",
+    }
+    dispatcher = start_service("dispatcher", env, port=free_port())
+    nc = await nats.connect(NATS_URL)
+    redis: Any = Redis.from_url(REDIS_URL)
+    pool = McpPool()
+    try:
+        conn = await pool.get(url, {}, server_name="echo")
+        listed = await conn.list_tools()
+        tools = [t for t in listed if t["name"] == "echo"]
+        pinned = PinnedToolset.model_validate({"servers": [{"name": "echo", "url": url, "tools": tools}]})
+        ts = content_id("ts_", pinned.model_dump(mode="json", exclude_none=True))
+        store = ToolsetStore(nc.jetstream(), js_name(prefix, "toolsets"))
+        await store.open()
+        await store.put(ts, pinned)
+        reply = orjson.loads((await nc.request(subjects.runs_open, orjson.dumps({"toolsetId": ts}), 5)).data)
+        run_id = reply["data"]["runId"]
+        invoke_body = orjson.dumps({"runId": run_id, "tool": "echo.echo", "input": {"text": "hi"}})
+
+        async def direct() -> object:
+            result = await conn.call_tool("echo", {"text": "hi"}, idempotency_key=uuid.uuid4().hex, timeout=30)
+            assert not result.is_error
+            return result
+
+        async def through() -> object:
+            msg = await nc.request(subjects.calls_invoke, invoke_body, timeout=30)
+            if not msg.data.startswith(b'{"ok":true'):
+                raise RuntimeError(msg.data[:300].decode())
+            return msg
+
+        for fn in (direct, through):  # warm up connections, caches, JIT-less paths
+            await sequential(fn, 200)
+
+        results: dict[tuple[str, str], list[tuple[list[float], float]]] = {}
+        for _ in range(rounds):
+            for name, fn in (("direct MCP", direct), ("calls.invoke", through)):
+                results.setdefault((name, "sequential"), []).append(await sequential(fn, calls))
+                results.setdefault((name, "16 in flight"), []).append(await parallel(fn, calls * 2))
+
+        print(f"\n{calls} sequential calls and {calls * 2} calls 16 in flight per round, {rounds} rounds")
+        print(f"{'mode':<14}{'path':<15}{'p50 ms':>9}{'p99 ms':>9}{'calls/s':>10}")
+        summary: dict[tuple[str, str], tuple[float, float, float]] = {}
+        for (name, mode), runs in results.items():
+            lat = [x for r, _ in runs for x in r]
+            rate = statistics.median(len(r) / t for r, t in runs)
+            summary[(name, mode)] = (pct(lat, 0.5) * 1e3, pct(lat, 0.99) * 1e3, rate)
+        for mode in ("sequential", "16 in flight"):
+            for name in ("direct MCP", "calls.invoke"):
+                p50, p99, rate = summary[(name, mode)]
+                print(f"{mode:<14}{name:<15}{p50:>9.3f}{p99:>9.3f}{rate:>10.0f}")
+        added = summary[("calls.invoke", "sequential")][0] - summary[("direct MCP", "sequential")][0]
+        ratio = summary[("calls.invoke", "16 in flight")][2] / summary[("direct MCP", "16 in flight")][2]
+        print(f"\ndispatcher adds {added:.3f} ms at p50 (target < 0.5 ms)")
+        print(f"throughput with 16 in flight: {ratio:.2f}x the direct client's (target >= 1.0x)")
+        await nc.request(subjects.runs_close, orjson.dumps({"runId": run_id}), 10)
+    finally:
+        await pool.aclose()
+        stop_process(dispatcher.proc)
+        server.terminate()
+        with contextlib.suppress(Exception):
+            server.wait(10)
+        js = nc.jetstream()
+        for name in ("EVENTS", "INTERNAL"):
+            with contextlib.suppress(Exception):
+                await js.delete_stream(js_name(prefix, name))
+        with contextlib.suppress(Exception):
+            await js.delete_stream("OBJ_" + js_name(prefix, "toolsets"))
+        keys = [k async for k in redis.scan_iter(match=f"{prefix}:*", count=1000)]
+        for i in range(0, len(keys), 1000):
+            await redis.unlink(*keys[i : i + 1000])
+        await redis.aclose()
+        await nc.close()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    try:
+        import uvloop
+
+        uvloop.run(main(args.calls, args.rounds))
+    except ImportError:
+        asyncio.run(main(args.calls, args.rounds))

@@ -1,0 +1,134 @@
+"""Pure logic of the dispatcher: allow-list matching, schema checks naming the path, the
+interruption policy, body encoding."""
+
+from __future__ import annotations
+
+import pytest
+from toolbus_contracts.errors import HostNotAllowed, InvalidInput, UpstreamError, UpstreamUnreachable
+from toolbus_dispatcher.allowlist import AllowList, normalize_host
+from toolbus_dispatcher.executors.base import Interrupted
+from toolbus_dispatcher.executors.http import encode_body
+from toolbus_dispatcher.outcomes import after_interruption, backoff
+from toolbus_dispatcher.validation import SchemaCache
+
+ALLOW = AllowList(["api.github.com", "*.example.com", "127.0.0.1", "Bücher.example", "[::1]"])
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://api.github.com/repos",
+        "https://API.GitHub.com./repos",
+        "http://a.example.com/",
+        "http://deep.a.example.com:8080/x",
+        "http://127.0.0.1:9000/",
+        "http://xn--bcher-kva.example/",
+        "http://bücher.example/",
+        "http://[::1]:80/",
+    ],
+)
+def test_allowed_urls_pass(url: str) -> None:
+    ALLOW.check(url)
+
+
+@pytest.mark.parametrize(
+    ("url", "named"),
+    [
+        ("https://evil.com/", "evil.com"),
+        ("https://example.com/", "example.com"),
+        ("http://api.github.com@evil.host/", "evil.host"),
+        ("http://user:pw@api.github.com/", "api.github.com"),
+        ("ftp://api.github.com/", "api.github.com"),
+        ("file:///etc/passwd", ""),
+        ("http://127.0.0.2/", "127.0.0.2"),
+        ("http://notexample.com/", "notexample.com"),
+        ("http://api.github.com.evil.com/", "api.github.com.evil.com"),
+        ("http://[::2]/", "::2"),
+    ],
+)
+def test_refused_urls_name_the_host(url: str, named: str) -> None:
+    with pytest.raises(HostNotAllowed) as err:
+        ALLOW.check(url)
+    assert named in err.value.message
+
+
+def test_ip_literals_never_match_wildcards() -> None:
+    assert not AllowList(["*.0.0.1"]).allows_host("127.0.0.1")
+
+
+def test_host_normalisation() -> None:
+    assert normalize_host("Example.COM.") == "example.com"
+    assert normalize_host("bücher.example") == "xn--bcher-kva.example"
+    assert normalize_host("[::1]") == "::1"
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"query": {"type": "string"}, "filters": {"type": "array", "items": {"type": "integer"}}},
+    "required": ["query"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize(
+    ("value", "path"),
+    [
+        ({}, "$.query"),
+        ({"query": 1}, "$.query"),
+        ({"query": "x", "filters": [1, "two"]}, "$.filters[1]"),
+    ],
+)
+def test_invalid_input_names_the_failing_path(value: dict[str, object], path: str) -> None:
+    cache = SchemaCache()
+    with pytest.raises(InvalidInput) as err:
+        cache.check("ts_1", "t", SCHEMA, value)
+    assert err.value.details["path"] == path
+    assert path in err.value.message
+
+
+def test_validators_are_compiled_once_per_pinned_schema() -> None:
+    cache = SchemaCache()
+    first = cache.validator("ts_1", "t", SCHEMA)
+    assert first is cache.validator("ts_1", "t", SCHEMA)
+    cache.check("ts_1", "t", SCHEMA, {"query": "ok"})
+
+
+def test_schema_dialect_follows_dollar_schema() -> None:
+    draft7 = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "items": [{"type": "string"}]}
+    assert type(SchemaCache().validator("ts", "d7", draft7)).__name__ == "Draft7Validator"
+
+
+def test_an_invalid_pinned_schema_is_not_enforced() -> None:
+    SchemaCache().check("ts", "bad", {"type": "nonsense"}, {"anything": 1})
+
+
+def test_interruption_policy() -> None:
+    sent = Interrupted(UpstreamError("503"))
+    never = Interrupted(UpstreamUnreachable("refused"), sent=False)
+    assert after_interruption(sent, attempt=1, on_interruption="retry") is None
+    last = after_interruption(sent, attempt=5, on_interruption="retry")
+    assert last == {"status": "error", "error": {"code": "upstreamError", "message": "503"}}
+    unknown = after_interruption(sent, attempt=1, on_interruption="at_most_once")
+    assert unknown is not None and unknown["error"]["code"] == "outcomeUnknown"
+    assert after_interruption(never, attempt=1, on_interruption="at_most_once") is None
+    final = after_interruption(never, attempt=5, on_interruption="at_most_once")
+    assert final is not None and final["error"]["code"] == "upstreamUnreachable"
+
+
+def test_backoff_doubles_up_to_the_cap() -> None:
+    assert [backoff(n, 0.5, 3.0) for n in (1, 2, 3, 4, 5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+
+
+@pytest.mark.parametrize(
+    ("data", "ctype", "expected"),
+    [
+        (b"hi", "text/plain", ("hi", "text")),
+        ("é".encode("latin-1"), "text/plain; charset=ISO-8859-1", ("é", "text")),
+        (b'{"a":1}', "application/problem+json", ('{"a":1}', "text")),
+        (b"\x00\x01", "application/octet-stream", ("AAE=", "base64")),
+        (b"\xff\xfe", "text/plain; charset=utf-8", ("//4=", "base64")),
+        (b"abc", "", ("YWJj", "base64")),
+    ],
+)
+def test_body_encoding(data: bytes, ctype: str, expected: tuple[str, str]) -> None:
+    assert encode_body(data, ctype) == expected
