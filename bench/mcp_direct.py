@@ -34,7 +34,7 @@ Call = Callable[[], Awaitable[object]]
 def start_server() -> tuple[subprocess.Popen[str], str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.mcp_servers"],
+        [sys.executable, "-m", "tests.support.mcp_servers", "--tools", "100"],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -104,7 +104,16 @@ async def bench(url: str, n: int) -> None:
             for label, call in pair:
                 print(line(f"{label} x16   [{round_no}]", *await in_flight(call, n * 2)))
             pair.reverse()
+    start = time.perf_counter()
+    for _ in range(20):
+        tools = await conn.list_tools()
+    print(f"McpConnection.list_tools, {len(tools)} tools: {(time.perf_counter() - start) / 20 * 1000:.2f} ms")
     await conn.aclose()
+
+    start = time.perf_counter()
+    for _ in range(10):
+        await (await McpConnection.open(url, {}, server_name="bench")).aclose()
+    print(f"McpConnection.open + aclose: {(time.perf_counter() - start) / 10 * 1000:.2f} ms")
 
     pool = McpPool()
     headers = {"Authorization": "Bearer bench"}
