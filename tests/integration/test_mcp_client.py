@@ -177,6 +177,12 @@ async def test_refused_port_is_unreachable_and_not_sent() -> None:
     assert_no_secret(info.value, TOKEN)
 
 
+async def test_unknown_host_is_unreachable_and_not_sent() -> None:
+    with pytest.raises(UpstreamUnreachable) as info:
+        await McpConnection.open("http://no-such-host.invalid/mcp", {}, server_name="nx", timeout=10)
+    assert info.value.details == {"server": "nx", "sent": False}
+
+
 async def test_server_gone_after_open_is_unreachable_not_sent_then_recovers() -> None:
     server = echo_server(name="comes-back")
     await server.start()
@@ -347,6 +353,31 @@ async def test_pool_evicts_least_recently_used_and_closes_it(shared_echo: McpTes
         assert result.structured_content == {"text": "still"}
     finally:
         await pool.aclose()
+
+
+async def test_pool_eviction_lets_calls_in_flight_finish(server: McpTestServer) -> None:
+    pool = McpPool(max_size=1, evict_grace=30.0)
+    try:
+        a = await pool.get(server.url, {"X-K": "a"}, server_name="echo")
+        server.add_fault(Fault(delay=0.3))
+        call = asyncio.create_task(a.call_tool("echo", {"text": "slow"}, idempotency_key=key(), timeout=10))
+        while not server.calls:
+            await asyncio.sleep(0.01)
+        b = await pool.get(server.url, {"X-K": "b"}, server_name="echo")
+        assert b is not a
+        assert (await call).structured_content == {"text": "slow"}
+    finally:
+        await pool.aclose()
+    assert a.closed
+
+
+async def test_closed_connection_refuses_calls(server: McpTestServer) -> None:
+    conn = await McpConnection.open(server.url, {}, server_name="echo")
+    await conn.aclose()
+    with pytest.raises(UpstreamUnreachable) as info:
+        await conn.call_tool("echo", {"text": "x"}, idempotency_key=key(), timeout=10)
+    assert info.value.details == {"server": "echo", "sent": False}
+    assert server.calls == []
 
 
 async def test_pool_does_not_remember_a_failed_opening() -> None:
