@@ -361,8 +361,7 @@ async def test_pool_eviction_lets_calls_in_flight_finish(server: McpTestServer) 
         a = await pool.get(server.url, {"X-K": "a"}, server_name="echo")
         server.add_fault(Fault(delay=0.3))
         call = asyncio.create_task(a.call_tool("echo", {"text": "slow"}, idempotency_key=key(), timeout=10))
-        while not server.calls:
-            await asyncio.sleep(0.01)
+        await server.wait_for_calls(1)
         b = await pool.get(server.url, {"X-K": "b"}, server_name="echo")
         assert b is not a
         assert (await call).structured_content == {"text": "slow"}

@@ -226,6 +226,16 @@ class McpTestServer:
         """The recorded calls of one tool, in arrival order."""
         return [c for c in list(self.calls) if c.tool == tool]
 
+    async def wait_for_calls(self, count: int, *, within: float = 10.0) -> list[CallRecord]:
+        """Wait until at least `count` tools/call requests have arrived; return them all."""
+        deadline = time.monotonic() + within
+        # The server runs in another thread and loop, so poll rather than share an asyncio.Event.
+        while len(self.calls) < count:  # noqa: ASYNC110
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.name}: {len(self.calls)} of {count} calls after {within:g}s")
+            await asyncio.sleep(0.005)
+        return list(self.calls)
+
     # lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> McpTestServer:
