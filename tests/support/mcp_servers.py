@@ -230,7 +230,7 @@ class McpTestServer:
         """Wait until at least `count` tools/call requests have arrived; return them all."""
         deadline = time.monotonic() + within
         # The server runs in another thread and loop, so poll rather than share an asyncio.Event.
-        while len(self.calls) < count:  # noqa: ASYNC110
+        while len(self.calls) < count:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.name}: {len(self.calls)} of {count} calls after {within:g}s")
             await asyncio.sleep(0.005)
