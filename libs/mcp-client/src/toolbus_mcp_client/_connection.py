@@ -185,7 +185,9 @@ class McpConnection:
         except asyncio.CancelledError:
             if not ready.done():
                 ready.cancel()
-        except BaseException as exc:
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # the SDK's task groups raise (base) exception groups
             if not ready.done():
                 ready.set_exception(exc)
             else:
