@@ -94,8 +94,9 @@ async def bench(url: str, n: int) -> None:
             meta = cast(RequestParamsMeta, {IDEMPOTENCY_META_KEY: uuid.uuid4().hex})
             return await bare.call_tool("echo", {"text": "hi"}, meta=meta)
 
-        for call in (ours, sdk):  # warm both up (the bare client lists tools on its first call)
+        for call in (ours, sdk):  # warm up: the bare client lists tools once, both open 16 sockets
             await sequential(call, 50)
+            await in_flight(call, 200)
         print(f"echo over streamable HTTP, protocol {conn.protocol_version}, {n} calls per row")
         pair = [("McpConnection.call_tool", ours), ("bare mcp.Client.call_tool", sdk)]
         for round_no in (1, 2):  # the second round runs in the other order, to expose drift
