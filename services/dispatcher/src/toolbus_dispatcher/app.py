@@ -77,6 +77,7 @@ class DispatcherApp:
         self.rpc: RpcServer | None = None
         self.runner: CallRunner | None = None
         self.service: DispatcherService | None = None
+        self.events: CallEvents | None = None
         self._http: HttpExecutor | None = None
         self._owns_pool = mcp_pool is None
 
@@ -108,7 +109,7 @@ class DispatcherApp:
             "workflow": WorkflowExecutor(nc, subjects, default_timeout=s.dispatcher_workflow_timeout),
         }
         store = CallStore(redis, keys, self.owner, lease=s.dispatcher_lease)
-        events = CallEvents(nc, subjects)
+        events = self.events = CallEvents(nc, subjects)
         runner = self.runner = CallRunner(
             store=store,
             toolsets=toolsets,
@@ -238,6 +239,8 @@ class DispatcherApp:
                 await task
         if self.runner is not None:
             await self.runner.stop(grace)
+        if self.events is not None:
+            await self.events.flush()
         if self._http is not None:
             await self._http.aclose()
         if self._owns_pool and self._mcp_pool is not None:

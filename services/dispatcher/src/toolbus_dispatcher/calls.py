@@ -91,15 +91,30 @@ class CallRunner:
         if event is not None:
             event.set()
 
-    def start(self, records: list[CallRecord], *, reaped: bool = False) -> None:
-        """Run calls a script just made ours (admitted, or claimed from a dead owner)."""
+    def start(self, records: list[CallRecord], *, reaped: bool = False, announced: str = "") -> None:
+        """Run calls a script just made ours (admitted, or claimed from a dead owner), each in a
+        task of its own. `announced`: the id of a call whose `attemptStarted` is already out."""
         for rec in records:
             if rec.call_id in self._tasks:
                 continue  # our own lease lapsed and we claimed it back: it is still running here
             self._leased.add(rec.call_id)
-            task = asyncio.create_task(self._drive(rec, reaped), name=f"call-{rec.call_id}")
+            task = asyncio.create_task(
+                self._drive(rec, reaped, rec.call_id == announced), name=f"call-{rec.call_id}"
+            )
             self._tasks[rec.call_id] = task
             task.add_done_callback(self._done_callback(rec.call_id))
+
+    async def run_here(self, rec: CallRecord) -> None:
+        """Run a just-admitted call in the current task (a `calls.invoke` handler), whose
+        `attemptStarted` was published with its `accepted`: one task and one write less."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._leased.add(rec.call_id)
+        self._tasks[rec.call_id] = task
+        try:
+            await self._drive(rec, False, True)
+        finally:
+            self._done(rec.call_id)
 
     def _done_callback(self, call_id: str) -> Callable[[asyncio.Task[None]], None]:
         return lambda _task: self._done(call_id)
@@ -122,12 +137,12 @@ class CallRunner:
 
     # ---- one call -------------------------------------------------------------------------------
 
-    async def _drive(self, rec: CallRecord, reaped: bool) -> None:
+    async def _drive(self, rec: CallRecord, reaped: bool, announced: bool = False) -> None:
         waiting = self._accepting.get(rec.call_id)
         if waiting is not None:
             await waiting.wait()
         try:
-            outcome = await self._attempts(rec, reaped)
+            outcome = await self._attempts(rec, reaped, announced)
             if outcome is not None:
                 await self.finish(rec, outcome)
         except _NoLongerOurs:
@@ -143,7 +158,7 @@ class CallRunner:
                     rec, failed("internal", "toolbus failed while running this call; it was logged.")
                 )
 
-    async def _attempts(self, rec: CallRecord, reaped: bool) -> dict[str, Any] | None:
+    async def _attempts(self, rec: CallRecord, reaped: bool, announced: bool) -> dict[str, Any] | None:
         stored = await self._toolsets.get(rec.toolset_id)
         tool = stored.table.get(rec.tool) if stored is not None else None
         if stored is None or tool is None:
@@ -160,7 +175,10 @@ class CallRunner:
         executor = self._executors[tool.kind]
         call_input = rec.input
         while True:
-            await self._events.publish("attemptStarted", rec.run_id, rec.call_id, attempt=attempt)
+            if announced:
+                announced = False
+            else:
+                await self._events.publish("attemptStarted", rec.run_id, rec.call_id, attempt=attempt)
             try:
                 output = await self._run(
                     executor, Attempt(rec, tool, attempt, call_input, timeout, allow, tool.version), tool
@@ -215,7 +233,7 @@ class CallRunner:
             body = reply_body(rec.call_id, rec.idempotency_key, outcome)
             for reply in result.replies:
                 await self._nc.publish(reply, body)
-        await self._events.publish("completed", rec.run_id, rec.call_id, outcome=outcome)
+        await self._events.publish("completed", rec.run_id, rec.call_id, outcome=outcome, now=True)
         if result.admitted:
             self.start(result.admitted)
 
@@ -225,7 +243,9 @@ class CallRunner:
         result = await self._store.park(rec.call_id, exc.server, exc.level, now)
         if result.status != "parked":
             return
-        await self._events.publish("parked", rec.run_id, rec.call_id, server=exc.server, level=exc.level)
+        await self._events.publish(
+            "parked", rec.run_id, rec.call_id, server=exc.server, level=exc.level, now=True
+        )
         if result.admitted:
             self.start(result.admitted)
         parked = {

@@ -53,7 +53,7 @@ class Handlers:
         """Store the call with the reply subject; whichever replica finishes it answers there."""
         try:
             req = parse_body(CallStartRequest, msg.data)
-            started = await self._service.start_call(req, msg.reply or "")
+            started = await self._service.start_call(req, msg.reply or "", run_here=True)
         except ToolbusError as exc:
             if msg.reply:
                 await self._nc.publish(msg.reply, encode_error(exc))

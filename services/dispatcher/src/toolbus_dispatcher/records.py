@@ -56,7 +56,9 @@ class CallRecord:
     @staticmethod
     def from_script(item: list[Any]) -> CallRecord:
         """One `{callId, call_fields}` pair of a script's admitted or reaped list (see admit.lua)."""
-        run, tool, input_json, key, ts, ns, onint, attempts, state = (_s(v) if v is not None else "" for v in item[1])
+        run, tool, input_json, key, ts, ns, onint, attempts, state = (
+            _s(v) if v is not None else "" for v in item[1]
+        )
         return CallRecord(
             call_id=_s(item[0]),
             run_id=run,

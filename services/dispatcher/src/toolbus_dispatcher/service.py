@@ -104,7 +104,7 @@ class DispatcherService:
         for cid, replies, key in closed.cancelled:
             for reply in replies:
                 await self._publish_reply(reply, reply_body(cid, key, CANCELLED_JSON))
-            await self._events.publish("completed", req.run_id, cid, outcome=outcome)
+            await self._events.publish("completed", req.run_id, cid, outcome=outcome, now=True)
         if closed.status == "closed":
             await self._credentials.delete_run(req.run_id)
             body = {"runId": req.run_id, "toolsetId": closed.toolset_id, "callIds": closed.call_ids}
@@ -125,8 +125,11 @@ class DispatcherService:
 
     # ---- calls ----------------------------------------------------------------------------------
 
-    async def start_call(self, req: CallStartRequest, reply: str = "") -> Started:
-        """Check and store a call (`calls.start`, `calls.invoke`); `reply` gets the outcome later."""
+    async def start_call(self, req: CallStartRequest, reply: str = "", *, run_here: bool = False) -> Started:
+        """Check and store a call (`calls.start`, `calls.invoke`); `reply` gets the outcome later.
+
+        With `run_here`, a call admitted at once runs in the caller's task before this returns.
+        """
         toolset_id, namespace = await self._run(req.run_id)
         stored = await self._toolsets.get(toolset_id)
         tool = stored.table.get(req.tool) if stored is not None else None
@@ -167,19 +170,26 @@ class DispatcherService:
                     f"Run '{req.run_id}' is not open; open it with runs.open.", details={"runId": req.run_id}
                 )
             await self._events.publish("accepted", req.run_id, call_id)
+            mine = next((r for r in created.admitted if r.call_id == call_id), None)
+            if mine is not None:
+                # Both events leave in one write; the runner does not announce this attempt again.
+                await self._events.publish("attemptStarted", req.run_id, call_id, attempt=mine.attempts)
         finally:
             self._runner.accepted(call_id)
         if created.state == "awaitingApproval":
             await self._request_approval(req, call_id, toolset_id, tool.name, approval_id, digest)
-        if created.admitted:
-            self._runner.start(created.admitted)
+        if mine is not None and run_here:
+            self._runner.start([r for r in created.admitted if r is not mine])
+            await self._runner.run_here(mine)
+        elif created.admitted:
+            self._runner.start(created.admitted, announced=call_id)
         return Started(call_id, key)
 
     async def _request_approval(
         self, req: CallStartRequest, call_id: str, toolset_id: str, tool: str, approval_id: str, digest: str
     ) -> None:
         _, namespace = await self._run(req.run_id)
-        await self._events.publish("approvalRequested", req.run_id, call_id, approvalId=approval_id)
+        await self._events.publish("approvalRequested", req.run_id, call_id, approvalId=approval_id, now=True)
         needed = {
             "approvalId": approval_id,
             "callId": call_id,
@@ -265,4 +275,4 @@ class DispatcherService:
     ) -> None:
         for reply in replies:
             await self._publish_reply(reply, reply_body(call_id, key, outcome))
-        await self._events.publish("completed", run_id, call_id, outcome=outcome)
+        await self._events.publish("completed", run_id, call_id, outcome=outcome, now=True)
