@@ -108,3 +108,28 @@ def test_public_names_are_pinned() -> None:
     assert set(toolbus_contracts.__all__) == {n for n in dir(toolbus_contracts) if not n.startswith("_")} - {
         "approvals", "base", "calls", "credentials", "errors", "internal", "registry", "subjects",
     }
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        (b'{"approvalId": "a", "approve": "yes"}', "approve"),
+        (b'{"approvalId": "a", "approve": 1}', "approve"),
+        (b'{"approvalId": 5, "approve": true}', "approvalId"),
+    ],
+)
+def test_wrong_types_are_not_coerced(raw: bytes, field: str) -> None:
+    from toolbus_contracts import ApprovalDecideRequest
+
+    with pytest.raises(InvalidRequest) as info:
+        parse_body(ApprovalDecideRequest, raw)
+    assert info.value.details["field"] == field
+
+
+def test_search_limit_must_be_an_integer() -> None:
+    from toolbus_contracts import ToolsetSearchRequest
+
+    with pytest.raises(InvalidRequest):
+        parse_body(ToolsetSearchRequest, b'{"id": "ts_x", "query": "q", "limit": "5"}')
+    with pytest.raises(InvalidRequest):
+        parse_body(ToolsetSearchRequest, b'{"id": "ts_x", "query": "q", "limit": 2.5}')

@@ -14,7 +14,8 @@ from toolbus_contracts.errors import InvalidRequest, ToolbusError
 
 
 class WireModel(BaseModel):
-    """A frozen contract body: camelCase on the wire, snake_case in Python, unknown fields refused.
+    """A frozen contract body: camelCase on the wire, snake_case in Python, unknown fields and
+    wrong types refused (strict: `"yes"` is not a boolean, `"5"` is not a number).
 
     Parse wire bytes with `parse_body` (aliases only); build in Python with either name.
     """
@@ -22,6 +23,7 @@ class WireModel(BaseModel):
     model_config = ConfigDict(
         frozen=True,
         extra="forbid",
+        strict=True,
         alias_generator=to_camel,
         validate_by_name=True,
         validate_by_alias=True,

@@ -144,11 +144,6 @@ class Subjects:
         return self._s("internal.approvals.decided")
 
     @property
-    def internal_approval_cancels(self) -> str:
-        """dispatcher -> approval: a run closed, its pending approvals end (ApprovalsCancel)."""
-        return self._s("internal.approvals.cancel")
-
-    @property
     def internal_calls_park(self) -> str:
         """dispatcher -> credentials: a call met a 401 and waits for new credentials (CallParked)."""
         return self._s("internal.credentials.park")
