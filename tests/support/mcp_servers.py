@@ -197,7 +197,7 @@ class McpTestServer:
         port: int = 0,
     ) -> None:
         self.name = name
-        self.tools = echo_tools() if tools is None else tools
+        self.tools = echo_tools() if tools is None else tools  # a property: reassign to change them
         self.handler = handler or echo_handler
         self.page_size = page_size
         self.required_token = required_token
@@ -211,6 +211,18 @@ class McpTestServer:
         self._thread: threading.Thread | None = None
         self._uvicorn: uvicorn.Server | None = None
         self.port = port
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        """The tools served; assigning new ones changes what the running server lists."""
+        return self._tools
+
+    @tools.setter
+    def tools(self, tools: list[dict[str, Any]]) -> None:
+        models = [types.Tool.model_validate(t) for t in tools]
+        self._tools = tools
+        self._tool_models = models
+        self._schemas = {t.name: t.input_schema for t in models}
 
     @property
     def url(self) -> str:
@@ -287,13 +299,11 @@ class McpTestServer:
     # the MCP app -----------------------------------------------------------------------------
 
     def _build_app(self) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
-        tool_models = [types.Tool.model_validate(t) for t in self.tools]
-        tool_names = {t.name for t in tool_models}
-
         async def on_list_tools(
             ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
         ) -> types.ListToolsResult:
             self.list_requests += 1
+            tool_models = self._tool_models
             if self.page_size is None:
                 return types.ListToolsResult(tools=tool_models)
             start = int(params.cursor) if params is not None and params.cursor else 0
@@ -304,7 +314,7 @@ class McpTestServer:
         async def on_call_tool(
             ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
         ) -> types.CallToolResult:
-            if params.name not in tool_names:
+            if params.name not in self._schemas:
                 raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name}")
             result = await self.handler(params.name, dict(params.arguments or {}))
             if isinstance(result, types.CallToolResult):
@@ -313,14 +323,13 @@ class McpTestServer:
                 content=[types.TextContent(text=json.dumps(result))], structured_content=result
             )
 
-        schemas = {t.name: t.input_schema for t in tool_models}
         # Without get_tool_input_schema the SDK server runs on_list_tools on every call (to check
         # Mcp-Param-* headers), which costs ~4 ms per call with 100 tools.
         server: Server[Any] = Server(
             self.name,
             on_list_tools=on_list_tools,
             on_call_tool=on_call_tool,
-            get_tool_input_schema=schemas.get,
+            get_tool_input_schema=lambda name: self._schemas.get(name),
         )
         mcp_app = server.streamable_http_app(json_response=self._json_response)
 
