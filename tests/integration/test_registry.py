@@ -42,10 +42,16 @@ def subjects(settings: Settings) -> Subjects:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def registry(settings: Settings) -> AsyncIterator[RegistryApp]:
+    """The registry, with the credentials service that stores registration's credentials."""
+    from toolbus_credentials.app import CredentialsService
+
+    credentials = CredentialsService(settings)
+    await credentials.start()
     app = RegistryApp(settings)
     await app.start()
     yield app
     await app.stop()
+    await credentials.stop()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -160,6 +166,26 @@ async def test_credentials_are_not_part_of_the_id_and_unlock_a_locked_server(
     second = await create(nc, subjects, other)
     assert second["ok"] and second["data"]["id"] == first["data"]["id"]
     assert TOKEN not in json.dumps(first) + json.dumps(second)
+
+    # Registration's credentials landed at the toolset level, encrypted.
+    from toolbus_common.credential_store import CredentialStore
+    from toolbus_common.keys import Keys
+    from toolbus_common.secrets import Cipher
+
+    assert registry.service is not None
+    settings = registry.settings
+    from redis.asyncio import Redis
+
+    redis: Redis = Redis.from_url(settings.redis_url)
+    try:
+        store = CredentialStore(redis, Keys(settings.key_prefix), Cipher.from_settings(settings))
+        resolved = await store.resolve(toolset_id=first["data"]["id"], namespace=None, run_id=None, server="locked")
+        assert resolved.level == "toolset"
+        assert resolved.headers == {"Authorization": f"Bearer {TOKEN}", "X-Extra": "1"}
+        raw = await redis.get(store.key("toolset", toolset_id=first["data"]["id"]))
+        assert raw is not None and TOKEN.encode() not in raw
+    finally:
+        await redis.aclose()
 
 
 async def test_a_server_whose_tools_changed_gets_another_id(
