@@ -10,6 +10,9 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from toolbus_common import Settings
+from toolbus_contracts import Subjects
+from toolbus_registry.app import RegistryApp
 
 from tests.support.infra import request
 from tests.support.mcp_servers import (
@@ -20,9 +23,6 @@ from tests.support.mcp_servers import (
     synthetic_tools,
     token_server,
 )
-from toolbus_common import Settings
-from toolbus_contracts import Subjects
-from toolbus_registry.app import RegistryApp
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
