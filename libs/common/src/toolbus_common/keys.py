@@ -98,6 +98,11 @@ class Keys:
         return f"{self.prefix}:parked-run:{{{run_id}}}"
 
     @property
+    def parked_notify_due(self) -> str:
+        """ZSET notice JSON -> due time (ms): `credentials.expired` notices waiting to go out."""
+        return f"{self.prefix}:parked-notify-due"
+
+    @property
     def parked_sweep_lock(self) -> str:
         """Lock so that one replica at a time ends calls parked too long."""
         return f"{self.prefix}:parked-sweep-lock"

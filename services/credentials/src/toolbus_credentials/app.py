@@ -72,6 +72,7 @@ class CredentialsService:
         self._rpc: RpcServer | None = None
         self._consumers: list[CommandConsumer] = []
         self._sweeper: asyncio.Task[None] | None = None
+        self._notifier: asyncio.Task[None] | None = None
         self._ready = False
         self.logic: CredentialsLogic | None = None
         self.webhooks: WebhookSender | None = None
@@ -107,6 +108,7 @@ class CredentialsService:
             outbox=NatsOutbox(nc, js, self.subjects),
             webhooks=self.webhooks,
             park_timeout=own.park_timeout_seconds,
+            notify_delay=own.park_notify_seconds,
         )
         self._consumers = [
             CommandConsumer(
@@ -130,6 +132,7 @@ class CredentialsService:
             await consumer.start()
         await self.webhooks.start()
         self._sweeper = asyncio.create_task(self._sweep_loop(), name="park-timeout-sweep")
+        self._notifier = asyncio.create_task(self._notify_loop(), name="expiry-notices")
         self._rpc = RpcServer(nc, queue=QUEUE)
         register_handlers(self._rpc, self.subjects, logic)
         await self._rpc.start()
@@ -144,6 +147,16 @@ class CredentialsService:
                 log.exception("park timeout sweep failed; retrying")
             await asyncio.sleep(self.own.park_sweep_seconds)
 
+    async def _notify_loop(self) -> None:
+        assert self.logic is not None
+        interval = min(self.own.park_notify_seconds, 0.25)
+        while True:
+            try:
+                await self.logic.send_due_notices()
+            except Exception:
+                log.exception("sending credentials.expired notices failed; retrying")
+            await asyncio.sleep(interval)
+
     def ready(self) -> bool:
         return self._ready and self._nc is not None and self._nc.is_connected
 
@@ -153,10 +166,11 @@ class CredentialsService:
             await self._rpc.drain()
         for consumer in self._consumers:
             await consumer.stop()
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+        for task in (self._sweeper, self._notifier):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self.webhooks is not None:
             await self.webhooks.stop()
         if self._nc is not None:

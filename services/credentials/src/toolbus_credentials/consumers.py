@@ -48,6 +48,7 @@ class CommandConsumer:
         self._batch = batch
         self._ack_wait = ack_wait
         self._task: asyncio.Task[None] | None = None
+        self._sub: JetStreamContext.PullSubscription | None = None
         self._stopping = asyncio.Event()
 
     async def start(self) -> None:
@@ -62,6 +63,7 @@ class CommandConsumer:
                 max_deliver=-1,
             ),
         )
+        self._sub = sub
         self._task = asyncio.create_task(self._loop(sub), name=f"consumer-{self._durable}")
 
     async def stop(self, grace: float = 5.0) -> None:
@@ -74,6 +76,12 @@ class CommandConsumer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         self._task = None
+        if self._sub is not None:
+            # Unsubscribe before the connection drains: draining a pull subscription waits on
+            # its internal queue, which fetch() never marks done (nats-py 2.x), and hangs.
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None
 
     async def _loop(self, sub: JetStreamContext.PullSubscription) -> None:
         while not self._stopping.is_set():

@@ -17,26 +17,12 @@ from redis.asyncio import Redis
 from toolbus_common.keys import Keys
 from toolbus_contracts.credentials import CredentialLevel
 
-# KEYS: scope zset, scope servers, notified, index, where, seq, run set
-# ARGV: call id, server, park time ms, where json
-# Returns {newly parked 0|1, notify 0|1, call ids parked there for this server...}.
+# KEYS: scope zset, scope servers, notified, index, where, seq, run set, notify due
+# ARGV: call id, server, park time ms, where json, notice json, notice due ms
+# Returns {newly parked 0|1, notice scheduled 0|1}. The first call parked for a server at a scope
+# schedules the notice durably, in the same script: a crash right after loses nothing.
 _PARK = """
-local function ids_for(server)
-  local out = {}
-  for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-    if redis.call('HGET', KEYS[2], id) == server then table.insert(out, id) end
-  end
-  return out
-end
-if redis.call('HEXISTS', KEYS[5], ARGV[1]) == 1 then
-  -- A redelivered command: notify again only if the first try did not finish notifying.
-  if redis.call('HGET', KEYS[3], ARGV[2]) == 'pending' then
-    local r = {0, 1}
-    for _, id in ipairs(ids_for(ARGV[2])) do table.insert(r, id) end
-    return r
-  end
-  return {0, 0}
-end
+if redis.call('HEXISTS', KEYS[5], ARGV[1]) == 1 then return {0, 0} end
 local seq = redis.call('INCR', KEYS[6])
 redis.call('ZADD', KEYS[1], seq, ARGV[1])
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
@@ -44,11 +30,17 @@ redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1])
 redis.call('HSET', KEYS[5], ARGV[1], ARGV[4])
 redis.call('SADD', KEYS[7], ARGV[1])
 if redis.call('HSETNX', KEYS[3], ARGV[2], 'pending') == 1 then
-  local r = {1, 1}
-  for _, id in ipairs(ids_for(ARGV[2])) do table.insert(r, id) end
-  return r
+  redis.call('ZADD', KEYS[8], ARGV[6], ARGV[5])
+  return {1, 1}
 end
 return {1, 0}
+"""
+
+# Claim up to ARGV[3] notices due at ARGV[1] by pushing them to ARGV[2] (a lease).
+_CLAIM_NOTICES = """
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
+for _, n in ipairs(due) do redis.call('ZADD', KEYS[1], ARGV[2], n) end
+return due
 """
 
 # KEYS: index, where. ARGV: call ids. Returns the ids that were parked (and now are not).
@@ -92,11 +84,31 @@ return 1
 @dataclass(frozen=True, slots=True)
 class ParkResult:
     newly_parked: bool
-    notify: bool
-    """True when this park must publish `credentials.expired` (first call parked for the server
-    at this scope, or a redelivery whose notification did not finish)."""
-    call_ids: list[str]
-    """When `notify`: the calls parked at this scope for this server, in park order."""
+    notice_scheduled: bool
+    """True for the first call parked for its server at its scope: a `credentials.expired`
+    notice is due after the notify delay."""
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """A `credentials.expired` notice to send for one level+scope+server."""
+
+    level: CredentialLevel
+    scope: str
+    server: str
+    toolset_id: str
+    namespace: str | None
+    run_id: str | None
+    trigger: str
+    """The call whose park scheduled the notice (gives the webhook a stable id)."""
+    raw: bytes
+
+    @classmethod
+    def parse(cls, raw: bytes) -> Notice:
+        d = json.loads(raw)
+        return cls(
+            d["level"], d["scope"], d["server"], d["toolsetId"], d["namespace"], d["runId"], d["trigger"], raw
+        )
 
 
 def _str(value: Any) -> str:
@@ -113,6 +125,7 @@ class ParkingLot:
         self._remove = redis.register_script(_REMOVE)
         self._mark_sent = redis.register_script(_MARK_SENT)
         self._release = redis.register_script(_RELEASE)
+        self._claim_notices = redis.register_script(_CLAIM_NOTICES)
 
     async def park(
         self,
@@ -122,10 +135,25 @@ class ParkingLot:
         server: str,
         level: CredentialLevel,
         scope: str,
+        toolset_id: str,
+        namespace: str | None,
+        notify_delay_ms: int = 0,
         parked_at_ms: int | None = None,
     ) -> ParkResult:
         """Park `call_id` at level+scope (idempotent: parking it again changes nothing)."""
         k = self._keys
+        now_ms = int(time.time() * 1000)
+        notice = json.dumps(
+            {
+                "level": level,
+                "scope": scope,
+                "server": server,
+                "toolsetId": toolset_id,
+                "namespace": namespace if level != "toolset" else None,
+                "runId": run_id if level == "run" else None,
+                "trigger": call_id,
+            }
+        )
         where = json.dumps(
             {
                 "level": level,
@@ -147,13 +175,33 @@ class ParkingLot:
                 k.parked_where,
                 k.parked_seq,
                 k.parked_by_run(run_id),
+                k.parked_notify_due,
             ],
-            args=[call_id, server, parked_at_ms or int(time.time() * 1000), where],
+            args=[call_id, server, parked_at_ms or now_ms, where, notice, now_ms + notify_delay_ms],
         )
-        return ParkResult(bool(int(raw[0])), bool(int(raw[1])), [_str(x) for x in raw[2:]])
+        return ParkResult(bool(int(raw[0])), bool(int(raw[1])))
 
-    async def mark_notified(self, level: CredentialLevel, scope: str, server: str) -> None:
-        await self._mark_sent(keys=[self._keys.parked_notified(level, scope)], args=[server])
+    async def claim_notices(self, now_ms: int, lease_ms: int = 30_000, limit: int = 50) -> list[Notice]:
+        """Notices due now, leased to this caller (another replica takes them only after the lease)."""
+        raw = await self._claim_notices(
+            keys=[self._keys.parked_notify_due], args=[now_ms, now_ms + lease_ms, limit]
+        )
+        return [Notice.parse(r if isinstance(r, bytes) else str(r).encode()) for r in raw]
+
+    async def notice_done(self, notice: Notice) -> None:
+        """The notice went out (or had nothing left to say): mark it sent and drop it."""
+        await self._mark_sent(
+            keys=[self._keys.parked_notified(notice.level, notice.scope)], args=[notice.server]
+        )
+        await self._redis.zrem(self._keys.parked_notify_due, notice.raw)
+
+    async def parked_for(self, level: CredentialLevel, scope: str, server: str) -> list[str]:
+        """The calls parked at level+scope for `server`, in park order."""
+        ids = await self.parked_at(level, scope)
+        if not ids:
+            return []
+        servers = await self._redis.hmget(self._keys.parked_servers(level, scope), ids)
+        return [i for i, s in zip(ids, servers, strict=True) if s is not None and s.decode() == server]
 
     async def parked_at(self, level: CredentialLevel, scope: str) -> list[str]:
         """The calls parked at level+scope, in park order."""

@@ -80,6 +80,7 @@ class CredentialsLogic:
         outbox: Outbox,
         webhooks: WebhookSender,
         park_timeout: float,
+        notify_delay: float = 1.0,
     ) -> None:
         self._redis = redis
         self._keys = keys
@@ -89,6 +90,7 @@ class CredentialsLogic:
         self._outbox = outbox
         self._webhooks = webhooks
         self.park_timeout = park_timeout
+        self.notify_delay = notify_delay
         self._holder = uuid.uuid4().hex
 
     # ---- sets ------------------------------------------------------------------------------------
@@ -177,8 +179,9 @@ class CredentialsLogic:
     # ---- parking ---------------------------------------------------------------------------------
 
     async def park(self, message: CallParked) -> None:
-        """Park the call at its level+scope; the first call parked there for its server publishes
-        `credentials.expired` and queues the webhook (once per level+scope+server)."""
+        """Park the call at its level+scope. The first call parked there for its server schedules
+        one `credentials.expired` notice (event + webhook) after the notify delay, so a burst of
+        401s at one scope gives one notice listing them all."""
         run = await self.run_info(message.run_id)
         if run is not None and not run.open:
             log.info(
@@ -189,12 +192,15 @@ class CredentialsLogic:
         scope = scope_of(
             message.level, toolset_id=message.toolset_id, namespace=message.namespace, run_id=message.run_id
         )
-        result = await self.parking.park(
+        await self.parking.park(
             call_id=message.call_id,
             run_id=message.run_id,
             server=message.server,
             level=message.level,
             scope=scope,
+            toolset_id=message.toolset_id,
+            namespace=message.namespace,
+            notify_delay_ms=int(self.notify_delay * 1000),
         )
         log.info(
             "call parked",
@@ -205,25 +211,46 @@ class CredentialsLogic:
                 "server": message.server,
             },
         )
-        if not result.notify:
-            return
-        event = CredentialsExpired(
-            data=CredentialsExpiredData(
-                toolset_id=message.toolset_id,
-                namespace=message.namespace if message.level != "toolset" else None,
-                run_id=message.run_id if message.level == "run" else None,
-                server=message.server,
-                level=message.level,
-                call_ids=result.call_ids,
-            )
-        )
-        await self._outbox.credentials_expired(event)
-        # The same triggering call gives the same webhook id, so a redelivery never sends twice.
-        digest = hashlib.sha256(
-            "\0".join((message.level, scope, message.server, message.call_id)).encode()
-        ).hexdigest()[:32]
-        await self._webhooks.enqueue("credentials.expired", event.data.wire(), webhook_id=f"msg_{digest}")
-        await self.parking.mark_notified(message.level, scope, message.server)
+
+    async def send_due_notices(self, now: float | None = None) -> int:
+        """Publish `credentials.expired` and queue its webhook for every notice now due, listing
+        the calls parked at that scope for that server at this moment; returns how many went out."""
+        now_ms = int((now if now is not None else time.time()) * 1000)
+        sent = 0
+        for notice in await self.parking.claim_notices(now_ms):
+            call_ids = await self.parking.parked_for(notice.level, notice.scope, notice.server)
+            if call_ids:
+                event = CredentialsExpired(
+                    data=CredentialsExpiredData(
+                        toolset_id=notice.toolset_id,
+                        namespace=notice.namespace,
+                        run_id=notice.run_id,
+                        server=notice.server,
+                        level=notice.level,
+                        call_ids=call_ids,
+                    )
+                )
+                await self._outbox.credentials_expired(event)
+                # The same notice always gives the same webhook id: a retry after a crash here
+                # never sends a second webhook.
+                digest = hashlib.sha256(
+                    "\0".join((notice.level, notice.scope, notice.server, notice.trigger)).encode()
+                ).hexdigest()[:32]
+                await self._webhooks.enqueue(
+                    "credentials.expired", event.data.wire(), webhook_id=f"msg_{digest}"
+                )
+                sent += 1
+                log.warning(
+                    "credentials expired",
+                    extra={
+                        "level": notice.level,
+                        "server": notice.server,
+                        "runId": notice.run_id,
+                        "calls": len(call_ids),
+                    },
+                )
+            await self.parking.notice_done(notice)
+        return sent
 
     async def expire_parked(self, now: float | None = None) -> list[str]:
         """End the calls parked longer than the park timeout with `credentialsRejected`; returns

@@ -11,6 +11,8 @@ from toolbus_contracts import parse_duration
 class CredentialsSettings(BaseSettings):
     """`TOOLBUS_PARK_TIMEOUT` (default 24h): a call parked longer ends `credentialsRejected`.
     `TOOLBUS_PARK_SWEEP_INTERVAL` (default 30s): how often parked calls are checked for that.
+    `TOOLBUS_PARK_NOTIFY_DELAY` (default 1s): how long after the first 401 at a scope its
+    `credentials.expired` notice goes out, so that a burst of 401s gives one notice.
     `TOOLBUS_WEBHOOK_RETRY_SCHEDULE` (default `5s,30s,2m,10m,1h`), `TOOLBUS_WEBHOOK_TIMEOUT`
     (default 10s): webhook retries and the time one attempt may take."""
 
@@ -18,10 +20,11 @@ class CredentialsSettings(BaseSettings):
 
     park_timeout: str = "24h"
     park_sweep_interval: str = "30s"
+    park_notify_delay: str = "1s"
     webhook_retry_schedule: str = DEFAULT_SCHEDULE
     webhook_timeout: str = "10s"
 
-    @field_validator("park_timeout", "park_sweep_interval", "webhook_timeout")
+    @field_validator("park_timeout", "park_sweep_interval", "park_notify_delay", "webhook_timeout")
     @classmethod
     def _duration(cls, value: str) -> str:
         parse_duration(value)
@@ -44,3 +47,7 @@ class CredentialsSettings(BaseSettings):
     @property
     def webhook_timeout_seconds(self) -> float:
         return parse_duration(self.webhook_timeout).total_seconds()
+
+    @property
+    def park_notify_seconds(self) -> float:
+        return parse_duration(self.park_notify_delay).total_seconds()
