@@ -36,7 +36,7 @@ from toolbus_mcp_client import McpPool
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.support.infra import free_port, js_name, start_service, stop_process, unique_prefix  # noqa: E402
+from tests.support.infra import free_port, js_name, start_service, stop_process, unique_prefix
 
 NATS_URL = os.environ.get("TOOLBUS_NATS_URL", "nats://127.0.0.1:4222")
 REDIS_URL = os.environ.get("TOOLBUS_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -119,7 +119,9 @@ async def main(calls: int, rounds: int) -> None:
         invoke_body = orjson.dumps({"runId": run_id, "tool": "echo.echo", "input": {"text": "hi"}})
 
         async def direct() -> object:
-            result = await conn.call_tool("echo", {"text": "hi"}, idempotency_key=uuid.uuid4().hex, timeout=30)
+            result = await conn.call_tool(
+                "echo", {"text": "hi"}, idempotency_key=uuid.uuid4().hex, timeout=30
+            )
             assert not result.is_error
             return result
 

@@ -220,3 +220,54 @@ async def test_a_503_is_an_interruption_retried_up_to_5_attempts(h: Harness, htt
     assert data["outcome"]["error"]["code"] == "upstreamError"
     busy = [s for s in _Handler.seen if s["path"] == "/busy"][before:]
     assert len(busy) == 5 and {s["key"] for s in busy} == {data["idempotencyKey"]}
+
+
+# ---- workflows -----------------------------------------------------------------------------------
+
+
+async def test_workflow_calls_send_the_start_request_and_take_its_reply_as_output(h: Harness) -> None:
+    assert h.nc is not None
+    nc = h.nc
+    ts = await h.toolset(
+        {
+            "workflows": [
+                {"name": "triage", "version": "9f2c4e1a07b3", "inputSchema": {"type": "object"}},
+                {"name": "bare", "version": "000000000001", "inputSchema": {"type": "object"}},
+                {"name": "broken", "version": "000000000002", "inputSchema": {"type": "object"}},
+            ]
+        }
+    )
+    run = await h.open_run(ts)
+    seen: list[dict[str, Any]] = []
+
+    async def engine(msg: Msg) -> None:
+        request = json.loads(msg.data)
+        seen.append(request)
+        replies = {
+            "triage": {"ok": True, "data": {"label": "bug"}},
+            "bare": {"label": "bare"},
+            "broken": {"ok": False, "error": {"code": "internal", "message": "step 3 failed"}},
+        }
+        await msg.respond(json.dumps(replies[request["name"]]).encode())
+
+    sub = await nc.subscribe(h.subjects.workflows_start("*"), cb=engine)
+    try:
+        triage = await h.invoke(run, "workflows.triage", {"issue": 1}, idempotencyKey="wf-1")
+        bare = await h.invoke(run, "workflows.bare", {})
+        broken = await h.invoke(run, "workflows.broken", {})
+    finally:
+        await sub.unsubscribe()
+    assert triage["outcome"] == {"status": "ok", "output": {"label": "bug"}}
+    assert bare["outcome"] == {"status": "ok", "output": {"label": "bare"}}
+    assert broken["outcome"] == {
+        "status": "error",
+        "error": {"code": "toolError", "message": "step 3 failed"},
+    }
+    assert seen[0] == {
+        "name": "triage",
+        "version": "9f2c4e1a07b3",
+        "input": {"issue": 1},
+        "parentRunId": run,
+        "callId": triage["callId"],
+        "idempotencyKey": "wf-1",
+    }

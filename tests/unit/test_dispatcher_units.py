@@ -94,7 +94,11 @@ def test_validators_are_compiled_once_per_pinned_schema() -> None:
 
 
 def test_schema_dialect_follows_dollar_schema() -> None:
-    draft7 = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "items": [{"type": "string"}]}
+    draft7 = {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "type": "object",
+        "items": [{"type": "string"}],
+    }
     assert type(SchemaCache().validator("ts", "d7", draft7)).__name__ == "Draft7Validator"
 
 

@@ -109,6 +109,7 @@ class DispatcherApp:
             "workflow": WorkflowExecutor(nc, subjects, default_timeout=s.dispatcher_workflow_timeout),
         }
         store = CallStore(redis, keys, self.owner, lease=s.dispatcher_lease)
+        await store.load_scripts()
         events = self.events = CallEvents(nc, subjects)
         runner = self.runner = CallRunner(
             store=store,

@@ -9,6 +9,8 @@ call's hash names.
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import time
 from dataclasses import dataclass, field
 from importlib import resources
@@ -16,6 +18,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
 from toolbus_common.keys import Keys
 
 from toolbus_dispatcher.records import CallRecord, _s
@@ -29,6 +32,82 @@ def _load(name: str, *, with_admit: bool = True) -> str:
     lua = resources.files("toolbus_dispatcher") / "lua"
     body = (lua / name).read_text()
     return ((lua / "admit.lua").read_text() + "\n" + body) if with_admit else body
+
+
+@dataclass(frozen=True, slots=True)
+class Lua:
+    """A registered script with its text and SHA1 (EVALSHA's name for it)."""
+
+    script: AsyncScript
+    text: str
+    sha: str
+
+    @staticmethod
+    def register(redis: Redis[bytes], text: str) -> Lua:
+        return Lua(redis.register_script(text), text, hashlib.sha1(text.encode()).hexdigest())
+
+
+class ScriptBatcher:
+    """Sends the script calls made in one event-loop turn together, as one pipeline: one write
+    and one read for many concurrent calls instead of one of each per call (socket writes are the
+    largest cost on this path). A turn with a single call sends it as it is."""
+
+    def __init__(self, redis: Redis[bytes]) -> None:
+        self._r = redis
+        self._queue: list[tuple[Lua, list[str], list[Any], asyncio.Future[Any]]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def run(self, script: Lua, keys: list[str], args: list[Any]) -> asyncio.Future[Any]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        if not self._queue:
+            loop.call_soon(self._send)
+        self._queue.append((script, keys, args, future))
+        return future
+
+    def _send(self) -> None:
+        batch, self._queue = self._queue, []
+        task = asyncio.get_running_loop().create_task(self._execute(batch))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _execute(self, batch: list[tuple[Lua, list[str], list[Any], asyncio.Future[Any]]]) -> None:
+        if len(batch) == 1:
+            script, keys, args, future = batch[0]
+            try:
+                result = await script.script(keys=keys, args=args)
+            except BaseException as exc:
+                if not future.done():
+                    future.set_exception(exc)
+                if not isinstance(exc, Exception):
+                    raise
+                return
+            if not future.done():
+                future.set_result(result)
+            return
+        try:
+            async with self._r.pipeline(transaction=False) as pipe:
+                for script, keys, args, _ in batch:
+                    pipe.evalsha(script.sha, len(keys), *keys, *args)
+                results = await pipe.execute(raise_on_error=False)
+        except Exception as exc:
+            for *_, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for (script, keys, args, future), result in zip(batch, results, strict=True):
+            if isinstance(result, NoScriptError):
+                # Redis lost its script cache (restart, SCRIPT FLUSH): this call loads it again.
+                try:
+                    result = await script.script(keys=keys, args=args)
+                except Exception as exc:
+                    result = exc
+            if future.done():
+                continue
+            if isinstance(result, Exception):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
 
 
 @dataclass(slots=True)
@@ -70,8 +149,8 @@ class CallStore:
         self.lease = lease
         self._call_prefix = keys.call("")
         self._replies_prefix = keys.call_replies("")
-        self._create: AsyncScript = redis.register_script(_load("create_call.lua"))
-        self._finish: AsyncScript = redis.register_script(_load("finish_call.lua"))
+        self._create = Lua.register(redis, _load("create_call.lua"))
+        self._finish = Lua.register(redis, _load("finish_call.lua"))
         self._park: AsyncScript = redis.register_script(_load("park_call.lua"))
         self._release: AsyncScript = redis.register_script(_load("release_waiting.lua"))
         self._next: AsyncScript = redis.register_script(_load("next_attempt.lua", with_admit=False))
@@ -79,6 +158,12 @@ class CallStore:
         self._reap: AsyncScript = redis.register_script(_load("reap_leases.lua"))
         self._open: AsyncScript = redis.register_script(_load("open_run.lua", with_admit=False))
         self._close: AsyncScript = redis.register_script(_load("close_run.lua"))
+        self._batch = ScriptBatcher(redis)
+
+    async def load_scripts(self) -> None:
+        """Load every script into Redis once (the batched path sends EVALSHA only)."""
+        for lua in (self._create, self._finish):
+            await self._r.execute_command("SCRIPT", "LOAD", lua.text)  # type: ignore[no-untyped-call]
 
     def _expiry(self) -> str:
         return repr(time.time() + self.lease)
@@ -139,8 +224,9 @@ class CallStore:
         digest: str,
     ) -> Created:
         k = self.keys
-        res: list[Any] = await self._create(
-            keys=[
+        res: list[Any] = await self._batch.run(
+            self._create,
+            [
                 k.run(run_id),
                 k.run_keys(run_id),
                 k.run_calls(run_id),
@@ -151,7 +237,7 @@ class CallStore:
                 k.call_leases,
                 k.credentials_version,
             ],
-            args=[
+            [
                 call_id,
                 idempotency_key,
                 tool,
@@ -206,9 +292,10 @@ class CallStore:
     async def finish(self, call_id: str, outcome_json: str, now: str) -> Finished:
         """Store the outcome of a call we own; `stale` when it is no longer ours."""
         k = self.keys
-        res = await self._finish(
-            keys=[k.call(call_id), k.call_replies(call_id), k.call_leases],
-            args=[
+        res = await self._batch.run(
+            self._finish,
+            [k.call(call_id), k.call_replies(call_id), k.call_leases],
+            [
                 call_id,
                 self.owner,
                 outcome_json,
