@@ -1,0 +1,64 @@
+"""A real HTTP webhook receiver for tests, and a bounded wait helper."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from tests.support.infra import free_port
+
+
+@dataclass
+class Receiver:
+    """Records every delivery (lower-cased headers, raw body); answers `status` (204 by default)."""
+
+    url: str = ""
+    status: int = 204
+    received: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
+
+    async def handle(self, request: Request) -> Response:
+        self.received.append(({k.lower(): v for k, v in request.headers.items()}, await request.body()))
+        return Response(status_code=self.status)
+
+
+@contextlib.asynccontextmanager
+async def webhook_receiver() -> AsyncIterator[Receiver]:
+    """Serve a `Receiver` on a free 127.0.0.1 port at `/hook` for the duration of the block."""
+    rec = Receiver()
+    port = free_port()
+    app = Starlette(routes=[Route("/hook", rec.handle, methods=["POST"])])
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    )
+    task = asyncio.create_task(server.serve())
+    while not server.started:  # noqa: ASYNC110
+        await asyncio.sleep(0.01)
+    rec.url = f"http://127.0.0.1:{port}/hook"
+    try:
+        yield rec
+    finally:
+        server.should_exit = True
+        await task
+
+
+async def until(check: Callable[[], bool | Awaitable[bool]], what: str, limit: float = 10.0) -> None:
+    """Wait for `check` to hold (a liveness bound, not a timing assertion)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit
+    while True:
+        result = check()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return
+        if loop.time() > deadline:
+            raise AssertionError(f"never happened: {what}")
+        await asyncio.sleep(0.02)
