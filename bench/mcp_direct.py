@@ -1,8 +1,11 @@
 """How much toolbus's MCP client adds to a tool call: `McpConnection.call_tool` vs a bare `mcp.Client`.
 
 Starts a local MCP server (tests.support.mcp_servers, in a subprocess so it does not share this
-process's GIL), then times `echo` calls, sequentially and with 16 in flight, through both clients
-on one reused httpx2 client each; also times `McpPool.get` on a hit. Bounded loops; stops by itself.
+process's GIL), then times `echo` calls, sequentially and with 16 in flight, side by side through
+a bare `mcp.Client` (the baseline), `McpConnection.call_tool` (on a 2026 server: the fast path)
+and `McpConnection` with `fast_calls=False` (the SDK path), each on one reused httpx2 client.
+Each row gives p50/p99 latency, calls/s and this process's CPU per call (`time.process_time`).
+Also times `McpPool.get` on a hit. Bounded loops; stops by itself.
 
     uv run python bench/mcp_direct.py [--calls 1000]
 """
@@ -48,17 +51,21 @@ def start_server() -> tuple[subprocess.Popen[str], str]:
     return proc, url
 
 
-async def sequential(call: Call, n: int) -> tuple[list[float], float]:
+Row = tuple[list[float], float, float]  # latencies, calls/s, client CPU seconds per call
+
+
+async def sequential(call: Call, n: int) -> Row:
     latencies = []
+    cpu = time.process_time()
     start = time.perf_counter()
     for _ in range(n):
         t = time.perf_counter()
         await call()
         latencies.append(time.perf_counter() - t)
-    return latencies, n / (time.perf_counter() - start)
+    return latencies, n / (time.perf_counter() - start), (time.process_time() - cpu) / n
 
 
-async def in_flight(call: Call, n: int, width: int = 16) -> tuple[list[float], float]:
+async def in_flight(call: Call, n: int, width: int = 16) -> Row:
     latencies: list[float] = []
     remaining = n
 
@@ -70,41 +77,56 @@ async def in_flight(call: Call, n: int, width: int = 16) -> tuple[list[float], f
             await call()
             latencies.append(time.perf_counter() - t)
 
+    cpu = time.process_time()
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(width)))
-    return latencies, n / (time.perf_counter() - start)
+    return latencies, n / (time.perf_counter() - start), (time.process_time() - cpu) / n
 
 
-def line(label: str, latencies: list[float], rate: float) -> str:
+def line(label: str, latencies: list[float], rate: float, cpu: float) -> str:
     ordered = sorted(latencies)
     p50 = statistics.median(ordered) * 1000
     p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000
-    return f"{label:<34} p50 {p50:6.2f} ms   p99 {p99:6.2f} ms   {rate:7.0f} calls/s"
+    return (
+        f"{label:<40} p50 {p50:6.2f} ms   p99 {p99:6.2f} ms   {rate:7.0f} calls/s"
+        f"   cpu {cpu * 1e6:5.0f} µs/call"
+    )
 
 
 async def bench(url: str, n: int) -> None:
     conn = await McpConnection.open(url, {"Authorization": "Bearer bench"}, server_name="bench")
+    slow = await McpConnection.open(
+        url, {"Authorization": "Bearer bench"}, server_name="bench", fast_calls=False
+    )
     http = create_mcp_http_client(headers={"Authorization": "Bearer bench"})
     async with http, Client(streamable_http_client(url, http_client=http), mode="auto") as bare:
 
         async def ours() -> object:
             return await conn.call_tool("echo", {"text": "hi"}, idempotency_key=uuid.uuid4().hex, timeout=30)
 
+        async def ours_sdk() -> object:
+            return await slow.call_tool("echo", {"text": "hi"}, idempotency_key=uuid.uuid4().hex, timeout=30)
+
         async def sdk() -> object:
             meta = cast(RequestParamsMeta, {IDEMPOTENCY_META_KEY: uuid.uuid4().hex})
             return await bare.call_tool("echo", {"text": "hi"}, meta=meta)
 
-        for call in (ours, sdk):  # warm up: the bare client lists tools once, both open 16 sockets
+        for call in (ours, ours_sdk, sdk):  # warm up: the bare client lists tools once, all open 16 sockets
             await sequential(call, 50)
             await in_flight(call, 200)
-        print(f"echo over streamable HTTP, protocol {conn.protocol_version}, {n} calls per row")
-        pair = [("McpConnection.call_tool", ours), ("bare mcp.Client.call_tool", sdk)]
+        print(f"echo over streamable HTTP (SSE answers), protocol {conn.protocol_version}, {n} calls per row")
+        rows = [
+            ("bare mcp.Client.call_tool", sdk),
+            ("McpConnection.call_tool (fast path)", ours),
+            ("McpConnection.call_tool (SDK path)", ours_sdk),
+        ]
         for round_no in (1, 2):  # the second round runs in the other order, to expose drift
-            for label, call in pair:
-                print(line(f"{label} seq   [{round_no}]", *await sequential(call, n)))
-            for label, call in pair:
-                print(line(f"{label} x16   [{round_no}]", *await in_flight(call, n * 2)))
-            pair.reverse()
+            for label, call in rows:
+                print(line(f"{label} seq [{round_no}]", *await sequential(call, n)))
+            for label, call in rows:
+                print(line(f"{label} x16 [{round_no}]", *await in_flight(call, n * 2)))
+            rows.reverse()
+    await slow.aclose()
     start = time.perf_counter()
     for _ in range(20):
         tools = await conn.list_tools()
