@@ -20,6 +20,7 @@ from redis.asyncio import Redis
 from toolbus_common.connections import connect_nats, connect_redis, ensure_stream
 from toolbus_common.keys import Keys
 from toolbus_common.rpc import RpcServer
+from toolbus_common.script_pipe import ScriptPipe
 from toolbus_common.toolsets import ToolsetStore
 from toolbus_contracts import ToolbusError
 from toolbus_contracts.registry import ToolKind
@@ -79,6 +80,7 @@ class DispatcherApp:
         self.service: DispatcherService | None = None
         self.events: CallEvents | None = None
         self._http: HttpExecutor | None = None
+        self._pipe: ScriptPipe | None = None
         self._owns_pool = mcp_pool is None
 
     def ready(self) -> bool:
@@ -108,7 +110,8 @@ class DispatcherApp:
             "http": self._http,
             "workflow": WorkflowExecutor(nc, subjects, default_timeout=s.dispatcher_workflow_timeout),
         }
-        store = CallStore(redis, keys, self.owner, lease=s.dispatcher_lease)
+        self._pipe = ScriptPipe(s.redis_url)
+        store = CallStore(redis, keys, self.owner, lease=s.dispatcher_lease, pipe=self._pipe)
         await store.load_scripts()
         events = self.events = CallEvents(nc, subjects)
         runner = self.runner = CallRunner(
@@ -256,6 +259,9 @@ class DispatcherApp:
                 await self.nc.flush(timeout=5)
             with contextlib.suppress(Exception):
                 await self.nc.close()
+        if self._pipe is not None:
+            with contextlib.suppress(Exception):
+                await self._pipe.aclose()
         if self.redis is not None:
             with contextlib.suppress(Exception):
                 await self.redis.aclose()  # type: ignore[attr-defined]  # stubs predate aclose

@@ -9,7 +9,6 @@ call's hash names.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import time
 from dataclasses import dataclass, field
@@ -18,8 +17,8 @@ from typing import Any
 
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
-from redis.exceptions import NoScriptError
 from toolbus_common.keys import Keys
+from toolbus_common.script_pipe import NoScript, ScriptPipe
 
 from toolbus_dispatcher.records import CallRecord, _s
 
@@ -47,67 +46,19 @@ class Lua:
         return Lua(redis.register_script(text), text, hashlib.sha1(text.encode()).hexdigest())
 
 
-class ScriptBatcher:
-    """Sends the script calls made in one event-loop turn together, as one pipeline: one write
-    and one read for many concurrent calls instead of one of each per call (socket writes are the
-    largest cost on this path). A turn with a single call sends it as it is."""
+class ScriptRunner:
+    """The hot-path scripts (create, finish) over a `ScriptPipe`: one write per call, replies
+    pipelined on one connection. A `NOSCRIPT` (Redis restarted or flushed its script cache) loads
+    the script through redis-py and runs it; the script had not run, so that is safe."""
 
-    def __init__(self, redis: Redis[bytes]) -> None:
-        self._r = redis
-        self._queue: list[tuple[Lua, list[str], list[Any], asyncio.Future[Any]]] = []
-        self._tasks: set[asyncio.Task[None]] = set()
+    def __init__(self, pipe: ScriptPipe) -> None:
+        self.pipe = pipe
 
-    def run(self, script: Lua, keys: list[str], args: list[Any]) -> asyncio.Future[Any]:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        if not self._queue:
-            loop.call_soon(self._send)
-        self._queue.append((script, keys, args, future))
-        return future
-
-    def _send(self) -> None:
-        batch, self._queue = self._queue, []
-        task = asyncio.get_running_loop().create_task(self._execute(batch))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _execute(self, batch: list[tuple[Lua, list[str], list[Any], asyncio.Future[Any]]]) -> None:
-        if len(batch) == 1:
-            script, keys, args, future = batch[0]
-            try:
-                result = await script.script(keys=keys, args=args)
-            except BaseException as exc:
-                if not future.done():
-                    future.set_exception(exc)
-                if not isinstance(exc, Exception):
-                    raise
-                return
-            if not future.done():
-                future.set_result(result)
-            return
+    async def run(self, script: Lua, keys: list[str], args: list[Any]) -> Any:
         try:
-            async with self._r.pipeline(transaction=False) as pipe:
-                for script, keys, args, _ in batch:
-                    pipe.evalsha(script.sha, len(keys), *keys, *args)
-                results = await pipe.execute(raise_on_error=False)
-        except Exception as exc:
-            for *_, future in batch:
-                if not future.done():
-                    future.set_exception(exc)
-            return
-        for (script, keys, args, future), result in zip(batch, results, strict=True):
-            if isinstance(result, NoScriptError):
-                # Redis lost its script cache (restart, SCRIPT FLUSH): this call loads it again.
-                try:
-                    result = await script.script(keys=keys, args=args)
-                except Exception as exc:
-                    result = exc
-            if future.done():
-                continue
-            if isinstance(result, Exception):
-                future.set_exception(result)
-            else:
-                future.set_result(result)
+            return await self.pipe.evalsha(script.sha, keys, args)
+        except NoScript:
+            return await script.script(keys=keys, args=args)
 
 
 @dataclass(slots=True)
@@ -142,7 +93,9 @@ class Closed:
 class CallStore:
     """Runs, calls, slots, queues and leases of one deployment (`Keys` prefix), for one owner."""
 
-    def __init__(self, redis: Redis[bytes], keys: Keys, owner: str, *, lease: float) -> None:
+    def __init__(
+        self, redis: Redis[bytes], keys: Keys, owner: str, *, lease: float, pipe: ScriptPipe
+    ) -> None:
         self._r = redis
         self.keys = keys
         self.owner = owner
@@ -158,10 +111,10 @@ class CallStore:
         self._reap: AsyncScript = redis.register_script(_load("reap_leases.lua"))
         self._open: AsyncScript = redis.register_script(_load("open_run.lua", with_admit=False))
         self._close: AsyncScript = redis.register_script(_load("close_run.lua"))
-        self._batch = ScriptBatcher(redis)
+        self._batch = ScriptRunner(pipe)
 
     async def load_scripts(self) -> None:
-        """Load every script into Redis once (the batched path sends EVALSHA only)."""
+        """Load the hot-path scripts into Redis once (the pipe sends EVALSHA only)."""
         for lua in (self._create, self._finish):
             await self._r.execute_command("SCRIPT", "LOAD", lua.text)  # type: ignore[no-untyped-call]
 

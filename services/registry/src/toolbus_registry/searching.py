@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from toolbus_common.toolsets import StoredToolset
 from toolbus_contracts import ToolsetSearchReply
+
 from toolbus_registry.declarations import tool_dts_fragment, tool_prompt_line
 from toolbus_registry.search import IndexCache, SearchOptions, to_hits
 

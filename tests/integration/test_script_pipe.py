@@ -1,0 +1,75 @@
+"""The hot-path Redis script pipe against real Redis, under asyncio and uvloop."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import uvloop
+from redis.asyncio import Redis
+from toolbus_common.script_pipe import NoScript, PipeConnectionError, ScriptPipe, ScriptReplyError
+
+pytestmark = pytest.mark.integration
+
+ECHO = "return {KEYS[1], ARGV[1], tonumber(ARGV[2]) + 1}"
+
+
+async def _scenario(redis_url: str, key: str) -> list[Any]:
+    redis: Any = Redis.from_url(redis_url)
+    pipe = ScriptPipe(redis_url)
+    try:
+        sha = await redis.script_load(ECHO)
+        results = await asyncio.gather(*(pipe.evalsha(sha, [f"{key}:{i}"], [f"v{i}", i]) for i in range(200)))
+        with pytest.raises(NoScript):
+            await pipe.evalsha("0" * 40, [], [])
+        bad = await redis.script_load("return redis.call('INCR', KEYS[1])")
+        await redis.set(key, "not a number")
+        with pytest.raises(ScriptReplyError):
+            await pipe.evalsha(bad, [key], [])
+        # The server drops the connection: the next call reconnects.
+        await redis.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+        await asyncio.sleep(0.05)
+        after = await pipe.evalsha(sha, [key], ["after", 41])
+        # Nothing listening: a clear connection error, not a hang.
+        from tests.support.infra import free_port
+
+        with pytest.raises(PipeConnectionError):
+            await ScriptPipe(f"redis://127.0.0.1:{free_port()}/0", connect_timeout=1).evalsha(sha, [], [])
+        return [*results, after]
+    finally:
+        await pipe.aclose()
+        await redis.delete(key)
+        await redis.aclose()
+
+
+def _check(results: list[Any], key: str) -> None:
+    assert results[:200] == [[f"{key}:{i}".encode(), f"v{i}".encode(), i + 1] for i in range(200)]
+    assert results[200] == [key.encode(), b"after", 42]
+
+
+def test_replies_match_their_calls_in_order_errors_and_reconnects_uvloop(
+    redis_url: str, redis_prefix: str
+) -> None:
+    key = f"{redis_prefix}:pipe:uv"
+    _check(uvloop.run(_scenario(redis_url, key)), key)
+
+
+def test_replies_match_their_calls_in_order_errors_and_reconnects_asyncio(
+    redis_url: str, redis_prefix: str
+) -> None:
+    key = f"{redis_prefix}:pipe:aio"
+    _check(asyncio.run(_scenario(redis_url, key)), key)
+
+
+def test_database_and_password_come_from_the_url() -> None:
+    pipe = ScriptPipe("redis://user:p%40ss@10.0.0.1:6380/3")
+    assert (pipe._host, pipe._port, pipe._db, pipe._username, pipe._password) == (
+        "10.0.0.1",
+        6380,
+        3,
+        "user",
+        "p@ss",
+    )
+    with pytest.raises(ValueError, match="redis://"):
+        ScriptPipe("rediss://host/0")
