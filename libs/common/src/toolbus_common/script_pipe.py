@@ -6,7 +6,7 @@ costs ~260 µs where Redis itself spends ~60 µs and the loopback round trip ~40
 the client's per-command pool checkout, retry wrapper and task hops. This pipe costs one write
 and a hiredis parse: many concurrent calls share the connection and pipeline naturally.
 
-It does nothing else: no retries (a script whose connection broke mid-flight may or may not have
+Commands made in one event-loop turn leave in one write. It does nothing else: no retries (a script whose connection broke mid-flight may or may not have
 run; the caller decides), reconnect on the next call, and a `NOSCRIPT` reply is returned as
 `NoScript` so the caller can load the script (with redis-py) and run it again.
 """
@@ -94,12 +94,14 @@ class ScriptPipe:
         self._password = unquote(parts.password) if parts.password else None
         self._timeout = connect_timeout
         self._pending: collections.deque[asyncio.Future[Any]] = collections.deque()
+        self._outgoing: list[bytes] = []
         self._protocol: _Protocol | None = None
         self._connecting: asyncio.Future[_Protocol] | None = None
 
     async def _connect(self) -> _Protocol:
         loop = asyncio.get_running_loop()
         self._pending = collections.deque()
+        self._outgoing = []
         pending = self._pending
         try:
             async with asyncio.timeout(self._timeout):
@@ -120,11 +122,20 @@ class ScriptPipe:
     def _send(
         self, protocol: _Protocol, command: tuple[bytes | str | int | float, ...]
     ) -> asyncio.Future[Any]:
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        assert protocol.transport is not None
+        """Queue the command; everything queued in one event-loop turn leaves in one write."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
         self._pending.append(future)
-        protocol.transport.write(_encode(command))
+        if not self._outgoing:
+            loop.call_soon(self._flush, protocol)
+        self._outgoing.append(_encode(command))
         return future
+
+    def _flush(self, protocol: _Protocol) -> None:
+        data, self._outgoing = b"".join(self._outgoing), []
+        if protocol.transport is not None and not protocol.transport.is_closing():
+            protocol.transport.write(data)
+        # else: connection_lost has failed (or will fail) the futures of these commands.
 
     async def _live(self) -> _Protocol:
         protocol = self._protocol
