@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import os
 import statistics
+import subprocess
 import sys
 import time
 import uuid
@@ -20,7 +21,8 @@ from pathlib import Path
 
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 import contextlib
 
@@ -28,9 +30,40 @@ from toolbus_common import Settings
 from toolbus_mcp_client import McpConnection
 from toolbus_registry.app import RegistryApp
 
-from tests.support.mcp_servers import McpTestServer, synthetic_tools
-
 SERVERS, TOOLS = 10, 100
+
+
+def serve(count: int, prefix: str) -> tuple[list[subprocess.Popen[str]], list[str]]:
+    """`count` MCP servers of TOOLS synthetic tools each, in their own processes (so that serving
+    does not compete with the registry for this process's GIL)."""
+    procs, urls = [], []
+    for i in range(count):
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.support.mcp_servers",
+                "--tools",
+                str(TOOLS),
+                "--prefix",
+                f"{prefix}{i}",
+            ],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout is not None
+        procs.append(proc)
+        urls.append(proc.stdout.readline().strip())
+    return procs, urls
+
+
+def stop(procs: list[subprocess.Popen[str]]) -> None:
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.wait(10)
 
 
 async def list_all(urls: list[str]) -> int:
@@ -49,14 +82,12 @@ async def main(rounds: int) -> None:
     settings = Settings(
         subject_prefix=prefix, nats_url=os.environ.get("TOOLBUS_NATS_URL", "nats://127.0.0.1:4222")
     )
-    servers = [McpTestServer(tools=synthetic_tools(TOOLS, prefix=f"s{i}")) for i in range(SERVERS)]
-    await asyncio.gather(*(s.start() for s in servers))
+    servers, urls = serve(SERVERS, "s")
     app = RegistryApp(settings)
     await app.start()
     import nats
 
     nc = await nats.connect(settings.nats_url)
-    urls = [s.url for s in servers]
     body = orjson.dumps({"mcp": [{"name": f"srv{i}", "url": u} for i, u in enumerate(urls)]})
     try:
         # warm both paths once (imports, first connections, first store write)
@@ -72,22 +103,21 @@ async def main(rounds: int) -> None:
             registering.append(time.perf_counter() - t)
             assert reply["ok"], reply
         # a fresh registration (a toolset not seen before: store write + declarations rendered)
-        fresh = [McpTestServer(tools=synthetic_tools(TOOLS, prefix=f"f{i}")) for i in range(SERVERS)]
-        await asyncio.gather(*(s.start() for s in fresh))
-        fresh_body = orjson.dumps({"mcp": [{"name": f"srv{i}", "url": s.url} for i, s in enumerate(fresh)]})
+        fresh, fresh_urls = serve(SERVERS, "f")
+        fresh_body = orjson.dumps({"mcp": [{"name": f"srv{i}", "url": u} for i, u in enumerate(fresh_urls)]})
         t = time.perf_counter()
         fresh_reply = orjson.loads(
             (await nc.request(settings.subjects.toolsets_create, fresh_body, timeout=60)).data
         )
         fresh_time = time.perf_counter() - t
         fresh_list_t = time.perf_counter()
-        await list_all([s.url for s in fresh])
+        await list_all(fresh_urls)
         fresh_list = time.perf_counter() - fresh_list_t
-        await asyncio.gather(*(s.stop() for s in fresh))
+        stop(fresh)
         assert fresh_reply["ok"], fresh_reply
     finally:
         await app.stop()
-        await asyncio.gather(*(s.stop() for s in servers))
+        stop(servers)
         js = nc.jetstream()
         for bucket in ("toolsets", "workflows"):
             for kind in ("OBJ_", "KV_"):

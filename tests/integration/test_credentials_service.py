@@ -4,24 +4,17 @@ timeout, run close, restarts, and no secret anywhere."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import contextlib
 import json
 import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-import uvicorn
 from cryptography.fernet import Fernet
 from standardwebhooks import Webhook
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 from toolbus_common.keys import Keys
 from toolbus_common.logging import JsonFormatter
 from toolbus_common.settings import Settings
@@ -32,57 +25,15 @@ from toolbus_contracts.registry import PinnedServer
 from toolbus_credentials.app import CredentialsService
 from toolbus_credentials.settings import CredentialsSettings
 
-from tests.support.infra import free_port, js_name, request
+from tests.support.infra import js_name, request
+from tests.support.webhooks import Receiver, until
+from tests.support.webhooks import webhook_receiver as receiver
 
 pytestmark = pytest.mark.integration
 
 SECRET = "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
 TS = "ts_" + "c" * 64
 TOKEN = "tok-" + secrets.token_hex(16)
-
-
-@dataclass
-class Receiver:
-    url: str = ""
-    received: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
-
-    async def handle(self, request: Request) -> Response:
-        self.received.append(({k.lower(): v for k, v in request.headers.items()}, await request.body()))
-        return Response(status_code=204)
-
-
-@contextlib.asynccontextmanager
-async def receiver() -> AsyncIterator[Receiver]:
-    rec = Receiver()
-    port = free_port()
-    app = Starlette(routes=[Route("/hook", rec.handle, methods=["POST"])])
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
-    )
-    task = asyncio.create_task(server.serve())
-    while not server.started:  # noqa: ASYNC110
-        await asyncio.sleep(0.01)
-    rec.url = f"http://127.0.0.1:{port}/hook"
-    try:
-        yield rec
-    finally:
-        server.should_exit = True
-        await task
-
-
-async def until(check: Callable[[], bool | Awaitable[bool]], what: str, limit: float = 10.0) -> None:
-    """Wait for `check` (a liveness bound, not a timing assertion)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit
-    while True:
-        result = check()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return
-        if loop.time() > deadline:
-            raise AssertionError(f"never happened: {what}")
-        await asyncio.sleep(0.02)
 
 
 @dataclass
@@ -159,7 +110,7 @@ async def stack(
 
 
 def body(**servers: str) -> dict[str, Any]:
-    return {"servers": {name: {"headers": {"Authorization": f"Bearer {v}"}}} for name, v in servers.items()}
+    return {"servers": {name: {"headers": {"Authorization": f"Bearer {v}"}} for name, v in servers.items()}}
 
 
 async def open_run(redis_client: Any, st: Stack, run_id: str, namespace: str | None = "user-1") -> None:

@@ -28,7 +28,9 @@ async def _scenario(redis_url: str, key: str) -> list[Any]:
         with pytest.raises(ScriptReplyError):
             await pipe.evalsha(bad, [key], [])
         # The server drops the connection: the next call reconnects.
-        await redis.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+        assert pipe._protocol is not None and pipe._protocol.transport is not None
+        host, port = pipe._protocol.transport.get_extra_info("sockname")[:2]
+        await redis.execute_command("CLIENT", "KILL", "ADDR", f"{host}:{port}")  # only the pipe's
         await asyncio.sleep(0.05)
         after = await pipe.evalsha(sha, [key], ["after", 41])
         # Nothing listening: a clear connection error, not a hang.

@@ -3,82 +3,21 @@ same webhook-id, deliveries that survive a restart, one sender per attempt acros
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import contextlib
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-import uvicorn
 from standardwebhooks import Webhook
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 from toolbus_common.keys import Keys
 from toolbus_common.webhooks import WebhookSender
 
-from tests.support.infra import free_port
+from tests.support.webhooks import until
+from tests.support.webhooks import webhook_receiver as receiver
 
 pytestmark = pytest.mark.integration
 
 SECRET = "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
-
-
-@dataclass
-class Receiver:
-    """A real HTTP endpoint: records each request; answers the queued statuses, then 204."""
-
-    url: str = ""
-    received: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
-    statuses: list[int] = field(default_factory=list)
-    delay: float = 0.0
-    arrived: asyncio.Event = field(default_factory=asyncio.Event)
-
-    async def handle(self, request: Request) -> Response:
-        body = await request.body()
-        self.received.append(({k.lower(): v for k, v in request.headers.items()}, body))
-        self.arrived.set()
-        if self.delay:
-            await asyncio.sleep(self.delay)
-        return Response(status_code=self.statuses.pop(0) if self.statuses else 204)
-
-
-@contextlib.asynccontextmanager
-async def receiver() -> AsyncIterator[Receiver]:
-    rec = Receiver()
-    port = free_port()
-    app = Starlette(routes=[Route("/hook", rec.handle, methods=["POST"])])
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
-    )
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
-    rec.url = f"http://127.0.0.1:{port}/hook"
-    try:
-        yield rec
-    finally:
-        server.should_exit = True
-        await task
-
-
-async def until(check: Callable[[], bool | Awaitable[bool]], what: str, limit: float = 10.0) -> None:
-    """Wait for `check` (a liveness bound, not a timing assertion)."""
-    deadline = asyncio.get_running_loop().time() + limit
-    while True:
-        result = check()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"never happened: {what}")
-        await asyncio.sleep(0.02)
 
 
 def sender(redis_client: Any, keys: Keys, url: str, **kwargs: Any) -> WebhookSender:

@@ -482,9 +482,10 @@ def main() -> None:
     """Serve a synthetic server until interrupted, printing its URL first (for benches)."""
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--tools", type=int, default=0, help="synthetic tools besides echo")
+    parser.add_argument("--prefix", default="op", help="name prefix of the synthetic tools")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    server = synthetic_server(args.tools)
+    server = synthetic_server(args.tools, prefix=args.prefix)
     server.start_blocking()
     print(server.url, flush=True)
     with contextlib.suppress(KeyboardInterrupt):

@@ -18,15 +18,22 @@ from tests.support.infra import free_port
 
 @dataclass
 class Receiver:
-    """Records every delivery (lower-cased headers, raw body); answers `status` (204 by default)."""
+    """Records every delivery (lower-cased headers, raw body); answers the queued `statuses`, then
+    204, after `delay` seconds."""
 
     url: str = ""
-    status: int = 204
     received: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
+    statuses: list[int] = field(default_factory=list)
+    delay: float = 0.0
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def handle(self, request: Request) -> Response:
-        self.received.append(({k.lower(): v for k, v in request.headers.items()}, await request.body()))
-        return Response(status_code=self.status)
+        body = await request.body()
+        self.received.append(({k.lower(): v for k, v in request.headers.items()}, body))
+        self.arrived.set()
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        return Response(status_code=self.statuses.pop(0) if self.statuses else 204)
 
 
 @contextlib.asynccontextmanager

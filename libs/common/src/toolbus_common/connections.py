@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from datetime import timedelta
 
@@ -40,6 +41,16 @@ async def connect_nats(settings: Settings, name: str) -> NatsClient:
         disconnected_cb=on_disconnect,
         reconnected_cb=on_reconnect,
     )
+
+
+async def close_nats(nc: NatsClient) -> None:
+    """Close a service's connection once its requests are drained (`RpcServer.drain`): send what
+    is still buffered (replies, events), then close. Not `nc.drain()`: it also waits on pull
+    consumers that `fetch()` read, up to its 30 s timeout, which stalls every shutdown."""
+    with contextlib.suppress(Exception):
+        await nc.flush(timeout=5)
+    with contextlib.suppress(Exception):
+        await nc.close()
 
 
 def connect_redis(settings: Settings) -> Redis[bytes]:

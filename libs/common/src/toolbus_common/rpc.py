@@ -94,6 +94,9 @@ class RpcServer:
             self._subs.append(
                 await self._nc.subscribe(subject, queue=queue or "", cb=self._spawn_raw(handler))
             )
+        # nats-py buffers SUB lines; a PING/PONG round trip proves the server has them, so a request
+        # sent once `start()` returns (the service reports ready) always finds its subscriber.
+        await self._nc.flush()
 
     def _callback(self, route: _Route) -> Callable[[Msg], Awaitable[None]]:
         async def cb(msg: Msg) -> None:

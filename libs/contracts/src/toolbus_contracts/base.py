@@ -31,8 +31,11 @@ class WireModel(BaseModel):
     )
 
     def wire(self) -> dict[str, Any]:
-        """The JSON-ready dict of this body, absent optionals left out."""
-        return self.model_dump(mode="json", exclude_none=True)
+        """The JSON-ready dict of this body, absent optionals left out.
+
+        Python mode, not JSON mode: every field already holds JSON values (free-form fields come
+        from JSON), and JSON mode re-walks each `Any` value, ~8x slower on tool schemas."""
+        return self.model_dump(exclude_none=True)
 
     def wire_json(self) -> bytes:
         return self.model_dump_json(exclude_none=True).encode()

@@ -113,6 +113,7 @@ class McpConnection:
         # `Mcp-Param-*` maps by tool: from `list_tools`, and from schemas callers passed (kept
         # with the schema object, so a caller's pinned schema is walked once, not per call).
         self._listed_headers: dict[str, HeaderMap] = {}
+        self._listed_schemas: dict[str, Any] = {}
         self._given_headers: dict[str, tuple[Mapping[str, Any], HeaderMap]] = {}
         self._http: httpx2.AsyncClient = build_http_client(self._headers)
         self._live: _Live | None = None
@@ -295,11 +296,11 @@ class McpConnection:
             tools.extend({k: t[k] for k in TOOL_KEYS if t.get(k) is not None} for t in raw_tools)
             next_cursor = page.get("nextCursor")
             if not next_cursor:
-                self._listed_headers = {
-                    t["name"]: found
-                    for t in tools
-                    if isinstance(t.get("name"), str) and (found := header_map(t.get("inputSchema")))
+                # Header maps are worked out when a tool is first called, not for every tool listed.
+                self._listed_schemas = {
+                    t["name"]: t.get("inputSchema") for t in tools if isinstance(t.get("name"), str)
                 }
+                self._listed_headers = {}
                 return tools
             if next_cursor in seen:
                 raise protocol_error(self.server_name, "listing tools", "it repeated a page cursor")
@@ -440,7 +441,10 @@ class McpConnection:
     def _param_headers(self, name: str, input_schema: Mapping[str, Any] | None) -> HeaderMap | None:
         """The `Mcp-Param-*` map for a call: from the caller's schema, else from the last listing."""
         if input_schema is None:
-            return self._listed_headers.get(name)
+            listed = self._listed_headers.get(name)
+            if listed is None and name in self._listed_schemas:
+                listed = self._listed_headers[name] = header_map(self._listed_schemas[name])
+            return listed or None
         given = self._given_headers.get(name)
         if given is None or given[0] is not input_schema:
             given = (input_schema, header_map(input_schema))

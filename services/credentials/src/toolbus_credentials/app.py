@@ -12,7 +12,7 @@ import orjson
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 from redis.asyncio import Redis
-from toolbus_common.connections import connect_nats, connect_redis, ensure_stream
+from toolbus_common.connections import close_nats, connect_nats, connect_redis, ensure_stream
 from toolbus_common.credential_store import CredentialStore
 from toolbus_common.keys import Keys
 from toolbus_common.rpc import RpcServer
@@ -174,8 +174,7 @@ class CredentialsService:
         if self.webhooks is not None:
             await self.webhooks.stop()
         if self._nc is not None:
-            with contextlib.suppress(Exception):
-                await self._nc.drain()
+            await close_nats(self._nc)
         if self._redis is not None:
             await self._redis.aclose()  # type: ignore[attr-defined]
 

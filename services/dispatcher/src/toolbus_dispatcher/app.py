@@ -17,7 +17,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import FetchTimeoutError
 from redis.asyncio import Redis
-from toolbus_common.connections import connect_nats, connect_redis, ensure_stream
+from toolbus_common.connections import close_nats, connect_nats, connect_redis, ensure_stream
 from toolbus_common.keys import Keys
 from toolbus_common.rpc import RpcServer
 from toolbus_common.script_pipe import ScriptPipe
@@ -253,12 +253,7 @@ class DispatcherApp:
                 with contextlib.suppress(Exception):
                     await aclose()
         if self.nc is not None:
-            # Requests were drained above; flush what is still buffered (events, replies) and close.
-            # (`drain()` would also wait on the cancelled pull consumers, up to its 30 s timeout.)
-            with contextlib.suppress(Exception):
-                await self.nc.flush(timeout=5)
-            with contextlib.suppress(Exception):
-                await self.nc.close()
+            await close_nats(self.nc)
         if self._pipe is not None:
             with contextlib.suppress(Exception):
                 await self._pipe.aclose()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from nats.aio.client import Client as NatsClient
 from toolbus_common import Settings, connect_nats, ensure_kv
+from toolbus_common.connections import close_nats
 from toolbus_common.rpc import RpcServer
 from toolbus_common.toolsets import ToolsetStore
 
@@ -52,7 +53,7 @@ class RegistryApp:
         if self._rpc is not None:
             await self._rpc.drain()
         if self._nc is not None:
-            await self._nc.drain()
+            await close_nats(self._nc)
 
     def ready(self) -> bool:
         return self._nc is not None and self._nc.is_connected and self._rpc is not None
