@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 import contextlib
 
 from toolbus_common import Settings
+from toolbus_common.runtime import tune_gc
 from toolbus_mcp_client import McpConnection
 from toolbus_registry.app import RegistryApp
 
@@ -85,6 +86,7 @@ async def main(rounds: int) -> None:
     servers, urls = serve(SERVERS, "s")
     app = RegistryApp(settings)
     await app.start()
+    tune_gc()  # as `python -m toolbus_registry` does once started
     import nats
 
     nc = await nats.connect(settings.nats_url)

@@ -52,6 +52,10 @@ def test_fast_canonical_form_matches_the_reference() -> None:
         {"emoji": "😀", "😀": 1, "\ufb01": 2},
         synthetic_tools(50),
         ["", [], {}, 0, -0, False],
+        1.5,
+        [2.5e-7],
+        {"text": "ratio 1:5.5, [3.0e2] and 12345678901234567 inside a string"},
+        9007199254740991,
     ]
     for sample in samples:
         assert canonical_json(sample) == bytes(rfc8785.dumps(sample)), sample

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Iterator
@@ -54,6 +55,23 @@ def health_app(service: Service) -> Starlette:
     )
 
 
+GC_THRESHOLDS = (50_000, 20, 100)
+
+
+def tune_gc() -> None:
+    """Keep the cyclic garbage collector out of request latency.
+
+    A service holds large long-lived state (pinned toolsets, search indexes, validators); with
+    CPython's defaults a full collection walks all of it every few thousand allocations, a 70-80 ms
+    pause per 1,000 cached tools measured here. Objects alive after start-up are frozen out of
+    collection, and young collections run every 50,000 allocations instead of 700. toolbus's own
+    data structures are acyclic; reference counting frees them without the collector.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 class _EmbeddedServer(uvicorn.Server):
     """uvicorn inside the service's loop: the service, not uvicorn, owns SIGTERM/SIGINT."""
 
@@ -79,6 +97,7 @@ async def serve(service: Service, settings: Settings) -> None:
     server = _EmbeddedServer(config)
     http = asyncio.create_task(server.serve())
     await service.start()
+    tune_gc()
     log.info("service started", extra={"service": service.name, "http_port": settings.http_port})
     await stop.wait()
     log.info("service stopping", extra={"service": service.name})

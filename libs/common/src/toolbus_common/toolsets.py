@@ -27,6 +27,25 @@ from toolbus_common.connections import ensure_object_store
 HTTP_FETCH = "http.fetch"
 
 
+def mcp_tool_name(server: str, tool: str) -> str:
+    """The qualified name of an MCP server's tool: `server.tool`."""
+    return f"{server}.{tool}"
+
+
+def workflow_tool_name(workflow: str) -> str:
+    """The qualified name of a pinned workflow: `workflows.name`."""
+    return f"workflows.{workflow}"
+
+
+def qualified_names(pinned: PinnedToolset) -> list[str]:
+    """Every tool's qualified name, cheaply (no tool table): for duplicate checks."""
+    names = [mcp_tool_name(s.name, t.name) for s in pinned.servers for t in s.tools]
+    names += [h.name for h in pinned.host]
+    names += [HTTP_FETCH] if pinned.http is not None else []
+    names += [workflow_tool_name(w.name) for w in pinned.workflows]
+    return names
+
+
 @dataclass(frozen=True, slots=True)
 class Tool:
     """One callable tool of a toolset: its public info and where a call goes."""
@@ -60,7 +79,7 @@ class ToolTable:
         for server in pinned.servers:
             for t in server.tools:
                 info = ToolInfo(
-                    name=f"{server.name}.{t.name}",
+                    name=mcp_tool_name(server.name, t.name),
                     kind="mcp",
                     description=t.description or t.title or "",
                     input_schema=t.input_schema,
@@ -90,7 +109,7 @@ class ToolTable:
             tools.append(Tool(info, "http", HTTP_FETCH))
         for w in pinned.workflows:
             info = ToolInfo(
-                name=f"workflows.{w.name}",
+                name=workflow_tool_name(w.name),
                 kind="workflow",
                 description=w.description,
                 input_schema=w.input_schema,

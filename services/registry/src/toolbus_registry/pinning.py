@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 from jsonschema.exceptions import SchemaError
 from jsonschema.validators import validator_for
 from toolbus_common.canonical import content_id
-from toolbus_common.toolsets import ToolTable
+from toolbus_common.toolsets import qualified_names
 from toolbus_contracts import (
     EffectivePolicy,
     HttpSpec,
@@ -45,7 +45,7 @@ ToolsetLookup = Callable[[str], Awaitable[PinnedToolset | None]]
 
 def toolset_id(pinned: PinnedToolset) -> str:
     """`ts_` + SHA-256 of the RFC 8785 canonical JSON of the normalised pinned toolset."""
-    return content_id("ts_", pinned.model_dump(mode="json", exclude_none=True))
+    return content_id("ts_", pinned.wire())
 
 
 def check_json_schema(schema: dict[str, Any], field: str) -> None:
@@ -216,10 +216,7 @@ class Pinner:
 
 def _check_unique_tools(pinned: PinnedToolset) -> None:
     seen: set[str] = set()
-    names = [f"{s.name}.{t.name}" for s in pinned.servers for t in s.tools] + [h.name for h in pinned.host]
-    for name in names:
+    for name in qualified_names(pinned):
         if name in seen:
             raise InvalidRequest(f"Two tools have the qualified name '{name}'.", details={"tool": name})
         seen.add(name)
-    # ToolTable is the one definition of qualified names; build it to be sure it agrees.
-    ToolTable(pinned)
