@@ -10,7 +10,6 @@ sequence of one approved and one denied call (run pytest with `-s` to see it).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -19,7 +18,7 @@ import pytest
 import pytest_asyncio
 from toolbus_contracts import Subjects
 
-from tests.support.infra import aservice_process, js_name, request, unique_prefix
+from tests.support.infra import aservice_process, drop_deployment_state, js_name, request, unique_prefix
 from tests.support.mcp_servers import McpTestServer
 
 pytestmark = pytest.mark.e2e
@@ -98,7 +97,6 @@ def env(service_env: dict[str, str]) -> dict[str, str]:
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
 async def client(env: dict[str, str], nats_url: str, redis_url: str) -> AsyncIterator[Client]:
     import nats
-    from redis.asyncio import Redis
 
     prefix = env["TOOLBUS_SUBJECT_PREFIX"]
     nc = await nats.connect(nats_url)
@@ -108,21 +106,8 @@ async def client(env: dict[str, str], nats_url: str, redis_url: str) -> AsyncIte
         yield c
     finally:
         await sub.unsubscribe()
-        js = nc.jetstream()
-        for name in ("EVENTS", "INTERNAL", "toolsets", "workflows"):
-            for stream in (
-                js_name(prefix, name),
-                f"OBJ_{js_name(prefix, name)}",
-                f"KV_{js_name(prefix, name)}",
-            ):
-                with contextlib.suppress(Exception):
-                    await js.delete_stream(stream)
+        await drop_deployment_state(nc, redis_url, prefix)
         await nc.drain()
-        redis = Redis.from_url(redis_url)
-        keys = [k async for k in redis.scan_iter(match=f"{prefix}:*", count=500)]
-        if keys:
-            await redis.unlink(*keys)
-        await redis.aclose()
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")

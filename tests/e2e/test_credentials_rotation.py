@@ -13,7 +13,6 @@ event log (pytest `-s`).
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import secrets
 from collections.abc import AsyncIterator
@@ -25,7 +24,7 @@ import pytest_asyncio
 from standardwebhooks import Webhook
 from toolbus_contracts import Subjects
 
-from tests.support.infra import aservice_process, js_name, request, unique_prefix
+from tests.support.infra import aservice_process, drop_deployment_state, js_name, request, unique_prefix
 from tests.support.mcp_servers import McpTestServer
 from tests.support.webhooks import Receiver, until, webhook_receiver
 
@@ -100,7 +99,6 @@ def env(service_env: dict[str, str], receiver: Receiver) -> dict[str, str]:
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
 async def harness(env: dict[str, str], nats_url: str, redis_url: str) -> AsyncIterator[Harness]:
     import nats
-    from redis.asyncio import Redis
 
     prefix = env["TOOLBUS_SUBJECT_PREFIX"]
     nc = await nats.connect(nats_url)
@@ -114,21 +112,8 @@ async def harness(env: dict[str, str], nats_url: str, redis_url: str) -> AsyncIt
         yield h
     finally:
         await sub.unsubscribe()
-        js = nc.jetstream()
-        for name in ("EVENTS", "INTERNAL", "toolsets", "workflows"):
-            for stream in (
-                js_name(prefix, name),
-                f"OBJ_{js_name(prefix, name)}",
-                f"KV_{js_name(prefix, name)}",
-            ):
-                with contextlib.suppress(Exception):
-                    await js.delete_stream(stream)
+        await drop_deployment_state(nc, redis_url, prefix)
         await nc.drain()
-        redis = Redis.from_url(redis_url)
-        keys = [k async for k in redis.scan_iter(match=f"{prefix}:*", count=500)]
-        if keys:
-            await redis.unlink(*keys)
-        await redis.aclose()
 
 
 def bearer(token: str) -> dict[str, Any]:

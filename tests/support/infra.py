@@ -504,7 +504,7 @@ async def request(
     nc: Any,
     subject: str,
     body: dict[str, Any] | bytes,
-    timeout: float = 5.0,  # noqa: ASYNC109 (nats-py's own request timeout)
+    timeout: float = 5.0,
 ) -> dict[str, Any]:
     """Send `body` as raw JSON (bytes go as they are) to `subject`; return the parsed reply.
 
@@ -517,3 +517,23 @@ async def request(
     if not isinstance(reply, dict):
         raise ValueError(f"reply on {subject} is not a JSON object: {msg.data[:200]!r}")
     return reply
+
+
+async def drop_deployment_state(nc: Any, redis_url: str, prefix: str) -> None:
+    """Delete what a deployment under `prefix` left: its streams, KV buckets and object stores
+    (events, internal commands, toolsets, workflows) and its Redis keys. For tests that run
+    services under a prefix of their own."""
+    import contextlib
+
+    from redis.asyncio import Redis
+
+    js = nc.jetstream()
+    for name in ("EVENTS", "INTERNAL", "toolsets", "workflows"):
+        for stream in (js_name(prefix, name), f"OBJ_{js_name(prefix, name)}", f"KV_{js_name(prefix, name)}"):
+            with contextlib.suppress(Exception):
+                await js.delete_stream(stream)
+    redis: Any = Redis.from_url(redis_url)
+    keys = [k async for k in redis.scan_iter(match=f"{prefix}:*", count=500)]
+    for start in range(0, len(keys), 500):
+        await redis.unlink(*keys[start : start + 500])
+    await redis.aclose()
