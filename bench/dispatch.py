@@ -18,9 +18,7 @@ import asyncio
 import contextlib
 import os
 import statistics
-import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -41,6 +39,7 @@ from toolbus_mcp_client import IDEMPOTENCY_META_KEY, McpPool
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.harness import Row, in_flight, percentile, sequential, start_mcp_server
 from tests.support.infra import free_port, js_name, start_service, stop_process, unique_prefix
 
 SDK = "direct: bare mcp.Client (baseline)"
@@ -49,54 +48,6 @@ INVOKE = "through toolbus: calls.invoke"
 NATS_URL = os.environ.get("TOOLBUS_NATS_URL", "nats://127.0.0.1:4222")
 REDIS_URL = os.environ.get("TOOLBUS_REDIS_URL", "redis://127.0.0.1:6379/0")
 Call = Callable[[], Awaitable[object]]
-
-
-def start_mcp_server() -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.mcp_servers"],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    url = proc.stdout.readline().strip()
-    if not url.startswith("http"):
-        proc.kill()
-        raise SystemExit("the MCP test server did not start")
-    return proc, url
-
-
-async def sequential(call: Call, n: int) -> tuple[list[float], float]:
-    lat: list[float] = []
-    t0 = time.perf_counter()
-    for _ in range(n):
-        s = time.perf_counter()
-        await call()
-        lat.append(time.perf_counter() - s)
-    return lat, time.perf_counter() - t0
-
-
-async def parallel(call: Call, n: int, width: int = 16) -> tuple[list[float], float]:
-    lat: list[float] = []
-    left = n
-
-    async def lane() -> None:
-        nonlocal left
-        while left > 0:
-            left -= 1
-            s = time.perf_counter()
-            await call()
-            lat.append(time.perf_counter() - s)
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(lane() for _ in range(width)))
-    return lat, time.perf_counter() - t0
-
-
-def pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
 
 
 async def main(calls: int, rounds: int) -> None:
@@ -152,21 +103,21 @@ async def main(calls: int, rounds: int) -> None:
         paths = ((SDK, sdk), (OURS, direct), (INVOKE, through))
         for _, fn in paths:  # warm up connections, caches, JIT-less paths
             await sequential(fn, 200)
-            await parallel(fn, 200)
+            await in_flight(fn, 200)
 
-        results: dict[tuple[str, str], list[tuple[list[float], float]]] = {}
+        results: dict[tuple[str, str], list[Row]] = {}
         for _ in range(rounds):
             for name, fn in paths:
                 results.setdefault((name, "sequential"), []).append(await sequential(fn, calls))
-                results.setdefault((name, "16 in flight"), []).append(await parallel(fn, calls * 2))
+                results.setdefault((name, "16 in flight"), []).append(await in_flight(fn, calls * 2))
 
         print(f"\n{calls} sequential calls and {calls * 2} calls 16 in flight per round, {rounds} rounds")
         print(f"{'mode':<14}{'path':<34}{'p50 ms':>9}{'p99 ms':>9}{'calls/s':>10}")
         summary: dict[tuple[str, str], tuple[float, float, float]] = {}
         for (name, mode), runs in results.items():
-            lat = [x for r, _ in runs for x in r]
-            rate = statistics.median(len(r) / t for r, t in runs)
-            summary[(name, mode)] = (pct(lat, 0.5) * 1e3, pct(lat, 0.99) * 1e3, rate)
+            lat = [x for latencies, _, _ in runs for x in latencies]
+            rate = statistics.median(rate for _, rate, _ in runs)
+            summary[(name, mode)] = (percentile(lat, 0.5) * 1e3, percentile(lat, 0.99) * 1e3, rate)
         for mode in ("sequential", "16 in flight"):
             for name, _ in paths:
                 p50, p99, rate = summary[(name, mode)]

@@ -14,13 +14,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
-import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import cast
 
@@ -30,63 +27,14 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp_types import RequestParamsMeta
 from toolbus_mcp_client import IDEMPOTENCY_META_KEY, McpConnection, McpPool
 
-ROOT = Path(__file__).resolve().parent.parent
-Call = Callable[[], Awaitable[object]]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-
-def start_server() -> tuple[subprocess.Popen[str], str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.mcp_servers", "--tools", "100"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    url = proc.stdout.readline().strip()
-    if not url.startswith("http"):
-        proc.kill()
-        raise SystemExit("the MCP test server did not start")
-    return proc, url
-
-
-Row = tuple[list[float], float, float]  # latencies, calls/s, client CPU seconds per call
-
-
-async def sequential(call: Call, n: int) -> Row:
-    latencies = []
-    cpu = time.process_time()
-    start = time.perf_counter()
-    for _ in range(n):
-        t = time.perf_counter()
-        await call()
-        latencies.append(time.perf_counter() - t)
-    return latencies, n / (time.perf_counter() - start), (time.process_time() - cpu) / n
-
-
-async def in_flight(call: Call, n: int, width: int = 16) -> Row:
-    latencies: list[float] = []
-    remaining = n
-
-    async def worker() -> None:
-        nonlocal remaining
-        while remaining > 0:
-            remaining -= 1
-            t = time.perf_counter()
-            await call()
-            latencies.append(time.perf_counter() - t)
-
-    cpu = time.process_time()
-    start = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(width)))
-    return latencies, n / (time.perf_counter() - start), (time.process_time() - cpu) / n
+from bench.harness import in_flight, percentile, sequential, start_mcp_server
 
 
 def line(label: str, latencies: list[float], rate: float, cpu: float) -> str:
-    ordered = sorted(latencies)
-    p50 = statistics.median(ordered) * 1000
-    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000
+    p50 = statistics.median(latencies) * 1000
+    p99 = percentile(latencies, 0.99) * 1000
     return (
         f"{label:<40} p50 {p50:6.2f} ms   p99 {p99:6.2f} ms   {rate:7.0f} calls/s"
         f"   cpu {cpu * 1e6:5.0f} µs/call"
@@ -153,7 +101,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=1000, help="calls per sequential row (x2 for x16 rows)")
     args = parser.parse_args()
-    proc, url = start_server()
+    proc, url = start_mcp_server(tools=100)
     try:
         asyncio.run(bench(url, args.calls))
     finally:

@@ -31,40 +31,15 @@ from toolbus_common.runtime import tune_gc
 from toolbus_mcp_client import McpConnection
 from toolbus_registry.app import RegistryApp
 
+from bench.harness import start_mcp_server, stop_processes
+
 SERVERS, TOOLS = 10, 100
 
 
 def serve(count: int, prefix: str) -> tuple[list[subprocess.Popen[str]], list[str]]:
-    """`count` MCP servers of TOOLS synthetic tools each, in their own processes (so that serving
-    does not compete with the registry for this process's GIL)."""
-    procs, urls = [], []
-    for i in range(count):
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.support.mcp_servers",
-                "--tools",
-                str(TOOLS),
-                "--prefix",
-                f"{prefix}{i}",
-            ],
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert proc.stdout is not None
-        procs.append(proc)
-        urls.append(proc.stdout.readline().strip())
-    return procs, urls
-
-
-def stop(procs: list[subprocess.Popen[str]]) -> None:
-    for proc in procs:
-        proc.terminate()
-    for proc in procs:
-        proc.wait(10)
+    """`count` MCP servers of TOOLS synthetic tools each, in their own processes."""
+    started = [start_mcp_server(TOOLS, f"{prefix}{i}") for i in range(count)]
+    return [proc for proc, _ in started], [url for _, url in started]
 
 
 async def list_all(urls: list[str]) -> int:
@@ -115,11 +90,11 @@ async def main(rounds: int) -> None:
         fresh_list_t = time.perf_counter()
         await list_all(fresh_urls)
         fresh_list = time.perf_counter() - fresh_list_t
-        stop(fresh)
+        stop_processes(fresh)
         assert fresh_reply["ok"], fresh_reply
     finally:
         await app.stop()
-        stop(servers)
+        stop_processes(servers)
         js = nc.jetstream()
         for bucket in ("toolsets", "workflows"):
             for kind in ("OBJ_", "KV_"):

@@ -18,10 +18,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from toolbus_contracts import ToolInfo  # noqa: E402
-from toolbus_registry.search import EmbeddingCache, SearchIndex, default_encoder  # noqa: E402
+from toolbus_contracts import ToolInfo
+from toolbus_registry.search import EmbeddingCache, SearchIndex, default_encoder
 
-from tests.search.labelled import evaluate, load_queries, load_tools  # noqa: E402
+from tests.search.labelled import evaluate, load_queries, load_tools
 
 
 def pct(samples: list[float], p: float) -> float:
