@@ -31,7 +31,7 @@ if str(ROOT) not in sys.path:
     # So `tests.support.infra` imports the same way under any pytest import mode.
     sys.path.insert(0, str(ROOT))
 
-from tests.support.infra import (  # noqa: E402
+from tests.support.infra import (
     DEFAULT_NATS_URL,
     DEFAULT_REDIS_URL,
     docker_engine_answers,

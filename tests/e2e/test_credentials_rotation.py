@@ -24,9 +24,16 @@ import pytest_asyncio
 from standardwebhooks import Webhook
 from toolbus_contracts import Subjects
 
-from tests.support.infra import aservice_process, drop_deployment_state, js_name, request, unique_prefix
+from tests.support.infra import (
+    aservice_process,
+    drop_deployment_state,
+    js_name,
+    request,
+    unique_prefix,
+    until,
+)
 from tests.support.mcp_servers import McpTestServer
-from tests.support.webhooks import Receiver, until, webhook_receiver
+from tests.support.webhooks import Receiver, webhook_receiver
 
 pytestmark = pytest.mark.e2e
 

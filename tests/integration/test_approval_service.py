@@ -30,6 +30,7 @@ from toolbus_contracts import Subjects
 from toolbus_contracts.internal import ApprovalNeeded, RunClosed
 
 from tests.support.infra import aservice_process, js_name, request
+from tests.support.infra import until as wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -59,11 +60,7 @@ def needed(**overrides: Any) -> ApprovalNeeded:
 
 async def until(check: Callable[[], Awaitable[bool]], what: str) -> None:
     """Wait for `check()` to hold (for a background consumer or loop to catch up)."""
-    for _ in range(800):
-        if await check():
-            return
-        await asyncio.sleep(0.025)
-    raise AssertionError(f"never happened: {what}")
+    await wait_for(check, what, limit=20.0)
 
 
 class Stack:

@@ -25,8 +25,8 @@ from toolbus_contracts.registry import PinnedServer
 from toolbus_credentials.app import CredentialsService
 from toolbus_credentials.settings import CredentialsSettings
 
-from tests.support.infra import js_name, request
-from tests.support.webhooks import Receiver, until
+from tests.support.infra import js_name, request, until
+from tests.support.webhooks import Receiver
 from tests.support.webhooks import webhook_receiver as receiver
 
 pytestmark = pytest.mark.integration

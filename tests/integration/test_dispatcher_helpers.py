@@ -20,7 +20,7 @@ from toolbus_dispatcher.app import DispatcherApp
 from toolbus_dispatcher.credentials import CredentialResolver
 from toolbus_dispatcher.settings import DispatcherSettings
 
-from tests.support.infra import js_name, unique_prefix
+from tests.support.infra import js_name, unique_prefix, until
 
 FAST = {
     "dispatcher_lease": 1.5,
@@ -167,8 +167,4 @@ class Harness:
 
 
 async def wait_until(predicate: Any, within: float = 15.0, what: str = "condition") -> None:
-    deadline = asyncio.get_running_loop().time() + within
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+    await until(predicate, what, limit=within)

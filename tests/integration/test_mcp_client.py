@@ -16,11 +16,11 @@ from toolbus_contracts.errors import (
 )
 from toolbus_mcp_client import IDEMPOTENCY_META_KEY, McpConnection, McpPool, ToolResult
 
+from tests.support.infra import free_port
 from tests.support.mcp_servers import (
     Fault,
     McpTestServer,
     echo_server,
-    free_port,
     paging_server,
     synthetic_tools,
     token_server,

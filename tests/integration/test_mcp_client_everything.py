@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from toolbus_mcp_client import McpConnection
 
-from tests.support.mcp_servers import free_port
+from tests.support.infra import free_port
 
 pytestmark = pytest.mark.integration
 

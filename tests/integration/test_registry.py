@@ -201,7 +201,7 @@ async def test_a_server_whose_tools_changed_gets_another_id(
 
 
 async def test_unreachable_server_is_named(nc: Any, subjects: Subjects, registry: RegistryApp) -> None:
-    from tests.support.mcp_servers import free_port
+    from tests.support.infra import free_port
 
     reply = await create(nc, subjects, {"mcp": [{"name": "ghost", "url": f"http://127.0.0.1:{free_port()}/mcp"}]})
     assert_error(reply, "upstreamUnreachable", "ghost")

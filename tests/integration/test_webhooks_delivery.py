@@ -12,7 +12,7 @@ from standardwebhooks import Webhook
 from toolbus_common.keys import Keys
 from toolbus_common.webhooks import WebhookSender
 
-from tests.support.webhooks import until
+from tests.support.infra import until
 from tests.support.webhooks import webhook_receiver as receiver
 
 pytestmark = pytest.mark.integration

@@ -33,7 +33,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -537,3 +537,20 @@ async def drop_deployment_state(nc: Any, redis_url: str, prefix: str) -> None:
     for start in range(0, len(keys), 500):
         await redis.unlink(*keys[start : start + 500])
     await redis.aclose()
+
+
+async def until(check: Callable[[], bool | Awaitable[bool]], what: str, limit: float = 10.0) -> None:
+    """Wait for `check` to hold (a liveness bound, not a timing assertion)."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit
+    while True:
+        result = check()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return
+        if loop.time() > deadline:
+            raise AssertionError(f"never happened: {what}")
+        await asyncio.sleep(0.02)

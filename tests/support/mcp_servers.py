@@ -166,14 +166,6 @@ def _listening_socket(port: int = 0) -> socket.socket:
     return sock
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now (refused if connected to)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
 class McpTestServer:
     """A real MCP server over streamable HTTP on a free 127.0.0.1 port, with fault injection.
 

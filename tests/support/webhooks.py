@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import uvicorn
@@ -54,18 +54,3 @@ async def webhook_receiver() -> AsyncIterator[Receiver]:
     finally:
         server.should_exit = True
         await task
-
-
-async def until(check: Callable[[], bool | Awaitable[bool]], what: str, limit: float = 10.0) -> None:
-    """Wait for `check` to hold (a liveness bound, not a timing assertion)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit
-    while True:
-        result = check()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return
-        if loop.time() > deadline:
-            raise AssertionError(f"never happened: {what}")
-        await asyncio.sleep(0.02)

@@ -6,7 +6,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-
 import toolbus_contracts
 from toolbus_contracts import (
     CallStartRequest,
@@ -58,7 +57,7 @@ def test_durations(text: str, seconds: float) -> None:
 
 @pytest.mark.parametrize("text", ["0s", "0ms", "-1s", "5", "", "5 m", "1d", "m5"])
 def test_bad_durations(text: str) -> None:
-    with pytest.raises(ValueError, match="duration|longer than zero"):
+    with pytest.raises(ValueError, match=r"duration|longer than zero"):
         parse_duration(text)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import orjson
 import pytest
-
 from toolbus_contracts.errors import InvalidRequest
 from toolbus_registry.paging import decode_cursor, encode_cursor, page_items, page_text
 
