@@ -17,7 +17,7 @@ import pytest
 from toolbus_contracts.errors import ToolbusError
 from toolbus_mcp_client import McpConnection, ToolResult
 
-from tests.support.mcp_servers import Fault, McpTestServer, echo_server
+from tests.support.mcp_servers import Fault, McpTestServer, echo_server, paging_server
 
 pytestmark = pytest.mark.integration
 
@@ -54,13 +54,9 @@ class Wire:
             headers = {k.lower(): v for k, v in request.headers.items() if k.lower() != "content-length"}
             self.sent.append((headers, orjson.loads(request.content)))
 
-    def calls(self) -> list[tuple[dict[str, str], dict[str, Any]]]:
-        """The tools/call requests, without the JSON-RPC id (each path numbers its own)."""
-        return [
-            (h, {k: v for k, v in b.items() if k != "id"})
-            for h, b in self.sent
-            if b["method"] == "tools/call"
-        ]
+    def calls(self, method: str = "tools/call") -> list[tuple[dict[str, str], dict[str, Any]]]:
+        """The requests of one method, without the JSON-RPC id (each path numbers its own)."""
+        return [(h, {k: v for k, v in b.items() if k != "id"}) for h, b in self.sent if b["method"] == method]
 
 
 async def open_pair(url: str, headers: dict[str, str] | None = None) -> tuple[McpConnection, McpConnection]:
@@ -135,6 +131,32 @@ async def test_same_results_and_same_requests_on_both_paths(
         "io.modelcontextprotocol/protocolVersion",
         "io.modelcontextprotocol/clientCapabilities",
     }
+
+
+@pytest.mark.parametrize("json_response", [False, True], ids=["sse", "json"])
+async def test_same_listing_and_same_list_requests_on_both_paths(json_response: bool) -> None:
+    async with paging_server(8, 3, json_response=json_response, required_token=TOKEN) as server:
+        fast, sdk = await open_pair(server.url, {"Authorization": f"Bearer {TOKEN}"})
+        fast_wire, sdk_wire = watch(fast), watch(sdk)
+        try:
+            listed = await fast.list_tools()
+            assert listed == await sdk.list_tools()
+            assert [t["name"] for t in listed] == [f"op_{i:04d}" for i in range(8)]
+            pages = fast_wire.calls("tools/list")
+            assert pages == sdk_wire.calls("tools/list") and len(pages) == 3
+            assert [b["params"].get("cursor") for _, b in pages] == [None, "3", "6"]
+            assert pages[0][0]["mcp-method"] == "tools/list"
+            # a rejected token is the same typed error on both paths
+            server.required_token = "rotated"
+            errors = []
+            for conn in (fast, sdk):
+                with pytest.raises(ToolbusError) as caught:
+                    await conn.list_tools()
+                errors.append((type(caught.value).__name__, caught.value.details))
+            assert errors[0] == errors[1] == ("CredentialsRejected", {"server": "srv", "status": 401})
+        finally:
+            await sdk.aclose()
+            await fast.aclose()
 
 
 async def test_key_reaches_server_in_header_and_meta(

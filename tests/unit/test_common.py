@@ -56,6 +56,7 @@ def test_fast_canonical_form_matches_the_reference() -> None:
         [2.5e-7],
         {"text": "ratio 1:5.5, [3.0e2] and 12345678901234567 inside a string"},
         9007199254740991,
+        {"k": [1, -2.5], "e": -1e-7, "long": 1234567890123456, "neg": [-7]},
     ]
     for sample in samples:
         assert canonical_json(sample) == bytes(rfc8785.dumps(sample)), sample
@@ -64,3 +65,14 @@ def test_fast_canonical_form_matches_the_reference() -> None:
 def test_integers_beyond_the_double_range_are_taken_as_doubles() -> None:
     assert canonical_json({"max": 2**63 - 1}) == b'{"max":9223372036854776000}'
     assert canonical_json({"huge": 2**70}) == canonical_json({"huge": float(2**70)})
+
+
+def test_canonical_json_can_be_assembled_from_canonical_parts() -> None:
+    from toolbus_common.canonical import canonical_array, canonical_members
+
+    parts = {"zeta": [1, {"b": 2.5, "a": "😀"}], "alpha": {"x": None}, "\u00e9": "e", "Z": []}
+    assembled = canonical_members(
+        {k: canonical_json(v) for k, v in parts.items() if k != "zeta"}
+        | {"zeta": canonical_array([canonical_json(v) for v in parts["zeta"]])}
+    )
+    assert assembled == canonical_json(parts)

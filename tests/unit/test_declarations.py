@@ -148,3 +148,17 @@ def test_fragment_is_the_tool_alone_with_its_named_types() -> None:
     assert fragment.startswith("declare namespace $notion {")
     assert 'declare const notion: {\n  /** Get a user. */\n  "API-get-user"(input:' in fragment
     assert tool_dts_fragment(_tool("ask_user", kind="host")).startswith("declare function ask_user(")
+
+
+def test_the_size_floor_never_exceeds_the_rendered_size() -> None:
+    import orjson
+    from toolbus_registry.declarations import declarations_floor
+
+    from tests.support.mcp_servers import synthetic_tools
+
+    synthetic = [
+        _tool(f"srv.{t['name']}", t["inputSchema"], description=t["description"]) for t in synthetic_tools(30)
+    ]
+    for tools in (edge_tools(), synthetic, [_tool("a", description="  x \n\n y */ z  ")], [_tool("b")]):
+        size = len(orjson.dumps({"prompt": render_prompt(tools), "dts": render_dts(tools, "m")}))
+        assert 0 < declarations_floor((t.name, t.description) for t in tools) <= size

@@ -1,4 +1,4 @@
-"""How `_fast_call.post_call` reads answers a real server rarely gives on demand (hand-written HTTP).
+"""How `_fast_call.post_request` reads answers a real server rarely gives on demand (hand-written HTTP).
 
 Each case states the `MCPError` the SDK's streamable HTTP transport produces for the same answer,
 so `classify` maps both paths alike.
@@ -14,7 +14,7 @@ import orjson
 import pytest
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR
-from toolbus_mcp_client._fast_call import build_call, header_map, post_call
+from toolbus_mcp_client._fast_call import build_call, header_map, post_request
 
 URL = "http://mcp.test/mcp"
 RESULT = {"content": [{"type": "text", "text": "ok"}], "isError": False}
@@ -26,7 +26,7 @@ def sse(*messages: Any) -> bytes:
 
 async def post(handler: Callable[[httpx2.Request], httpx2.Response], request_id: int = 7) -> dict[str, Any]:
     async with httpx2.AsyncClient(transport=httpx2.MockTransport(handler)) as http:
-        return await post_call(http, URL, b"{}", {"content-type": "application/json"}, request_id)
+        return await post_request(http, URL, b"{}", {"content-type": "application/json"}, request_id)
 
 
 def answer(status: int, body: bytes, content_type: str) -> Callable[[httpx2.Request], httpx2.Response]:

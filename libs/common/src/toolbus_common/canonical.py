@@ -4,16 +4,38 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
 import rfc8785
 
-_NON_BMP_LEAD = tuple(bytes([b]) for b in range(0xF0, 0xF5))
-# A number token that is not a small integer: a float, or an integer JCS cannot represent exactly.
-# orjson writes no whitespace, so every number follows `:`, `,` or `[`; the same bytes inside a
-# string (a description saying "1:5.5") only send that value down the slower exact path.
-_NOT_SMALL_INT = re.compile(rb"[:,\[]-?\d+[.eE]|[:,\[]-?\d{16}")
+
+def _byte_classes() -> bytes:
+    """A `bytes.translate` table that keeps only what the fast path must look at: digits become
+    `0`, `.`/`e`/`E` become `.`, the bytes a number may follow (`:`, `,`, `[`) become `:`, `-`
+    stays, the lead bytes of 4-byte UTF-8 sequences (characters outside the Basic Multilingual
+    Plane) become `!`, and everything else a space."""
+    table = bytearray(b" " * 256)
+    for byte in b"0123456789":
+        table[byte] = ord("0")
+    for byte in b".eE":
+        table[byte] = ord(".")
+    for byte in b":,[":
+        table[byte] = ord(":")
+    table[ord("-")] = ord("-")
+    for byte in range(0xF0, 0xF5):
+        table[byte] = ord("!")
+    return bytes(table)
+
+
+_CLASSES = _byte_classes()
+# In the classified bytes: a number token that is a float (digits then `.` or an exponent), or an
+# integer of 16+ digits, which JCS may not represent exactly. orjson writes no whitespace, so every
+# number follows `:`, `,` or `[`; the same bytes inside a string (a description saying "1:5.5") only
+# send that value down the slower exact path.
+_FLOAT = re.compile(rb":-?0+\.")
+_LONG = b"0" * 16
 _SAFE_INT = 2**53 - 1
 
 
@@ -32,11 +54,22 @@ def canonical_json(value: Any) -> bytes:
         fast = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
     except TypeError:  # integers beyond 64 bits and other values orjson refuses
         return _reference(value)
-    if any(lead in fast for lead in _NON_BMP_LEAD):
-        return _reference(value)
-    if _NOT_SMALL_INT.search(fast):
+    classes = fast.translate(_CLASSES)  # C speed; the checks below then search few byte values
+    if b"!" in classes or _LONG in classes or (b"0." in classes and _FLOAT.search(classes)):
         return _reference(value)
     return fast
+
+
+def canonical_members(members: Mapping[str, bytes]) -> bytes:
+    """The canonical JSON of an object whose member values are canonical JSON already: lets a
+    large value be canonicalised part by part (and the parts be reused)."""
+    keys = sorted(members, key=lambda k: k.encode("utf-16-be"))  # JCS orders by UTF-16 units
+    return b"{" + b",".join(_reference(k) + b":" + members[k] for k in keys) + b"}"
+
+
+def canonical_array(items: Sequence[bytes]) -> bytes:
+    """The canonical JSON of an array whose items are canonical JSON already."""
+    return b"[" + b",".join(items) + b"]"
 
 
 def _as_doubles(value: Any) -> Any:

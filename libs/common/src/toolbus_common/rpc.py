@@ -36,13 +36,20 @@ LATENCY = Histogram(
     buckets=(0.0002, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 2.5, 10.0),
 )
 
+
+class RawJson(bytes):
+    """A reply's `data` already encoded as JSON (a cached or pydantic-written body)."""
+
+
 Req = TypeVar("Req", bound=BaseModel)
-Result = WireModel | dict[str, Any] | None
+Result = WireModel | dict[str, Any] | RawJson | None
 Handler = Callable[[Req], Awaitable[Result]]
 RawHandler = Callable[[Msg], Awaitable[None]]
 
 
 def encode_ok(result: Result) -> bytes:
+    if isinstance(result, RawJson):
+        return b'{"ok":true,"data":' + result + b"}"
     if result is None:
         data: Any = {}
     elif isinstance(result, WireModel):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Annotated, Any, Literal
 
@@ -92,11 +93,17 @@ class EffectivePolicy(WireModel):
 
     @staticmethod
     def for_kind(kind: ToolKind, spec: PolicySpec | None) -> EffectivePolicy:
-        """Defaults of the contract for this kind of tool, overridden by what the spec gives."""
-        given = spec.model_dump(exclude_none=True) if spec else {}
-        if kind in ("mcp", "http"):
-            given.setdefault("timeout", DEFAULT_TIMEOUT)
-        return EffectivePolicy.model_validate(given)
+        """Defaults of the contract for this kind of tool, overridden by what the spec gives.
+        Cached: a 1,000-tool toolset has a handful of distinct policies, and both are frozen."""
+        return _effective_policy(kind, spec)
+
+
+@functools.lru_cache(maxsize=4096)
+def _effective_policy(kind: ToolKind, spec: PolicySpec | None) -> EffectivePolicy:
+    given = spec.model_dump(exclude_none=True) if spec else {}
+    if kind in ("mcp", "http"):
+        given.setdefault("timeout", DEFAULT_TIMEOUT)
+    return EffectivePolicy.model_validate(given)
 
 
 class McpServerSpec(WireModel):

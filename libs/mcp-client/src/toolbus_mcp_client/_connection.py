@@ -2,8 +2,8 @@
 
 The SDK client multiplexes: each request is its own POST on the pooled httpx2 client, answers
 are matched by JSON-RPC id, so any number of `call_tool`s may run at once on one connection.
-On a 2026-07-28 connection (stateless), `call_tool` skips the SDK client and sends the same
-request itself on the same httpx2 client (`_fast_call`); 2025-era sessions and every other
+On a 2026-07-28 connection (stateless), `call_tool` and `list_tools` skip the SDK client and send the same
+requests themselves on the same httpx2 client (`_fast_call`); 2025-era sessions and every other
 operation go through the SDK.
 The `mcp.Client` is entered and exited by a task of its own (anyio scopes must be left by the
 task that entered them, and the pool's callers are many tasks). If that client ever dies, the
@@ -32,7 +32,7 @@ from pydantic import TypeAdapter, ValidationError
 from toolbus_contracts.errors import Timeout, ToolbusError, UpstreamError, UpstreamUnreachable
 
 from toolbus_mcp_client._errors import classify, protocol_error
-from toolbus_mcp_client._fast_call import HeaderMap, build_call, header_map, post_call
+from toolbus_mcp_client._fast_call import HeaderMap, build_call, build_list, header_map, post_request
 from toolbus_mcp_client._transport import Attempt, build_http_client, current_attempt
 
 logger = logging.getLogger("toolbus_mcp_client")
@@ -272,24 +272,7 @@ class McpConnection:
         cursor: str | None = None
         live = await self._current()
         for _ in range(MAX_LIST_PAGES):
-            client = live.client
-            assert client is not None
-            attempt = Attempt()
-            token = current_attempt.set(attempt)
-            try:
-                page: dict[str, Any] = await client.session.send_request(
-                    types.ListToolsRequest(params=types.PaginatedRequestParams(cursor=cursor)),
-                    _RAW_RESULT,
-                    request_read_timeout_seconds=timeout,
-                )
-            except MCPError as exc:
-                raise classify(
-                    self.server_name, attempt, exc, what="listing tools", timeout=timeout
-                ) from None
-            except ValidationError as exc:
-                raise protocol_error(self.server_name, "listing tools", str(exc)) from None
-            finally:
-                current_attempt.reset(token)
+            page = await self._list_page(live, cursor, timeout)
             raw_tools = page.get("tools")
             if not isinstance(raw_tools, list):
                 raise protocol_error(self.server_name, "listing tools", "the result has no tools list")
@@ -307,6 +290,35 @@ class McpConnection:
             seen.add(next_cursor)
             cursor = next_cursor
         raise protocol_error(self.server_name, "listing tools", f"it listed more than {MAX_LIST_PAGES} pages")
+
+    async def _list_page(self, live: _Live, cursor: str | None, timeout: float) -> dict[str, Any]:  # noqa: ASYNC109
+        """One `tools/list` result: in one POST on a stateless connection (see `_fast_call`; the
+        SDK's models cost ~3 ms a 100-tool page), else through the SDK session."""
+        client = live.client
+        assert client is not None
+        attempt = Attempt()
+        token = current_attempt.set(attempt)
+        try:
+            if self._fast_calls and live.modern:
+                request_id = next(self._request_ids)
+                body, headers = build_list(client.session._stamp, request_id, cursor)
+                async with asyncio.timeout(timeout):
+                    return await post_request(self._http, self.url, body, headers, request_id)
+            page: dict[str, Any] = await client.session.send_request(
+                types.ListToolsRequest(params=types.PaginatedRequestParams(cursor=cursor)),
+                _RAW_RESULT,
+                request_read_timeout_seconds=timeout,
+            )
+            return page
+        except TimeoutError:
+            error = MCPError(REQUEST_TIMEOUT, "Request 'tools/list' timed out")
+        except MCPError as exc:
+            error = exc
+        except ValidationError as exc:
+            raise protocol_error(self.server_name, "listing tools", str(exc)) from None
+        finally:
+            current_attempt.reset(token)
+        raise classify(self.server_name, attempt, error, what="listing tools", timeout=timeout)
 
     async def call_tool(
         self,
@@ -427,7 +439,7 @@ class McpConnection:
         token = current_attempt.set(attempt)
         try:
             async with asyncio.timeout(timeout):
-                return await post_call(self._http, self.url, body, headers, request_id)
+                return await post_request(self._http, self.url, body, headers, request_id)
         except TimeoutError:
             error = MCPError(REQUEST_TIMEOUT, "Request 'tools/call' timed out")
         except MCPError as exc:

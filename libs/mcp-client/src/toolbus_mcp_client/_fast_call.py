@@ -1,4 +1,5 @@
-"""`tools/call` on a 2026-07-28 (stateless) connection in one POST, without the SDK client stack.
+"""`tools/call` and `tools/list` on a 2026-07-28 (stateless) connection in one POST each, without
+the SDK client stack.
 
 The SDK client spends most of a call's CPU on machinery a stateless call does not need (a task
 and memory streams per request, pydantic JSON-RPC models both ways). This module sends the same
@@ -9,7 +10,8 @@ bytes the SDK sends and reads the answer with orjson:
   `Mcp-Method`, `Mcp-Name` and SDK-known `Mcp-Param-*` headers, so the envelope is the SDK's by
   construction; `param_headers` adds the `Mcp-Param-*` headers of a schema the caller knows,
   built by the SDK's `mcp_param_headers`.
-- `post_call` POSTs it on the connection's httpx2 client, follows a redirect only when the SDK
+- `build_list` does the same for a `tools/list` page.
+- `post_request` POSTs it on the connection's httpx2 client, follows a redirect only when the SDK
   would (`next_request_within_origin`), and reads a JSON or `text/event-stream` answer. It
   returns the JSON-RPC `result` object, or raises the `MCPError` the SDK's transport and
   dispatcher raise for the same answer (same code and message), so `_errors.classify` maps
@@ -43,6 +45,7 @@ Stamp = Callable[[dict[str, Any], CallOptions], None]
 HeaderMap = dict[tuple[str, ...], str]
 
 CALL_METHOD: Final = "tools/call"
+LIST_METHOD: Final = "tools/list"
 # What the SDK's `StreamableHTTPTransport._prepare_headers` puts on every POST (no session here).
 _BASE_HEADERS: Final = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
 
@@ -78,19 +81,31 @@ def build_call(
     is the `Mcp-Param-*` map of a schema the caller knows, on top of what the SDK knows.
     """
     params: dict[str, Any] = {"name": name, "arguments": arguments, "_meta": meta}
-    data: dict[str, Any] = {"method": CALL_METHOD, "params": params}
-    opts: CallOptions = {}
-    stamp(data, opts)
-    inject_trace_context(meta)
-    headers = dict(_BASE_HEADERS)
-    headers.update(opts.get("headers") or {})
+    body, headers = _build(stamp, request_id, CALL_METHOD, params)
     if params_headers:
         headers.update(mcp_param_headers(params_headers, arguments))
-    message = {"jsonrpc": "2.0", "id": request_id, "method": CALL_METHOD, "params": params}
+    return body, headers
+
+
+def build_list(stamp: Stamp, request_id: int, cursor: str | None) -> tuple[bytes, dict[str, str]]:
+    """The body and MCP headers of one `tools/list` page, as the SDK client would send them."""
+    return _build(stamp, request_id, LIST_METHOD, {"cursor": cursor} if cursor is not None else {})
+
+
+def _build(
+    stamp: Stamp, request_id: int, method: str, params: dict[str, Any]
+) -> tuple[bytes, dict[str, str]]:
+    data: dict[str, Any] = {"method": method, "params": params}
+    opts: CallOptions = {}
+    stamp(data, opts)
+    inject_trace_context(data["params"].setdefault("_meta", {}))
+    headers = dict(_BASE_HEADERS)
+    headers.update(opts.get("headers") or {})
+    message = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": data["params"]}
     return _dumps(message), headers
 
 
-async def post_call(
+async def post_request(
     http: httpx2.AsyncClient, url: str, body: bytes, headers: Mapping[str, str], request_id: int
 ) -> dict[str, Any]:
     """POST one request and return its JSON-RPC `result`; raise `MCPError` as the SDK path would."""

@@ -8,19 +8,25 @@ lookups, so the rules are unit-tested without a broker.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+import orjson
 from jsonschema.exceptions import SchemaError
 from jsonschema.validators import validator_for
-from toolbus_common.canonical import content_id
+from pydantic import ValidationError
+from toolbus_common.canonical import canonical_array, canonical_json, canonical_members, content_id
 from toolbus_common.toolsets import qualified_names
 from toolbus_contracts import (
     EffectivePolicy,
     HttpSpec,
+    McpServerSpec,
     PinnedServer,
-    PinnedTool,
     PinnedToolset,
     PinnedWorkflow,
     PolicySpec,
@@ -44,7 +50,7 @@ ToolsetLookup = Callable[[str], Awaitable[PinnedToolset | None]]
 
 
 def toolset_id(pinned: PinnedToolset) -> str:
-    """`ts_` + SHA-256 of the RFC 8785 canonical JSON of the normalised pinned toolset."""
+    """The id of a pinned toolset: what `Pinned.id` gives for it."""
     return content_id("ts_", pinned.wire())
 
 
@@ -73,13 +79,83 @@ def _normalise_policy(kind: ToolKind, spec: PolicySpec | None) -> PolicySpec | N
     return PolicySpec.model_validate(kept) if kept else None
 
 
-def _pin_tool(raw: dict[str, Any], server: str) -> PinnedTool:
+def _pin_tool(raw: dict[str, Any], server: str) -> dict[str, Any]:
+    """The pinned fields of a listed tool, as the wire form of a `PinnedTool` (the server's
+    `PinnedServer` validates them all in one go)."""
     data = {k: raw[k] for k in _PINNED_TOOL_FIELDS if raw.get(k) is not None}
     if not isinstance(data.get("name"), str) or not isinstance(data.get("inputSchema"), dict):
         raise InvalidRequest(
             f"Server '{server}' listed a tool without a name or inputSchema.", details={"server": server}
         )
-    return PinnedTool.model_validate(data)
+    return data
+
+
+@dataclass(frozen=True, slots=True)
+class Pinned:
+    """A pinned toolset, its wire form (what is stored) and that form's RFC 8785 canonical JSON
+    (what the id is computed over)."""
+
+    toolset: PinnedToolset
+    wire: dict[str, Any]
+    canonical: bytes
+
+    @property
+    def id(self) -> str:
+        """`ts_` + SHA-256 of the canonical JSON of the normalised pinned toolset."""
+        return "ts_" + hashlib.sha256(self.canonical).hexdigest()
+
+
+def _pinned_server(data: dict[str, Any], server: str) -> PinnedServer:
+    try:
+        return PinnedServer.model_validate(data, by_alias=True)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False, include_input=False)[0]
+        where = ".".join(str(p) for p in error["loc"])
+        raise InvalidRequest(
+            f"Server '{server}' listed a tool that cannot be pinned: {where}: {error['msg']}.",
+            details={"server": server},
+        ) from None
+
+
+@dataclass(frozen=True, slots=True)
+class ServerPin:
+    """One MCP server pinned: the model, its wire form and that form's canonical JSON."""
+
+    model: PinnedServer
+    wire: dict[str, Any]
+    canonical: bytes
+
+
+SERVER_MEMO_SIZE = 256
+"""Pinned servers remembered by what they listed (keyed by the listing's own bytes, so exact)."""
+
+
+def _pin_server(i: int, server: McpServerSpec, listed: list[dict[str, Any]]) -> ServerPin:
+    tools = sorted((_pin_tool(t, server.name) for t in listed), key=itemgetter("name"))
+    names = {t["name"] for t in tools}
+    if len(names) != len(tools):
+        raise InvalidRequest(
+            f"Server '{server.name}' lists two tools with the same name.", details={"server": server.name}
+        )
+    for key in server.policies:
+        if key not in names:
+            raise InvalidRequest(
+                f"Policy for '{key}' on server '{server.name}': the server lists no such tool.",
+                details={"field": f"mcp[{i}].policies.{key}", "server": server.name, "tool": key},
+            )
+    policies = {
+        k: p for k, v in sorted(server.policies.items()) if (p := _normalise_policy("mcp", v)) is not None
+    }
+    model = _pinned_server(
+        {"name": server.name, "url": server.url, "tools": tools, "policies": policies}, server.name
+    )
+    wire = {
+        "name": server.name,
+        "url": server.url,
+        "tools": tools,  # each already the wire form of its PinnedTool
+        "policies": {k: p.wire() for k, p in policies.items()},
+    }
+    return ServerPin(model, wire, canonical_json(wire))
 
 
 class Pinner:
@@ -89,10 +165,15 @@ class Pinner:
         self._list = lister
         self._workflow = workflows
         self._toolset = toolsets
+        self._memo: OrderedDict[bytes, ServerPin] = OrderedDict()
 
-    async def pin(self, spec: ToolsetCreateRequest) -> PinnedToolset:
+    async def pin(self, spec: ToolsetCreateRequest) -> Pinned:
+        """The pinned toolset of a spec. Its wire form is assembled from the listed tools as they
+        are checked, so a 1,000-tool toolset is not serialised again to compute its id."""
         if spec.base is not None:
-            return await self._derive(spec)
+            derived = await self._derive(spec)
+            wire = orjson.loads(derived.wire_json())
+            return Pinned(derived, wire, canonical_json(wire))
         self._check_names(spec)
         servers, workflows = await asyncio.gather(
             self._pin_servers(spec), self._pin_workflows(spec.workflows)
@@ -107,9 +188,19 @@ class Pinner:
                 allow=sorted({a.strip().lower().rstrip(".") for a in spec.http.allow}),
                 policy=_normalise_policy("http", spec.http.policy),
             )
-        pinned = PinnedToolset(servers=servers, host=host, http=http, workflows=workflows)
+        pinned = PinnedToolset(servers=[s.model for s in servers], host=host, http=http, workflows=workflows)
         _check_unique_tools(pinned)
-        return pinned
+        rest: dict[str, Any] = {
+            "host": [h.wire() for h in host],
+            "workflows": [w.wire() for w in workflows],
+        }
+        if http is not None:
+            rest["http"] = http.wire()
+        canonical = canonical_members(
+            {k: canonical_json(v) for k, v in rest.items()}
+            | {"servers": canonical_array([s.canonical for s in servers])}
+        )
+        return Pinned(pinned, {"servers": [s.wire for s in servers], **rest}, canonical)
 
     async def _derive(self, spec: ToolsetCreateRequest) -> PinnedToolset:
         for field in ("mcp", "host"):
@@ -160,35 +251,33 @@ class Pinner:
                         details={"field": f"credentials.servers.{name}", "server": name},
                     )
 
-    async def _pin_servers(self, spec: ToolsetCreateRequest) -> list[PinnedServer]:
+    async def _pin_servers(self, spec: ToolsetCreateRequest) -> list[ServerPin]:
         creds = spec.credentials.servers if spec.credentials else {}
 
-        async def one(i: int) -> PinnedServer:
+        async def one(i: int) -> ServerPin:
             server = spec.mcp[i]
             headers = creds[server.name].plain_headers() if server.name in creds else {}
             listed = await self._list(server.name, server.url, headers)
-            tools = sorted((_pin_tool(t, server.name) for t in listed), key=lambda t: t.name)
-            names = {t.name for t in tools}
-            if len(names) != len(tools):
-                raise InvalidRequest(
-                    f"Server '{server.name}' lists two tools with the same name.",
-                    details={"server": server.name},
+            # Pinning is a pure function of the server's spec and what it listed: a server that
+            # lists the same tools again (re-registration, the common case) is not pinned again.
+            try:
+                key = orjson.dumps(
+                    [server.name, server.url, {k: v.wire() for k, v in server.policies.items()}, listed]
                 )
-            for key in server.policies:
-                if key not in names:
-                    raise InvalidRequest(
-                        f"Policy for '{key}' on server '{server.name}': the server lists no such tool.",
-                        details={"field": f"mcp[{i}].policies.{key}", "server": server.name, "tool": key},
-                    )
-            policies = {
-                k: p
-                for k, v in sorted(server.policies.items())
-                if (p := _normalise_policy("mcp", v)) is not None
-            }
-            return PinnedServer(name=server.name, url=server.url, tools=tools, policies=policies)
+            except TypeError:  # a value orjson cannot write (an integer beyond 64 bits): no memo
+                return _pin_server(i, server, listed)
+            hit = self._memo.get(key)
+            if hit is None:
+                hit = _pin_server(i, server, listed)
+                self._memo[key] = hit
+                while len(self._memo) > SERVER_MEMO_SIZE:
+                    self._memo.popitem(last=False)
+            else:
+                self._memo.move_to_end(key)
+            return hit
 
         pinned = await asyncio.gather(*(one(i) for i in range(len(spec.mcp))))
-        return sorted(pinned, key=lambda s: s.name)
+        return sorted(pinned, key=lambda s: s.model.name)
 
     async def _pin_workflows(self, refs: list[str]) -> list[PinnedWorkflow]:
         by_name: dict[str, PinnedWorkflow] = {}

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
+from toolbus_common.rpc import RawJson
 from toolbus_common.toolsets import StoredToolset, ToolsetStore
 from toolbus_contracts import (
     Credentials,
@@ -27,9 +28,9 @@ from toolbus_contracts import (
 )
 from toolbus_contracts.errors import NotFound
 
-from toolbus_registry.declarations import render_dts, render_prompt
+from toolbus_registry.declarations import declarations_floor, render_dts, render_prompt
 from toolbus_registry.paging import ENVELOPE_SLACK, decode_cursor, encode_cursor, page_items, page_text
-from toolbus_registry.pinning import Pinner, ToolLister, check_json_schema, toolset_id
+from toolbus_registry.pinning import Pinner, ToolLister, check_json_schema
 from toolbus_registry.searching import Searcher
 from toolbus_registry.workflows import WorkflowStore
 
@@ -38,6 +39,36 @@ class ToolsetCredentialSink(Protocol):
     """Where registration's `credentials` land: the toolset level of the credential store."""
 
     async def set_toolset(self, toolset_id: str, credentials: Credentials) -> None: ...
+
+
+_WARM_DELAY = 0.01
+"""Seconds between a create reply and the background rendering and embedding, so the reply is
+written out before that CPU-bound work competes for the interpreter."""
+REPLY_CACHE_BYTES = 16 * 1024 * 1024
+"""Create replies kept per toolset id (content-addressed, so never stale), by total size."""
+
+
+class ReplyCache:
+    """Encoded replies by key, least recently used dropped first beyond `max_bytes` in all."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self._max = max_bytes
+        self._used = 0
+        self._items: OrderedDict[str, RawJson] = OrderedDict()
+
+    def get(self, key: str) -> RawJson | None:
+        hit = self._items.get(key)
+        if hit is not None:
+            self._items.move_to_end(key)
+        return hit
+
+    def put(self, key: str, value: RawJson) -> None:
+        old = self._items.pop(key, None)
+        self._used += len(value) - (len(old) if old is not None else 0)
+        self._items[key] = value
+        while self._used > self._max and len(self._items) > 1:
+            _, dropped = self._items.popitem(last=False)
+            self._used -= len(dropped)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +96,7 @@ class RegistryService:
         self._budget = max_payload - ENVELOPE_SLACK
         self._pinner = Pinner(lister, workflows.get, self._pinned)
         self._rendered: OrderedDict[str, Rendered] = OrderedDict()
+        self._replies = ReplyCache(REPLY_CACHE_BYTES)
         self._searcher = searcher or Searcher()
         self._warming: dict[str, asyncio.Task[None]] = {}
 
@@ -91,35 +123,59 @@ class RegistryService:
 
     # ---- toolsets ---------------------------------------------------------------------------
 
-    async def create(self, req: ToolsetCreateRequest) -> dict[str, Any]:
+    async def create(self, req: ToolsetCreateRequest) -> RawJson:
         pinned = await self._pinner.pin(req)
-        tid = toolset_id(pinned)
-        stored = await self._toolsets.put(tid, pinned)
+        tid = pinned.id
+        stored = self._toolsets.entry(tid, pinned.toolset)
+        cached = self._replies.get(tid)
+        if cached is None:
+            # the store write mostly waits on JetStream: build the reply meanwhile
+            _, reply = await asyncio.gather(
+                self._toolsets.save(stored, pinned.wire), self._create_reply(stored)
+            )
+            self._replies.put(tid, reply)
+        else:
+            await self._toolsets.save(stored, pinned.wire)
+            reply = cached
         if req.credentials is not None and self._credentials is not None:
             await self._credentials.set_toolset(tid, req.credentials)
-        rendered = await asyncio.to_thread(self._render, stored)
-        self._warm_search(stored)
-        tools = [t.wire() for t in stored.table.infos()]
-        reply = {
-            "id": tid,
-            "tools": tools,
-            "declarations": Declarations(prompt=rendered.prompt, dts=rendered.dts).wire(),
-        }
-        if len(orjson.dumps(reply)) > self._budget:
-            return {"id": tid, "toolCount": len(tools), "truncated": True}
+        self._warm(stored)
         return reply
 
-    def _warm_search(self, stored: StoredToolset) -> None:
-        """Embed a new toolset's tools in the background: search is usually asked for next."""
-        if stored.id in self._warming:
-            return
-        task = asyncio.create_task(asyncio.to_thread(self._searcher.warm, stored))
+    async def _create_reply(self, stored: StoredToolset) -> RawJson:
+        """The create reply of a toolset, or its truncated form when it would not fit in a message
+        (then the declarations are not rendered here: `_warm` renders them for the paged reads)."""
+        wires = stored.table.wire()
+        truncated = RawJson(orjson.dumps({"id": stored.id, "toolCount": len(wires), "truncated": True}))
+        tools = orjson.dumps(wires)
+        if len(tools) + declarations_floor((w["name"], w["description"]) for w in wires) > self._budget:
+            return truncated
+        rendered = await asyncio.to_thread(self._render, stored)
+        declarations = Declarations(prompt=rendered.prompt, dts=rendered.dts).wire_json()
+        reply = b'{"id":"%s","tools":%s,"declarations":%s}' % (stored.id.encode(), tools, declarations)
+        return truncated if len(reply) > self._budget else RawJson(reply)
+
+    def _warm(self, stored: StoredToolset) -> None:
+        """Render a toolset's declarations and embed its tools in the background, once the reply
+        is out: declarations and search are usually asked for next."""
+        if stored.id in self._warming or stored.id in self._rendered:
+            return  # warming, or warmed (rendering comes first)
+
+        def warm() -> None:
+            self._render(stored)
+            self._searcher.warm(stored)
+
+        async def later() -> None:
+            await asyncio.sleep(_WARM_DELAY)
+            await asyncio.to_thread(warm)
+
+        task = asyncio.create_task(later())
         self._warming[stored.id] = task
         task.add_done_callback(lambda _: self._warming.pop(stored.id, None))
 
     async def get(self, req: ToolsetGetRequest) -> ToolsetGetReply:
         stored = await self._stored(req.id)
-        tools = [t.wire() for t in stored.table.infos()]
+        tools = stored.table.wire()
         page, nxt = page_items(tools, decode_cursor(req.cursor), self._budget)
         return ToolsetGetReply.model_validate(
             {"id": req.id, "tools": page, "nextCursor": encode_cursor(nxt) if nxt is not None else None}

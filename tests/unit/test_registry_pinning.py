@@ -1,0 +1,124 @@
+"""Pinning without a broker: the fast serialisations give exactly what the models' own `wire()`
+gives, and a listed tool that cannot be pinned is refused naming its server."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+import pytest
+from toolbus_common.canonical import canonical_json, content_id
+from toolbus_common.toolsets import ToolTable
+from toolbus_contracts import (
+    HostToolSpec,
+    HttpSpec,
+    McpServerSpec,
+    PinnedToolset,
+    PolicySpec,
+    ToolInfo,
+    ToolsetCreateRequest,
+    Workflow,
+)
+from toolbus_contracts.errors import InvalidRequest
+from toolbus_registry.pinning import Pinned, Pinner, toolset_id
+from toolbus_registry.service import ReplyCache
+
+from tests.support.mcp_servers import synthetic_tools
+
+SCHEMA = {"type": "object", "properties": {"n": {"type": "number", "minimum": 0.5, "maximum": 1e21}}}
+
+
+def _lister(listings: dict[str, list[dict[str, Any]]]) -> Any:
+    async def lister(server: str, url: str, headers: Mapping[str, str]) -> list[dict[str, Any]]:
+        return listings[server]
+
+    return lister
+
+
+async def _nothing(*_: Any) -> None:
+    return None
+
+
+async def _workflow(name: str, version: str | None) -> Workflow:
+    return Workflow(name=name, version="0" * 12, input_schema=SCHEMA, output_schema=SCHEMA)
+
+
+def _rich_spec() -> ToolsetCreateRequest:
+    return ToolsetCreateRequest(
+        mcp=[
+            McpServerSpec(name="b", url="http://b/mcp", policies={"op_0000": PolicySpec(approval=True)}),
+            McpServerSpec(name="a", url="http://a/mcp"),
+        ],
+        host=[
+            HostToolSpec(name="crm.find", description="Find. 😀", input_schema=SCHEMA, output_schema=SCHEMA),
+            HostToolSpec(name="ask", input_schema={"type": "object"}, policy=PolicySpec(concurrency=2)),
+        ],
+        http=HttpSpec(allow=["API.example.com.", "*.example.com"], policy=PolicySpec(timeout="30s")),
+        workflows=["triage"],
+    )
+
+
+async def _rich_pinned() -> Pinned:
+    tools = [
+        *synthetic_tools(20),
+        {"name": "floaty", "title": "F", "inputSchema": SCHEMA, "annotations": {"readOnlyHint": True}},
+    ]
+    pinner = Pinner(_lister({"a": tools, "b": synthetic_tools(5)}), _workflow, _nothing)
+    return await pinner.pin(_rich_spec())
+
+
+async def test_the_assembled_wire_form_is_the_models_and_gives_its_id() -> None:
+    pinned = await _rich_pinned()
+    assert pinned.wire == pinned.toolset.wire()
+    assert pinned.canonical == canonical_json(pinned.wire)  # assembled from per-server parts
+    assert pinned.id == toolset_id(pinned.toolset) == content_id("ts_", pinned.toolset.wire())
+    # what is stored (the wire form) validates back to the same toolset, so a stored one keeps its id
+    stored = PinnedToolset.model_validate_json(orjson.dumps(pinned.wire))
+    assert toolset_id(stored) == pinned.id
+
+
+async def test_tool_table_wire_forms_are_those_of_validated_infos() -> None:
+    table = ToolTable((await _rich_pinned()).toolset)
+    validated = [ToolInfo.model_validate(w) for w in table.wire()]
+    assert table.wire() == [v.wire() for v in validated]
+    assert [i.wire() for i in table.infos()] == [v.wire() for v in validated]
+    assert {t.kind for t in table.tools} == {"mcp", "host", "http", "workflow"}
+    tool = table.get("b.op_0000")
+    assert tool is not None and tool.policy.approval and tool.info.policy == tool.policy
+
+
+async def test_a_listed_tool_that_cannot_be_pinned_names_its_server() -> None:
+    bad = {"name": "t", "title": 5, "inputSchema": {"type": "object"}}
+    pinner = Pinner(_lister({"a": [bad]}), _nothing, _nothing)
+    with pytest.raises(InvalidRequest) as caught:
+        await pinner.pin(ToolsetCreateRequest(mcp=[McpServerSpec(name="a", url="http://a/mcp")]))
+    assert caught.value.details == {"server": "a"} and "'a'" in caught.value.message
+
+
+def test_reply_cache_keeps_the_most_recent_within_its_bytes() -> None:
+    from toolbus_common.rpc import RawJson
+
+    cache = ReplyCache(100)
+    for key in "abc":
+        cache.put(key, RawJson(b"x" * 40))
+    assert cache.get("a") is None and cache.get("b") is not None and cache.get("c") is not None
+    cache.put("big", RawJson(b"y" * 500))  # larger than the cache: kept alone
+    assert cache.get("big") is not None and cache.get("c") is None
+
+
+async def test_a_server_listing_the_same_tools_again_is_pinned_once() -> None:
+    listings = {"a": synthetic_tools(3)}
+    pinner = Pinner(_lister(listings), _nothing, _nothing)
+    spec = ToolsetCreateRequest(mcp=[McpServerSpec(name="a", url="http://a/mcp")])
+    first, again = await pinner.pin(spec), await pinner.pin(spec)
+    assert again.toolset.servers[0] is first.toolset.servers[0] and again.id == first.id
+    listings["a"] = synthetic_tools(4)
+    changed = await pinner.pin(spec)
+    assert changed.id != first.id and len(changed.toolset.servers[0].tools) == 4
+    # the memo is keyed by policies too: a policy naming a tool not listed is still refused
+    bad = ToolsetCreateRequest(
+        mcp=[McpServerSpec(name="a", url="http://a/mcp", policies={"nope": PolicySpec(approval=True)})]
+    )
+    with pytest.raises(InvalidRequest):
+        await pinner.pin(bad)
