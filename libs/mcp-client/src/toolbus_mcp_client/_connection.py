@@ -33,7 +33,8 @@ from toolbus_contracts.errors import Timeout, ToolbusError, UpstreamError, Upstr
 
 from toolbus_mcp_client._errors import classify, protocol_error
 from toolbus_mcp_client._fast_call import HeaderMap, build_call, build_list, header_map, post_request
-from toolbus_mcp_client._transport import Attempt, build_http_client, current_attempt
+from toolbus_mcp_client._http1 import Http1Pool, Redirected
+from toolbus_mcp_client._transport import Attempt, build_http_client, current_attempt, tls_context
 
 logger = logging.getLogger("toolbus_mcp_client")
 
@@ -116,6 +117,8 @@ class McpConnection:
         self._listed_schemas: dict[str, Any] = {}
         self._given_headers: dict[str, tuple[Mapping[str, Any], HeaderMap]] = {}
         self._http: httpx2.AsyncClient = build_http_client(self._headers)
+        # The fast path's own HTTP/1.1 connections (None: it posts through httpx2 as well).
+        self._lean = Http1Pool.for_url(url, self._lean_headers(), tls_context()) if fast_calls else None
         self._live: _Live | None = None
         self._reopen_lock = asyncio.Lock()
         self._in_flight = 0
@@ -257,6 +260,8 @@ class McpConnection:
                     await self._idle.wait()
         if self._live is not None:
             await self._stop(self._live)
+        if self._lean is not None:
+            self._lean.close()
         await self._http.aclose()
 
     # operations ------------------------------------------------------------------------------
@@ -303,7 +308,7 @@ class McpConnection:
                 request_id = next(self._request_ids)
                 body, headers = build_list(client.session._stamp, request_id, cursor)
                 async with asyncio.timeout(timeout):
-                    return await post_request(self._http, self.url, body, headers, request_id)
+                    return await self._post(body, headers, request_id, attempt)
             page: dict[str, Any] = await client.session.send_request(
                 types.ListToolsRequest(params=types.PaginatedRequestParams(cursor=cursor)),
                 _RAW_RESULT,
@@ -439,7 +444,7 @@ class McpConnection:
         token = current_attempt.set(attempt)
         try:
             async with asyncio.timeout(timeout):
-                return await post_request(self._http, self.url, body, headers, request_id)
+                return await self._post(body, headers, request_id, attempt)
         except TimeoutError:
             error = MCPError(REQUEST_TIMEOUT, "Request 'tools/call' timed out")
         except MCPError as exc:
@@ -449,6 +454,30 @@ class McpConnection:
         finally:
             current_attempt.reset(token)
         raise classify(self.server_name, attempt, error, what=f"the call of tool '{name}'", timeout=timeout)
+
+    def _lean_headers(self) -> dict[str, str]:
+        """What the lean path sends on every request: httpx2's defaults (less `Accept-Encoding`:
+        it reads bodies as they come) and the connection's credential headers."""
+        return {k: v for k, v in self._http.headers.items() if k.lower() != "accept-encoding"}
+
+    async def _post(
+        self, body: bytes, headers: dict[str, str], request_id: int, attempt: Attempt
+    ) -> dict[str, Any]:
+        """One fast-path POST: on the lean HTTP/1.1 pool where there is one, else on httpx2 (and
+        on httpx2 too when the server redirects, which it follows as the SDK does)."""
+        lean = self._lean
+        if lean is not None:
+            hooks = self._http.event_hooks["request"]
+            if hooks:  # observers of the wire (tests, tracing) see the lean requests too
+                merged = {**self._lean_headers(), **headers}
+                request = httpx2.Request("POST", self.url, headers=merged, content=body)
+                for hook in hooks:
+                    await hook(request)
+            try:
+                return await lean.post(body, headers, request_id, attempt)
+            except Redirected:
+                attempt.status = None
+        return await post_request(self._http, self.url, body, headers, request_id)
 
     def _param_headers(self, name: str, input_schema: Mapping[str, Any] | None) -> HeaderMap | None:
         """The `Mcp-Param-*` map for a call: from the caller's schema, else from the last listing."""

@@ -137,7 +137,7 @@ async def _read_answer(response: httpx2.Response, request_id: int) -> dict[str, 
     content_type = response.headers.get("content-type", "").lower()
     if status >= 400:
         if content_type.startswith("application/json"):
-            error = _error_of(_loads(await response.aread()))
+            error = error_of(loads(await response.aread()))
             if error is not None:
                 raise error
         if status == 404:
@@ -145,10 +145,10 @@ async def _read_answer(response: httpx2.Response, request_id: int) -> dict[str, 
         raise MCPError(INTERNAL_ERROR, "Server returned an error response")
     if content_type.startswith("application/json"):
         body = await response.aread()
-        message = _loads(body)
+        message = loads(body)
         if not isinstance(message, dict):
             raise MCPError(PARSE_ERROR, "Failed to parse JSON response: not a JSON-RPC message")
-        return _outcome(message)
+        return outcome(message)
     if content_type.startswith("text/event-stream"):
         return await _read_event_stream(response, request_id)
     raise MCPError(INVALID_REQUEST, f"Unexpected content type: {content_type}")
@@ -160,7 +160,7 @@ async def _read_event_stream(response: httpx2.Response, request_id: int) -> dict
         async for event in httpx2.EventSource(response, max_event_size=DEFAULT_MAX_SSE_EVENT_SIZE):
             if event.event != "message" or not event.data:
                 continue
-            message = _loads(event.data)
+            message = loads(event.data)
             if message is None:
                 raise MCPError(PARSE_ERROR, "Failed to parse SSE message: invalid JSON")
             if not isinstance(message, dict) or not ("result" in message or "error" in message):
@@ -168,20 +168,20 @@ async def _read_event_stream(response: httpx2.Response, request_id: int) -> dict
             answer_id = message.get("id")
             if answer_id is not None and str(answer_id) != str(request_id):
                 continue
-            return _outcome(message)
+            return outcome(message)
     except httpx2.SSEError as exc:
         raise MCPError(CONNECTION_CLOSED, f"SSE stream failed: {exc}") from None
     raise MCPError(CONNECTION_CLOSED, "SSE stream ended without a response")
 
 
-def _loads(data: bytes | str) -> Any:
+def loads(data: bytes | str) -> Any:
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
         return None
 
 
-def _error_of(message: Any) -> MCPError | None:
+def error_of(message: Any) -> MCPError | None:
     """The `MCPError` of a JSON-RPC error message, or None if `message` is not one."""
     if not isinstance(message, dict):
         return None
@@ -194,12 +194,12 @@ def _error_of(message: Any) -> MCPError | None:
     return MCPError(code, text, error.get("data"))
 
 
-def _outcome(message: dict[str, Any]) -> dict[str, Any]:
+def outcome(message: dict[str, Any]) -> dict[str, Any]:
     """The `result` of a JSON-RPC response, or its error raised."""
     result = message.get("result")
     if isinstance(result, dict):
         return result
-    error = _error_of(message)
+    error = error_of(message)
     if error is not None:
         raise error
     raise MCPError(PARSE_ERROR, "Failed to parse JSON response: not a JSON-RPC response")

@@ -121,7 +121,7 @@ class WatchingTransport(httpx2.AsyncBaseTransport):
 
 
 @functools.cache
-def _tls_context() -> ssl.SSLContext:
+def tls_context() -> ssl.SSLContext:
     """The default TLS context, built once: loading the CA bundle costs ~19 ms of CPU, which a
     fresh context per client would pay again for every server and credential set."""
     return httpcore2.default_ssl_context()
@@ -132,5 +132,5 @@ def build_http_client(headers: dict[str, str]) -> httpx2.AsyncClient:
     return httpx2.AsyncClient(
         headers=headers,
         timeout=httpx2.Timeout(30.0, read=300.0),
-        transport=WatchingTransport(httpx2.AsyncHTTPTransport(verify=_tls_context())),
+        transport=WatchingTransport(httpx2.AsyncHTTPTransport(verify=tls_context())),
     )
