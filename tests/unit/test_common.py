@@ -76,3 +76,17 @@ def test_canonical_json_can_be_assembled_from_canonical_parts() -> None:
         | {"zeta": canonical_array([canonical_json(v) for v in parts["zeta"]])}
     )
     assert assembled == canonical_json(parts)
+
+
+def test_now_iso_is_rfc3339_milliseconds_utc_and_current() -> None:
+    import re
+    from datetime import UTC, datetime
+
+    from toolbus_common.clock import now_iso
+
+    before = datetime.now(UTC)
+    text = now_iso()
+    after = datetime.now(UTC)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", text)
+    stamp = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    assert before.replace(microsecond=before.microsecond // 1000 * 1000) <= stamp <= after

@@ -15,7 +15,7 @@ import orjson
 import pytest
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR
-from toolbus_mcp_client._http1 import Http1Pool, Redirected
+from toolbus_mcp_client._http1 import Http1Pool, Redirected, Unsendable
 from toolbus_mcp_client._transport import Attempt
 
 from tests.support.infra import free_port
@@ -223,12 +223,105 @@ async def test_an_answer_whose_stream_stays_open_returns_at_once_and_its_connect
     assert server.connections == 2
 
 
-def test_no_pool_where_a_proxy_applies_or_the_url_is_not_plain(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_pool_for_a_url_or_header_it_does_not_carry() -> None:
     context = ssl.create_default_context()
     assert Http1Pool.for_url("https://user:pw@example.com/mcp", {}, context) is None
     assert Http1Pool.for_url("ftp://example.com/mcp", {}, context) is None
     assert Http1Pool.for_url("http://example.com/mcp", {"X": "é✓"}, context) is None
-    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.test:3128")
-    monkeypatch.setenv("NO_PROXY", "internal.test")
-    assert Http1Pool.for_url("https://example.com/mcp", {}, context) is None
-    assert Http1Pool.for_url("https://internal.test/mcp", {}, context) is not None
+    assert Http1Pool.for_url("https://example.com/mcp", {"Authorization": "Bearer t"}, context) is not None
+
+
+async def test_an_interim_answer_is_skipped_and_each_call_gets_its_own_answer() -> None:
+    async def hints_then_ok(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 103 Early Hints\r\nlink: </x>; rel=preload\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.02)
+        writer.write(ok_json(7))
+
+    async with Scripted(hints_then_ok, ok_json(8)) as server, pool_for(server) as pool:
+        assert await post(pool, request_id=7) == RESULT
+        assert await post(pool, request_id=8) == RESULT
+    assert server.connections == 1
+
+
+@pytest.mark.parametrize(
+    "key", ["k\r\nX-Injected: yes\r\nContent-Length: 0\r\n\r\nGET /admin HTTP/1.1", "ключ", "a\x00b"]
+)
+async def test_a_header_it_cannot_write_safely_is_handed_back_unsent(key: str) -> None:
+    async with Scripted(ok_json()) as server, pool_for(server) as pool:
+        attempt = Attempt(idempotency_key=key)
+        with pytest.raises(Unsendable):
+            await post(pool, attempt)
+    assert server.requests == [] and not attempt.sent
+    assert Http1Pool.for_url(server.url, {"Authorization": "Bearer abc\n"}, ssl.create_default_context()) is None
+
+
+async def test_a_connection_the_server_closed_while_idle_is_not_reused() -> None:
+    async def answer_then_close(writer: asyncio.StreamWriter) -> None:
+        writer.write(ok_json())  # keep-alive as far as the headers say, then closed anyway
+        await writer.drain()
+        writer.close()
+
+    async with Scripted(answer_then_close, ok_json()) as server, pool_for(server) as pool:
+        assert await post(pool) == RESULT
+        await asyncio.sleep(0.05)
+        attempt = Attempt()
+        assert await post(pool, attempt) == RESULT
+    assert server.connections == 2 and attempt.network_error is None
+
+
+async def test_an_error_status_without_json_is_known_at_its_headers() -> None:
+    async def unavailable_forever(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 503 X\r\ncontent-type: text/html\r\ntransfer-encoding: chunked\r\n\r\n5\r\n<html\r\n")
+        await writer.drain()
+        await asyncio.sleep(30)
+
+    async with Scripted(unavailable_forever) as server, pool_for(server) as pool:
+        attempt = Attempt()
+        with pytest.raises(MCPError) as info:
+            await asyncio.wait_for(post(pool, attempt), 5)
+    assert (info.value.code, attempt.status, attempt.network_error) == (INTERNAL_ERROR, 503, None)
+
+
+async def test_sse_line_endings_of_every_kind_and_split_anywhere() -> None:
+    event = orjson.dumps({"jsonrpc": "2.0", "id": 7, "result": RESULT})
+    body = b"event: message\n\r\n" + b"data: " + event + b"\r\r"  # LF then CRLF; CR CR
+    chunks = [body[:5], body[5:17], body[17:18], body[18:-1], body[-1:]]
+
+    async def pieces(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 X\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        for chunk in chunks:
+            writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            await writer.drain()
+            await asyncio.sleep(0.005)
+        writer.write(b"0\r\n\r\n")
+
+    async with Scripted(pieces) as server, pool_for(server) as pool:
+        assert await asyncio.wait_for(post(pool), 5) == RESULT
+
+
+async def test_the_request_target_is_percent_encoded_and_dns_failures_name_no_host() -> None:
+    server = Scripted(ok_json())
+    server.url = f"http://127.0.0.1:{server.port}/my mcp/é?x=1"
+    async with server, pool_for(server) as pool:
+        await post(pool)
+    assert server.requests[0][0].startswith("POST /my%20mcp/%C3%A9?x=1 HTTP/1.1\r\n")
+    pool2 = Http1Pool.for_url("http://no-such-host.invalid/mcp", {}, ssl.create_default_context())
+    assert pool2 is not None
+    attempt = Attempt()
+    with pytest.raises(MCPError):
+        await post(pool2, attempt)
+    assert attempt.failed_before_sending and "invalid" not in (attempt.network_error or "")
+
+
+async def test_a_retired_pool_lets_calls_in_flight_finish_then_closes_their_connections() -> None:
+    async def slow(writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(0.05)
+        writer.write(ok_json())
+
+    async with Scripted(slow) as server, pool_for(server) as pool:
+        call = asyncio.create_task(post(pool))
+        await asyncio.sleep(0.01)
+        pool.retire()
+        assert await call == RESULT
+        assert not pool._live and not pool._idle

@@ -6,8 +6,9 @@
     result = await conn.call_tool("list_issues", {...}, idempotency_key=key, timeout=300.0,
                                   input_schema=pinned_input_schema)  # optional: Mcp-Param-* headers
 
-On 2026-07-28 servers (stateless) a tool call is one POST sent by this package (`_fast_call`),
-wire-identical to the SDK's; 2025-era sessions go through `mcp.Client`.
+On 2026-07-28 servers (stateless) a tool call or a page of `tools/list` is one POST sent by this
+package (`_fast_call`, on its own keep-alive HTTP/1.1 pool `_http1`), the same request the SDK
+sends; 2025-era sessions go through `mcp.Client`.
 
 Failures are the contract's exceptions from `toolbus_contracts.errors` (`UpstreamUnreachable`,
 `Timeout`, `UpstreamError`, `CredentialsRejected`), each with `details["server"]`; a tool's own

@@ -2,9 +2,10 @@
 
 The SDK client multiplexes: each request is its own POST on the pooled httpx2 client, answers
 are matched by JSON-RPC id, so any number of `call_tool`s may run at once on one connection.
-On a 2026-07-28 connection (stateless), `call_tool` and `list_tools` skip the SDK client and send the same
-requests themselves on the same httpx2 client (`_fast_call`); 2025-era sessions and every other
-operation go through the SDK.
+On a 2026-07-28 connection (stateless), `call_tool` and `list_tools` skip the SDK client and send
+the same requests themselves (`_fast_call`) on a lean HTTP/1.1 pool (`_http1`), or on the httpx2
+client where a proxy or a redirect is involved; 2025-era sessions and every other operation go
+through the SDK.
 The `mcp.Client` is entered and exited by a task of its own (anyio scopes must be left by the
 task that entered them, and the pool's callers are many tasks). If that client ever dies, the
 next operation opens a new one on the same httpx2 client.
@@ -33,7 +34,7 @@ from toolbus_contracts.errors import Timeout, ToolbusError, UpstreamError, Upstr
 
 from toolbus_mcp_client._errors import classify, protocol_error
 from toolbus_mcp_client._fast_call import HeaderMap, build_call, build_list, header_map, post_request
-from toolbus_mcp_client._http1 import Http1Pool, Redirected
+from toolbus_mcp_client._http1 import Http1Pool, Redirected, Unsendable
 from toolbus_mcp_client._transport import Attempt, build_http_client, current_attempt, tls_context
 
 logger = logging.getLogger("toolbus_mcp_client")
@@ -476,7 +477,11 @@ class McpConnection:
             try:
                 return await lean.post(body, headers, request_id, attempt)
             except Redirected:
-                attempt.status = None
+                # this server redirects: httpx2 follows (as the SDK does) from now on
+                self._lean = None
+                lean.retire()
+            except Unsendable:
+                pass  # a header the lean path does not write: httpx2 validates and sends it
         return await post_request(self._http, self.url, body, headers, request_id)
 
     def _param_headers(self, name: str, input_schema: Mapping[str, Any] | None) -> HeaderMap | None:

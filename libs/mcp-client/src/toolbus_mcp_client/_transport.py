@@ -29,7 +29,13 @@ IDEMPOTENCY_HEADER = "Idempotency-Key"
 NO_ANSWER_STATUS = 599
 
 # Network errors raised before a request's bytes could leave: connecting, DNS, a full pool.
-_NOT_SENT = (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout, httpx2.UnsupportedProtocol)
+_NOT_SENT = (
+    httpx2.ConnectError,
+    httpx2.ConnectTimeout,
+    httpx2.PoolTimeout,
+    httpx2.UnsupportedProtocol,
+    httpx2.LocalProtocolError,  # the request could not be written (e.g. an illegal header value)
+)
 
 
 @dataclass(slots=True)
@@ -55,6 +61,8 @@ current_attempt: contextvars.ContextVar[Attempt | None] = contextvars.ContextVar
 
 def _describe(exc: Exception) -> str:
     """A short reason for a network error, free of URLs and headers."""
+    if isinstance(exc, httpx2.LocalProtocolError):
+        return "the request could not be written (an illegal header name or value)"  # h11 quotes it
     text = str(exc).strip()
     if not text or len(text) > 120:
         return type(exc).__name__
