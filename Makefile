@@ -13,17 +13,24 @@ help: ## list the targets
 
 install: ## install the workspace and dev tools from uv.lock (uv sync --frozen, dev group)
 	$(UV) sync --frozen --group dev
+	@touch .venv/.synced
 
-up: ## start NATS/Redis (if none answer) and every service that exists; wait until ready
+# The stack targets install the locked environment first when it is missing or older than uv.lock,
+# so `make up` works on a fresh clone.
+.venv/.synced: uv.lock
+	$(UV) sync --frozen --group dev
+	@touch $@
+
+up: .venv/.synced ## start NATS/Redis (if none answer) and every service that exists; wait until ready
 	$(PYTHON) scripts/stack.py up
 
-down: ## stop exactly what `make up` started
+down: .venv/.synced ## stop exactly what `make up` started
 	$(PYTHON) scripts/stack.py down
 
-logs: ## follow the stack's logs (make logs N=100 for more history)
+logs: .venv/.synced ## follow the stack's logs (make logs N=100 for more history)
 	$(PYTHON) scripts/stack.py logs -f -n $(N)
 
-status: ## show what `make up` runs and whether each service is ready
+status: .venv/.synced ## show what `make up` runs and whether each service is ready
 	$(PYTHON) scripts/stack.py status
 
 test: ## run the whole pytest suite (ARGS="-k name" to narrow it)
