@@ -14,7 +14,7 @@ from toolbus_common import Settings
 from toolbus_contracts import Subjects
 from toolbus_registry.app import RegistryApp
 
-from tests.support.infra import request
+from tests.support.infra import request, until
 from tests.support.mcp_servers import (
     McpTestServer,
     echo_server,
@@ -248,7 +248,8 @@ async def test_bad_specs_get_a_clear_error(
 
 
 async def test_malformed_json_gets_invalid_request(nc: Any, subjects: Subjects, registry: RegistryApp) -> None:
-    for raw in (b"{", b"", b"null", b'{"mcp": [}'):
+    nan = b'{"host": [{"name": "a", "inputSchema": {"type": "object", "default": NaN}}]}'
+    for raw in (b"{", b"", b"null", b'{"mcp": [}', nan, nan.replace(b"NaN", b"-Infinity")):
         reply = await request(nc, subjects.toolsets_create, raw)
         assert_error(reply, "invalidRequest")
 
@@ -454,3 +455,30 @@ async def test_declarations_and_search_over_nats(
         assert_error(await request(nc, subjects.toolsets_search, bad), "invalidRequest")
     assert_error(await request(nc, subjects.toolsets_declarations, {"id": tid, "format": "yaml"}), "invalidRequest", "format")
     assert_error(await request(nc, subjects.toolsets_search, {"id": "ts_" + "2" * 64, "query": "x"}), "notFound")
+
+
+async def test_integers_beyond_64_bits_are_pinned_as_the_doubles_the_id_takes_them_for(
+    nc: Any, subjects: Subjects, registry: RegistryApp
+) -> None:
+    def spec(maximum: object) -> dict[str, Any]:
+        schema = {"type": "object", "properties": {"n": {"type": "integer", "maximum": maximum}}}
+        return {"host": [{"name": "big_limits", "inputSchema": schema}]}
+
+    as_int = await request(nc, subjects.toolsets_create, json.dumps(spec(2**64)).encode())
+    assert as_int["ok"], as_int
+    as_float = await request(nc, subjects.toolsets_create, json.dumps(spec(float(2**64))).encode())
+    assert as_float["data"]["id"] == as_int["data"]["id"]
+    got = await request(nc, subjects.toolsets_get, {"id": as_int["data"]["id"]})
+    assert got["data"]["tools"][0]["inputSchema"]["properties"]["n"]["maximum"] == float(2**64)
+
+
+async def test_a_small_toolset_is_embedded_for_search_in_the_background(
+    nc: Any, subjects: Subjects, registry: RegistryApp
+) -> None:
+    body = {"host": [{"name": "warm_me", "description": "A tool to warm.", "inputSchema": {"type": "object"}}]}
+    created = await request(nc, subjects.toolsets_create, body)
+    assert created["ok"] and "declarations" in created["data"]  # a reply that fits renders them
+    tid = created["data"]["id"]
+    assert registry.service is not None
+    service = registry.service
+    await until(lambda: tid in service._warmed, "the toolset to be warmed", limit=60)

@@ -90,3 +90,14 @@ def test_now_iso_is_rfc3339_milliseconds_utc_and_current() -> None:
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", text)
     stamp = datetime.fromisoformat(text.replace("Z", "+00:00"))
     assert before.replace(microsecond=before.microsecond // 1000 * 1000) <= stamp <= after
+
+
+def test_json_safe_turns_only_what_orjson_cannot_write_into_doubles() -> None:
+    import orjson
+    from toolbus_common.canonical import json_safe
+
+    value = {"big": 2**64, "neg": -(2**63) - 1, "ok": [2**63, -(2**63), 1, True, None, 1.5, "2"]}
+    safe = json_safe(value)
+    assert safe == {"big": float(2**64), "neg": float(-(2**63) - 1), "ok": [2**63, -(2**63), 1, True, None, 1.5, "2"]}
+    assert orjson.loads(orjson.dumps(safe)) == safe
+    assert canonical_json(safe) == canonical_json(value)

@@ -132,3 +132,16 @@ def test_search_limit_must_be_an_integer() -> None:
         parse_body(ToolsetSearchRequest, b'{"id": "ts_x", "query": "q", "limit": "5"}')
     with pytest.raises(InvalidRequest):
         parse_body(ToolsetSearchRequest, b'{"id": "ts_x", "query": "q", "limit": 2.5}')
+
+
+def test_nan_and_infinity_are_not_json_but_may_be_written_in_strings() -> None:
+    from toolbus_contracts import ToolsetCreateRequest, parse_body
+    from toolbus_contracts.errors import InvalidRequest
+
+    for token in (b"NaN", b"Infinity", b"-Infinity"):
+        body = b'{"host": [{"name": "a", "inputSchema": {"type": "object", "default": %s}}]}' % token
+        with pytest.raises(InvalidRequest) as caught:
+            parse_body(ToolsetCreateRequest, body)
+        assert caught.value.details == {"field": "body"}
+    ok = parse_body(ToolsetCreateRequest, b'{"host": [{"name": "a", "description": "NaN, Infinity", "inputSchema": {}}]}')
+    assert ok.host[0].description == "NaN, Infinity"

@@ -72,6 +72,23 @@ def canonical_array(items: Sequence[bytes]) -> bytes:
     return b"[" + b",".join(items) + b"]"
 
 
+_I64_MIN, _U64_MAX = -(2**63), 2**64 - 1
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with the integers orjson cannot write (beyond 64 bits) turned into the IEEE doubles
+    RFC 8785 takes every number for, so what is hashed is also what can be stored and sent."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return float(value) if value < _I64_MIN or value > _U64_MAX else value
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
 def _as_doubles(value: Any) -> Any:
     if isinstance(value, bool) or value is None:
         return value

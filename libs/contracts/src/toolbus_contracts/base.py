@@ -7,6 +7,7 @@ import re
 from datetime import timedelta
 from typing import Annotated, Any, Generic, TypeVar
 
+import orjson
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
 
@@ -76,10 +77,24 @@ def validation_to_error(exc: ValidationError) -> InvalidRequest:
     return InvalidRequest(msg, details={"field": field})
 
 
+def _strict_json(data: bytes) -> bool:
+    try:
+        orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return False
+    return True
+
+
 def parse_body(model: type[M], data: bytes | str) -> M:
     """Parse a wire body strictly by its camelCase names, or raise `InvalidRequest` naming the field."""
     if not data or not str(data if isinstance(data, str) else data[:1]).strip():
         raise InvalidRequest("The body is empty: send a JSON object.", details={"field": "body"})
+    raw = data.encode() if isinstance(data, str) else data
+    if (b"NaN" in raw or b"Infinity" in raw) and not _strict_json(raw):
+        # pydantic's parser takes them; JSON has no such numbers (and hashing would turn them to null)
+        raise InvalidRequest(
+            "The body is not valid JSON: NaN and Infinity are not JSON numbers.", details={"field": "body"}
+        )
     try:
         return model.model_validate_json(data, by_alias=True, by_name=False)
     except ValidationError as exc:

@@ -20,7 +20,13 @@ import orjson
 from jsonschema.exceptions import SchemaError
 from jsonschema.validators import validator_for
 from pydantic import ValidationError
-from toolbus_common.canonical import canonical_array, canonical_json, canonical_members, content_id
+from toolbus_common.canonical import (
+    canonical_array,
+    canonical_json,
+    canonical_members,
+    content_id,
+    json_safe,
+)
 from toolbus_common.toolsets import qualified_names
 from toolbus_contracts import (
     EffectivePolicy,
@@ -79,6 +85,15 @@ def _normalise_policy(kind: ToolKind, spec: PolicySpec | None) -> PolicySpec | N
     return PolicySpec.model_validate(kept) if kept else None
 
 
+def _writable(value: Any) -> Any:
+    """`value` as orjson can store and send it (see `json_safe`); itself in the common case."""
+    try:
+        orjson.dumps(value)
+    except TypeError:
+        return json_safe(value)
+    return value
+
+
 def _pin_tool(raw: dict[str, Any], server: str) -> dict[str, Any]:
     """The pinned fields of a listed tool, as the wire form of a `PinnedTool` (the server's
     `PinnedServer` validates them all in one go)."""
@@ -126,8 +141,9 @@ class ServerPin:
     canonical: bytes
 
 
-SERVER_MEMO_SIZE = 256
-"""Pinned servers remembered by what they listed (keyed by the listing's own bytes, so exact)."""
+SERVER_MEMO_BYTES = 32 * 1024 * 1024
+"""Pinned servers remembered by what they listed (keyed by the listing's own bytes, so exact), up
+to this many bytes of listings (each also keeps its pinned model and wire form, ~3x that)."""
 
 
 def _pin_server(i: int, server: McpServerSpec, listed: list[dict[str, Any]]) -> ServerPin:
@@ -166,6 +182,7 @@ class Pinner:
         self._workflow = workflows
         self._toolset = toolsets
         self._memo: OrderedDict[bytes, ServerPin] = OrderedDict()
+        self._memo_bytes = 0
 
     async def pin(self, spec: ToolsetCreateRequest) -> Pinned:
         """The pinned toolset of a spec. Its wire form is assembled from the listed tools as they
@@ -179,7 +196,16 @@ class Pinner:
             self._pin_servers(spec), self._pin_workflows(spec.workflows)
         )
         host = sorted(
-            (h.model_copy(update={"policy": _normalise_policy("host", h.policy)}) for h in spec.host),
+            (
+                h.model_copy(
+                    update={
+                        "policy": _normalise_policy("host", h.policy),
+                        "input_schema": _writable(h.input_schema),
+                        "output_schema": _writable(h.output_schema),
+                    }
+                )
+                for h in spec.host
+            ),
             key=lambda h: h.name,
         )
         http = None
@@ -260,18 +286,20 @@ class Pinner:
             listed = await self._list(server.name, server.url, headers)
             # Pinning is a pure function of the server's spec and what it listed: a server that
             # lists the same tools again (re-registration, the common case) is not pinned again.
+            policies = {k: v.wire() for k, v in server.policies.items()}
             try:
-                key = orjson.dumps(
-                    [server.name, server.url, {k: v.wire() for k, v in server.policies.items()}, listed]
-                )
-            except TypeError:  # a value orjson cannot write (an integer beyond 64 bits): no memo
-                return _pin_server(i, server, listed)
+                key = orjson.dumps([server.name, server.url, policies, listed])
+            except TypeError:  # an integer beyond 64 bits: pin it as the double the id takes it for
+                listed = json_safe(listed)
+                key = orjson.dumps([server.name, server.url, policies, listed])
             hit = self._memo.get(key)
             if hit is None:
                 hit = _pin_server(i, server, listed)
                 self._memo[key] = hit
-                while len(self._memo) > SERVER_MEMO_SIZE:
-                    self._memo.popitem(last=False)
+                self._memo_bytes += len(key)
+                while self._memo_bytes > SERVER_MEMO_BYTES and len(self._memo) > 1:
+                    dropped, _ = self._memo.popitem(last=False)
+                    self._memo_bytes -= len(dropped)
             else:
                 self._memo.move_to_end(key)
             return hit
@@ -297,8 +325,8 @@ class Pinner:
                 name=found.name,
                 version=found.version,
                 description=found.description,
-                input_schema=found.input_schema,
-                output_schema=found.output_schema,
+                input_schema=_writable(found.input_schema),
+                output_schema=_writable(found.output_schema),
             )
         return sorted(by_name.values(), key=lambda w: w.name)
 

@@ -44,6 +44,9 @@ class ToolsetCredentialSink(Protocol):
 _WARM_DELAY = 0.01
 """Seconds between a create reply and the background rendering and embedding, so the reply is
 written out before that CPU-bound work competes for the interpreter."""
+WARMED_SIZE = 1024
+"""Toolset ids whose declarations and search index were built in the background (both caches
+have their own bounds; this only avoids warming the same toolset again on every create)."""
 REPLY_CACHE_BYTES = 16 * 1024 * 1024
 """Create replies kept per toolset id (content-addressed, so never stale), by total size."""
 
@@ -99,6 +102,7 @@ class RegistryService:
         self._replies = ReplyCache(REPLY_CACHE_BYTES)
         self._searcher = searcher or Searcher()
         self._warming: dict[str, asyncio.Task[None]] = {}
+        self._warmed: OrderedDict[str, None] = OrderedDict()
 
     async def _pinned(self, toolset_id_: str) -> Any:
         stored = await self._toolsets.get(toolset_id_)
@@ -158,8 +162,8 @@ class RegistryService:
     def _warm(self, stored: StoredToolset) -> None:
         """Render a toolset's declarations and embed its tools in the background, once the reply
         is out: declarations and search are usually asked for next."""
-        if stored.id in self._warming or stored.id in self._rendered:
-            return  # warming, or warmed (rendering comes first)
+        if stored.id in self._warming or stored.id in self._warmed:
+            return
 
         def warm() -> None:
             self._render(stored)
@@ -168,6 +172,9 @@ class RegistryService:
         async def later() -> None:
             await asyncio.sleep(_WARM_DELAY)
             await asyncio.to_thread(warm)
+            self._warmed[stored.id] = None
+            while len(self._warmed) > WARMED_SIZE:
+                self._warmed.popitem(last=False)
 
         task = asyncio.create_task(later())
         self._warming[stored.id] = task
