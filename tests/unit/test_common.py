@@ -101,3 +101,25 @@ def test_json_safe_turns_only_what_orjson_cannot_write_into_doubles() -> None:
     assert safe == {"big": float(2**64), "neg": float(-(2**63) - 1), "ok": [2**63, -(2**63), 1, True, None, 1.5, "2"]}
     assert orjson.loads(orjson.dumps(safe)) == safe
     assert canonical_json(safe) == canonical_json(value)
+
+
+async def test_cancel_and_wait_ends_a_loop_that_swallowed_one_cancellation() -> None:
+    import asyncio
+
+    from toolbus_common.tasks import cancel_and_wait
+
+    swallowed = []
+
+    async def stubborn() -> None:
+        while True:
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                if swallowed:
+                    raise
+                swallowed.append(True)  # as a client that catches the cancellation would
+
+    task = asyncio.create_task(stubborn())
+    await asyncio.sleep(0)
+    await cancel_and_wait(task, timeout=5)
+    assert task.cancelled() and swallowed == [True]

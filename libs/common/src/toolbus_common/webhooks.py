@@ -35,6 +35,7 @@ from standardwebhooks import Webhook
 from toolbus_contracts import parse_duration
 
 from toolbus_common.keys import Keys
+from toolbus_common.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -157,11 +158,8 @@ class WebhookSender:
         if self._task is not None:
             self._stopping = True
             self._wake.set()
-            done, _ = await asyncio.wait({self._task}, timeout=grace)
-            if not done:
-                self._task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._task
+            await asyncio.wait({self._task}, timeout=grace)
+            await cancel_and_wait(self._task)
             self._task = None
             self._stopping = False
         if self._inflight:

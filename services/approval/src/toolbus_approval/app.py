@@ -4,7 +4,6 @@ durable consumers, the request routes, the webhook sender and the sweeper (expir
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from datetime import timedelta
 
@@ -16,6 +15,7 @@ from toolbus_common.connections import close_nats, connect_nats, connect_redis, 
 from toolbus_common.keys import Keys
 from toolbus_common.rpc import RpcServer
 from toolbus_common.settings import Settings
+from toolbus_common.tasks import cancel_and_wait
 from toolbus_common.webhooks import WebhookSender
 from toolbus_contracts import Subjects
 from toolbus_contracts.approvals import ApprovalRequested
@@ -159,9 +159,7 @@ class ApprovalApp:
         for consumer in self._consumers:
             await consumer.stop()
         if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+            await cancel_and_wait(self._sweeper)
         if self._webhooks is not None:
             await self._webhooks.stop()
         if self._nc is not None:

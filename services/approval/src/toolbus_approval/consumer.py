@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 import nats.errors
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from toolbus_common.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +68,7 @@ class DurableConsumer:
     async def stop(self) -> None:
         """Stop pulling (the durable consumer stays on the server); unacked messages are redelivered."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         if self._sub is not None:
             with contextlib.suppress(Exception):

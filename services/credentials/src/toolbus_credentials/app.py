@@ -4,7 +4,6 @@ consumers, the park-timeout sweep and the webhook sender."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from datetime import timedelta
 
@@ -18,6 +17,7 @@ from toolbus_common.keys import Keys
 from toolbus_common.rpc import RpcServer
 from toolbus_common.secrets import Cipher
 from toolbus_common.settings import Settings
+from toolbus_common.tasks import cancel_and_wait
 from toolbus_common.toolsets import ToolsetStore
 from toolbus_common.webhooks import WebhookSender
 from toolbus_contracts import Subjects
@@ -168,9 +168,7 @@ class CredentialsService:
             await consumer.stop()
         for task in (self._sweeper, self._notifier):
             if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await cancel_and_wait(task)
         if self.webhooks is not None:
             await self.webhooks.stop()
         if self._nc is not None:

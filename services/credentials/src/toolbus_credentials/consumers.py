@@ -16,6 +16,7 @@ from typing import TypeVar
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from toolbus_common.tasks import cancel_and_wait
 from toolbus_contracts import ToolbusError, parse_body
 from toolbus_contracts.base import WireModel
 
@@ -70,11 +71,8 @@ class CommandConsumer:
         self._stopping.set()
         if self._task is None:
             return
-        done, _ = await asyncio.wait({self._task}, timeout=grace)
-        if not done:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await asyncio.wait({self._task}, timeout=grace)
+        await cancel_and_wait(self._task)
         self._task = None
         if self._sub is not None:
             # Unsubscribe before the connection drains: draining a pull subscription waits on

@@ -21,6 +21,7 @@ from toolbus_common.connections import close_nats, connect_nats, connect_redis, 
 from toolbus_common.keys import Keys
 from toolbus_common.rpc import RpcServer
 from toolbus_common.script_pipe import ScriptPipe
+from toolbus_common.tasks import cancel_and_wait
 from toolbus_common.toolsets import ToolsetStore
 from toolbus_contracts import ToolbusError
 from toolbus_contracts.registry import ToolKind
@@ -237,10 +238,7 @@ class DispatcherApp:
         if self.rpc is not None:
             await self.rpc.drain(grace)
         for task in self._loops:
-            task.cancel()
-        for task in self._loops:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            await cancel_and_wait(task)
         if self.runner is not None:
             await self.runner.stop(grace)
         if self.events is not None:
