@@ -22,11 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from tests.support.infra import (  # noqa: E402 (needs ROOT on sys.path)
+from toolbus_devstack import (
     DEFAULT_NATS_URL,
     DEFAULT_REDIS_URL,
     ServerStartError,
@@ -49,6 +45,7 @@ from tests.support.infra import (  # noqa: E402 (needs ROOT on sys.path)
     wait_ready,
 )
 
+ROOT = Path(__file__).resolve().parent.parent
 # `TOOLBUS_STACK_DIR` moves all of it (the tests run a second stack beside a developer's).
 STACK = Path(os.environ.get("TOOLBUS_STACK_DIR") or ROOT / ".stack").resolve()
 PIDS = STACK / "pids"

