@@ -123,3 +123,18 @@ async def test_cancel_and_wait_ends_a_loop_that_swallowed_one_cancellation() -> 
     await asyncio.sleep(0)
     await cancel_and_wait(task, timeout=5)
     assert task.cancelled() and swallowed == [True]
+
+
+def test_lru_keeps_the_most_recent_within_its_weight() -> None:
+    from toolbus_common.lru import Lru
+
+    cache: Lru[str, bytes] = Lru(100, weight=lambda _, value: len(value))
+    for key in "abc":
+        cache.put(key, b"x" * 40)
+    assert cache.get("a") is None and cache.get("b") is not None and cache.get("c") is not None
+    cache.put("big", b"y" * 500)  # heavier than the capacity: kept alone
+    assert cache.get("big") is not None and cache.get("c") is None and len(cache) == 1
+    counted: Lru[str, int] = Lru(2)
+    for i, key in enumerate("xyz"):
+        counted.put(key, i)
+    assert "x" not in counted and counted.get("y") == 1 and counted.get("z") == 2

@@ -22,7 +22,6 @@ from toolbus_contracts import (
 )
 from toolbus_contracts.errors import InvalidRequest
 from toolbus_registry.pinning import Pinned, Pinner, toolset_id
-from toolbus_registry.service import ReplyCache
 
 from tests.support.mcp_servers import synthetic_tools
 
@@ -94,17 +93,6 @@ async def test_a_listed_tool_that_cannot_be_pinned_names_its_server() -> None:
     with pytest.raises(InvalidRequest) as caught:
         await pinner.pin(ToolsetCreateRequest(mcp=[McpServerSpec(name="a", url="http://a/mcp")]))
     assert caught.value.details == {"server": "a"} and "'a'" in caught.value.message
-
-
-def test_reply_cache_keeps_the_most_recent_within_its_bytes() -> None:
-    from toolbus_common.rpc import RawJson
-
-    cache = ReplyCache(100)
-    for key in "abc":
-        cache.put(key, RawJson(b"x" * 40))
-    assert cache.get("a") is None and cache.get("b") is not None and cache.get("c") is not None
-    cache.put("big", RawJson(b"y" * 500))  # larger than the cache: kept alone
-    assert cache.get("big") is not None and cache.get("c") is None
 
 
 async def test_a_server_listing_the_same_tools_again_is_pinned_once() -> None:

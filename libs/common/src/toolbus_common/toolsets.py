@@ -8,7 +8,6 @@ and both turn a pinned toolset into qualified tools with `ToolTable`, so the nam
 from __future__ import annotations
 
 import functools
-from collections import OrderedDict
 from typing import Any
 
 import orjson
@@ -24,6 +23,7 @@ from toolbus_contracts.registry import (
 )
 
 from toolbus_common.connections import ensure_object_store
+from toolbus_common.lru import Lru
 
 HTTP_FETCH = "http.fetch"
 
@@ -180,8 +180,7 @@ class ToolsetStore:
         self._js = js
         self._bucket = bucket
         self._store: ObjectStore | None = None
-        self._cache: OrderedDict[str, StoredToolset] = OrderedDict()
-        self._cache_size = cache_size
+        self._cache: Lru[str, StoredToolset] = Lru(cache_size)
 
     async def open(self) -> None:
         self._store = await ensure_object_store(self._js, self._bucket)
@@ -213,7 +212,6 @@ class ToolsetStore:
     async def get(self, toolset_id: str) -> StoredToolset | None:
         hit = self._cache.get(toolset_id)
         if hit is not None:
-            self._cache.move_to_end(toolset_id)
             return hit
         try:
             result = await self._obj.get(toolset_id)
@@ -226,8 +224,5 @@ class ToolsetStore:
 
     def _remember(self, stored: StoredToolset) -> StoredToolset:
         stored = self._cache.get(stored.id) or stored
-        self._cache[stored.id] = stored
-        self._cache.move_to_end(stored.id)
-        while len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+        self._cache.put(stored.id, stored)
         return stored

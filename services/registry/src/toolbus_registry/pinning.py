@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from operator import itemgetter
@@ -27,6 +26,7 @@ from toolbus_common.canonical import (
     content_id,
     json_safe,
 )
+from toolbus_common.lru import Lru
 from toolbus_common.toolsets import qualified_names
 from toolbus_contracts import (
     EffectivePolicy,
@@ -181,8 +181,7 @@ class Pinner:
         self._list = lister
         self._workflow = workflows
         self._toolset = toolsets
-        self._memo: OrderedDict[bytes, ServerPin] = OrderedDict()
-        self._memo_bytes = 0
+        self._memo: Lru[bytes, ServerPin] = Lru(SERVER_MEMO_BYTES, weight=lambda key, _: len(key))
 
     async def pin(self, spec: ToolsetCreateRequest) -> Pinned:
         """The pinned toolset of a spec. Its wire form is assembled from the listed tools as they
@@ -295,13 +294,7 @@ class Pinner:
             hit = self._memo.get(key)
             if hit is None:
                 hit = _pin_server(i, server, listed)
-                self._memo[key] = hit
-                self._memo_bytes += len(key)
-                while self._memo_bytes > SERVER_MEMO_BYTES and len(self._memo) > 1:
-                    dropped, _ = self._memo.popitem(last=False)
-                    self._memo_bytes -= len(dropped)
-            else:
-                self._memo.move_to_end(key)
+                self._memo.put(key, hit)
             return hit
 
         pinned = await asyncio.gather(*(one(i) for i in range(len(spec.mcp))))

@@ -4,11 +4,11 @@ No NATS subjects here; `handlers.py` maps subjects onto these methods."""
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
+from toolbus_common.lru import Lru
 from toolbus_common.rpc import RawJson
 from toolbus_common.toolsets import StoredToolset, ToolsetStore
 from toolbus_contracts import (
@@ -49,29 +49,8 @@ WARMED_SIZE = 1024
 have their own bounds; this only avoids warming the same toolset again on every create)."""
 REPLY_CACHE_BYTES = 16 * 1024 * 1024
 """Create replies kept per toolset id (content-addressed, so never stale), by total size."""
-
-
-class ReplyCache:
-    """Encoded replies by key, least recently used dropped first beyond `max_bytes` in all."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self._max = max_bytes
-        self._used = 0
-        self._items: OrderedDict[str, RawJson] = OrderedDict()
-
-    def get(self, key: str) -> RawJson | None:
-        hit = self._items.get(key)
-        if hit is not None:
-            self._items.move_to_end(key)
-        return hit
-
-    def put(self, key: str, value: RawJson) -> None:
-        old = self._items.pop(key, None)
-        self._used += len(value) - (len(old) if old is not None else 0)
-        self._items[key] = value
-        while self._used > self._max and len(self._items) > 1:
-            _, dropped = self._items.popitem(last=False)
-            self._used -= len(dropped)
+RENDERED_SIZE = 64
+"""Toolsets whose declarations are kept rendered."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,11 +77,11 @@ class RegistryService:
         self._module_name = module_name
         self._budget = max_payload - ENVELOPE_SLACK
         self._pinner = Pinner(lister, workflows.get, self._pinned)
-        self._rendered: OrderedDict[str, Rendered] = OrderedDict()
-        self._replies = ReplyCache(REPLY_CACHE_BYTES)
+        self._rendered: Lru[str, Rendered] = Lru(RENDERED_SIZE)
+        self._replies: Lru[str, RawJson] = Lru(REPLY_CACHE_BYTES, weight=lambda _, reply: len(reply))
         self._searcher = searcher or Searcher()
         self._warming: dict[str, asyncio.Task[None]] = {}
-        self._warmed: OrderedDict[str, None] = OrderedDict()
+        self._warmed: Lru[str, bool] = Lru(WARMED_SIZE)
 
     async def _pinned(self, toolset_id_: str) -> Any:
         stored = await self._toolsets.get(toolset_id_)
@@ -120,9 +99,7 @@ class RegistryService:
         if hit is None:
             infos = stored.table.infos()
             hit = Rendered(prompt=render_prompt(infos), dts=render_dts(infos, self._module_name))
-            self._rendered[stored.id] = hit
-            while len(self._rendered) > 64:
-                self._rendered.popitem(last=False)
+            self._rendered.put(stored.id, hit)
         return hit
 
     # ---- toolsets ---------------------------------------------------------------------------
@@ -172,9 +149,7 @@ class RegistryService:
         async def later() -> None:
             await asyncio.sleep(_WARM_DELAY)
             await asyncio.to_thread(warm)
-            self._warmed[stored.id] = None
-            while len(self._warmed) > WARMED_SIZE:
-                self._warmed.popitem(last=False)
+            self._warmed.put(stored.id, True)
 
         task = asyncio.create_task(later())
         self._warming[stored.id] = task
