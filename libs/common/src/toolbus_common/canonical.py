@@ -75,34 +75,27 @@ def canonical_array(items: Sequence[bytes]) -> bytes:
 _I64_MIN, _U64_MAX = -(2**63), 2**64 - 1
 
 
+def _ints_as_doubles(value: Any, low: int, high: int) -> Any:
+    """`value` with every integer outside [low, high] turned into its IEEE double."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return float(value) if value < low or value > high else value
+    if isinstance(value, dict):
+        return {k: _ints_as_doubles(v, low, high) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_ints_as_doubles(v, low, high) for v in value]
+    return value
+
+
 def json_safe(value: Any) -> Any:
     """`value` with the integers orjson cannot write (beyond 64 bits) turned into the IEEE doubles
     RFC 8785 takes every number for, so what is hashed is also what can be stored and sent."""
-    if isinstance(value, bool) or value is None:
-        return value
-    if isinstance(value, int):
-        return float(value) if value < _I64_MIN or value > _U64_MAX else value
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    return value
-
-
-def _as_doubles(value: Any) -> Any:
-    if isinstance(value, bool) or value is None:
-        return value
-    if isinstance(value, int):
-        return float(value) if abs(value) > _SAFE_INT else value
-    if isinstance(value, dict):
-        return {k: _as_doubles(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_as_doubles(v) for v in value]
-    return value
+    return _ints_as_doubles(value, _I64_MIN, _U64_MAX)
 
 
 def _reference(value: Any) -> bytes:
-    return bytes(rfc8785.dumps(_as_doubles(value)))
+    return bytes(rfc8785.dumps(_ints_as_doubles(value, -_SAFE_INT, _SAFE_INT)))
 
 
 def sha256_hex(value: Any) -> str:
