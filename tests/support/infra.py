@@ -12,69 +12,19 @@ import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
+import toolbus_devstack
 from toolbus_common.settings import stream_name
-from toolbus_devstack import (
-    DEFAULT_NATS_URL,
-    DEFAULT_REDIS_URL,
-    LOOPBACK_HOSTS,
-    LocalServer,
-    ServerStartError,
-    ServiceProcess,
-    docker_engine_answers,
-    find_nats_server,
-    find_redis_server,
-    free_port,
-    host_port,
-    http_status,
-    is_loopback,
-    launch_service,
-    log_tail,
-    nats_answers,
-    nats_info,
-    port_in_use,
-    redis_answers,
-    service_module_exists,
-    service_process,
-    start_nats_server,
-    start_redis_server,
-    start_service,
-    stop_process,
-    wait_ready,
-)
+from toolbus_devstack import *  # noqa: F403 - the tests import all of it from here
+from toolbus_devstack import ServiceProcess, launch_service, stop_process, wait_ready
 
 __all__ = [
-    "DEFAULT_NATS_URL",
-    "DEFAULT_REDIS_URL",
-    "LOOPBACK_HOSTS",
-    "LocalServer",
-    "ServerStartError",
-    "ServiceProcess",
+    *toolbus_devstack.__all__,
     "aservice_process",
-    "docker_engine_answers",
     "drop_deployment_state",
-    "find_nats_server",
-    "find_redis_server",
-    "free_port",
-    "host_port",
-    "http_status",
-    "is_loopback",
     "js_name",
-    "launch_service",
-    "log_tail",
-    "nats_answers",
-    "nats_info",
-    "port_in_use",
-    "redis_answers",
     "request",
-    "service_module_exists",
-    "service_process",
-    "start_nats_server",
-    "start_redis_server",
-    "start_service",
-    "stop_process",
     "unique_prefix",
     "until",
-    "wait_ready",
 ]
 
 

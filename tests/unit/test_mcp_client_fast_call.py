@@ -13,15 +13,13 @@ import httpx2
 import orjson
 import pytest
 from mcp.shared.exceptions import MCPError
-from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR
+from mcp_types import INVALID_REQUEST
 from toolbus_mcp_client._fast_call import build_call, header_map, post_request
 
+from tests.support.mcp_answers import NOT_A_RESULT, NOT_A_RESULT_FIELDS, NOT_A_RESULT_IDS, RESULT, sse
+
 URL = "http://mcp.test/mcp"
-RESULT = {"content": [{"type": "text", "text": "ok"}], "isError": False}
 
-
-def sse(*messages: Any) -> bytes:
-    return b"".join(b"event: message\ndata: " + orjson.dumps(m) + b"\n\n" for m in messages)
 
 
 async def post(handler: Callable[[httpx2.Request], httpx2.Response], request_id: int = 7) -> dict[str, Any]:
@@ -49,22 +47,7 @@ async def test_sse_error_response_is_the_servers_error() -> None:
     assert (info.value.code, info.value.message) == (-32602, "Unknown tool: x")
 
 
-@pytest.mark.parametrize(
-    ("status", "body", "content_type", "code", "message"),
-    [
-        (200, sse({"jsonrpc": "2.0", "method": "notifications/message", "params": {}}), "text/event-stream",
-         CONNECTION_CLOSED, "SSE stream ended without a response"),
-        (200, b"event: message\ndata: {not json\n\n", "text/event-stream", PARSE_ERROR, None),
-        (202, b"", "application/json", INVALID_REQUEST, "server answered a request with 202 Accepted"),
-        (200, b"<html>", "text/html", INVALID_REQUEST, "Unexpected content type: text/html"),
-        (200, b'{"jsonrpc": "2.0", "id": 7', "application/json", PARSE_ERROR, None),
-        (400, orjson.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": -32020, "message": "mismatch"}}),
-         "application/json", -32020, "mismatch"),
-        (404, b"nothing here", "text/plain", METHOD_NOT_FOUND, "Not Found"),
-        (500, b'{"detail": "oops"}', "application/json", INTERNAL_ERROR, "Server returned an error response"),
-    ],
-    ids=["sse-ends", "sse-bad-json", "202", "content-type", "bad-json", "400-rpc-error", "404", "500-json"],
-)  # fmt: skip
+@pytest.mark.parametrize(NOT_A_RESULT_FIELDS, NOT_A_RESULT, ids=NOT_A_RESULT_IDS)
 async def test_answers_that_are_not_a_result_raise_what_the_sdk_raises(
     status: int, body: bytes, content_type: str, code: int, message: str | None
 ) -> None:

@@ -14,18 +14,15 @@ from typing import Any
 import orjson
 import pytest
 from mcp.shared.exceptions import MCPError
-from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR
+from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR
 from toolbus_mcp_client._http1 import Http1Pool, Redirected, Unsendable
 from toolbus_mcp_client._transport import Attempt
 
 from tests.support.infra import free_port
+from tests.support.mcp_answers import NOT_A_RESULT, NOT_A_RESULT_FIELDS, NOT_A_RESULT_IDS, RESULT, sse
 
-RESULT = {"content": [{"type": "text", "text": "ok"}], "isError": False}
 Reply = bytes | Callable[[asyncio.StreamWriter], Awaitable[None]]
 
-
-def sse(*messages: Any) -> bytes:
-    return b"".join(b"event: message\ndata: " + orjson.dumps(m) + b"\n\n" for m in messages)
 
 
 def http(status: int, body: bytes, content_type: str, *, close: bool = False, chunked: bool = False) -> bytes:
@@ -105,22 +102,7 @@ def ok_json(request_id: int = 7, **framing: bool) -> bytes:
     return http(200, orjson.dumps({"jsonrpc": "2.0", "id": request_id, "result": RESULT}), "application/json", **framing)
 
 
-@pytest.mark.parametrize(
-    ("status", "body", "content_type", "code", "message"),
-    [
-        (200, sse({"jsonrpc": "2.0", "method": "notifications/message", "params": {}}), "text/event-stream",
-         CONNECTION_CLOSED, "SSE stream ended without a response"),
-        (200, b"event: message\ndata: {not json\n\n", "text/event-stream", PARSE_ERROR, None),
-        (202, b"", "application/json", INVALID_REQUEST, "server answered a request with 202 Accepted"),
-        (200, b"<html>", "text/html", INVALID_REQUEST, "Unexpected content type: text/html"),
-        (200, b'{"jsonrpc": "2.0", "id": 7', "application/json", PARSE_ERROR, None),
-        (400, orjson.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": -32020, "message": "mismatch"}}),
-         "application/json", -32020, "mismatch"),
-        (404, b"nothing here", "text/plain", METHOD_NOT_FOUND, "Not Found"),
-        (500, b'{"detail": "oops"}', "application/json", INTERNAL_ERROR, "Server returned an error response"),
-    ],
-    ids=["sse-ends", "sse-bad-json", "202", "content-type", "bad-json", "400-rpc-error", "404", "500-json"],
-)  # fmt: skip
+@pytest.mark.parametrize(NOT_A_RESULT_FIELDS, NOT_A_RESULT, ids=NOT_A_RESULT_IDS)
 @pytest.mark.parametrize("chunked", [False, True], ids=["length", "chunked"])
 async def test_answers_that_are_not_a_result_raise_what_the_httpx_path_raises(
     status: int, body: bytes, content_type: str, code: int, message: str | None, chunked: bool
