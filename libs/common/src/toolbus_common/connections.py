@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from datetime import timedelta
+from typing import Any
 
 import nats
 from nats.aio.client import Client as NatsClient
@@ -13,7 +14,7 @@ from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 
 from toolbus_common.settings import Settings
 
@@ -54,10 +55,17 @@ async def close_nats(nc: NatsClient) -> None:
 
 
 def connect_redis(settings: Settings) -> Redis[bytes]:
-    """An asyncio Redis client returning bytes; the pool reconnects by itself."""
-    client: Redis[bytes] = Redis.from_url(
-        settings.redis_url, decode_responses=False, health_check_interval=30
+    """An asyncio Redis client returning bytes on a bounded, blocking pool: under load a command
+    waits up to `redis_pool_timeout` for a connection instead of failing at once (redis-py's
+    default pool raises `MaxConnectionsError` when its 100 connections are busy)."""
+    pool: BlockingConnectionPool[Any] = BlockingConnectionPool.from_url(
+        settings.redis_url,
+        max_connections=settings.redis_pool_size,
+        timeout=settings.redis_pool_timeout,
+        decode_responses=False,
+        health_check_interval=30,
     )
+    client: Redis[bytes] = Redis(connection_pool=pool)
     return client
 
 

@@ -24,6 +24,8 @@ from pydantic import BaseModel
 from toolbus_contracts import ToolbusError, WireModel, parse_body, reply_error
 from toolbus_contracts.errors import Internal
 
+from toolbus_common.faults import is_backing_store_fault, unavailable
+
 log = logging.getLogger(__name__)
 
 REQUESTS = Counter(
@@ -136,10 +138,15 @@ class RpcServer:
         except ToolbusError as exc:
             code = exc.code.value
             body = encode_error(exc)
-        except Exception:
-            code = "internal"
-            log.exception("request failed", extra={"subject": route.subject})
-            body = encode_error(Internal("toolbus failed to handle this request; it was logged, try again."))
+        except Exception as exc:
+            if is_backing_store_fault(exc):
+                error: ToolbusError = unavailable(exc)
+                log.warning("request failed: backing store unavailable", extra={"subject": route.subject})
+            else:
+                error = Internal("toolbus failed to handle this request; it was logged, try again.")
+                log.exception("request failed", extra={"subject": route.subject})
+            code = error.code.value
+            body = encode_error(error)
         if msg.reply:
             try:
                 await self._nc.publish(msg.reply, body)

@@ -33,6 +33,10 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     log_format: str = "auto"
     """`json`, `text`, or `auto` (JSON when stderr is not a TTY)."""
+    redis_pool_size: int = Field(default=64, ge=1)
+    """Connections in each service's Redis pool; a request waits for a free one (blocking pool)."""
+    redis_pool_timeout: float = Field(default=5.0, gt=0)
+    """Seconds a request waits for a free Redis connection before it is answered `unavailable`."""
 
     @property
     def subjects(self) -> Subjects:

@@ -15,7 +15,10 @@
      ├── Denied                denied
      ├── Cancelled             cancelled
      ├── CredentialsRejected   credentialsRejected
-     └── Internal              internal
+     ├── OutputTooLarge        outputTooLarge       the tool's output is over TOOLBUS_MAX_OUTPUT_BYTES
+     ├── Unavailable           unavailable          retryable: a backing store (Redis, JetStream)
+     │                                              did not answer; nothing was changed
+     └── Internal              internal             a bug in toolbus, and only that
 
 `ToolbusError.to_wire()` gives the contract's error object and `ToolbusError.from_wire()` turns one
 back into the same exception class, so an SDK raises what the service raised.
@@ -44,6 +47,8 @@ class ErrorCode(StrEnum):
     DENIED = "denied"
     CANCELLED = "cancelled"
     CREDENTIALS_REJECTED = "credentialsRejected"
+    OUTPUT_TOO_LARGE = "outputTooLarge"
+    UNAVAILABLE = "unavailable"
     INTERNAL = "internal"
 
 
@@ -139,6 +144,15 @@ class CredentialsRejected(ToolbusError):
     code = ErrorCode.CREDENTIALS_REJECTED
 
 
+class OutputTooLarge(ToolbusError):
+    code = ErrorCode.OUTPUT_TOO_LARGE
+
+
+class Unavailable(ToolbusError):
+    code = ErrorCode.UNAVAILABLE
+    default_retryable = True
+
+
 class Internal(ToolbusError):
     code = ErrorCode.INTERNAL
 
@@ -160,6 +174,8 @@ _BY_CODE: dict[ErrorCode, type[ToolbusError]] = {
         Denied,
         Cancelled,
         CredentialsRejected,
+        OutputTooLarge,
+        Unavailable,
         Internal,
     )
 }

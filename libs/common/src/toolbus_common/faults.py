@@ -1,0 +1,63 @@
+"""Which exceptions mean "a backing store did not answer" rather than "toolbus has a bug".
+
+A request that fails on one of these is answered `unavailable` (retryable: nothing was changed,
+send it again), never `internal`, which is kept for bugs.
+"""
+
+from __future__ import annotations
+
+import nats.errors
+import nats.js.errors
+import redis.exceptions
+from toolbus_contracts.errors import Unavailable
+
+from toolbus_common.script_pipe import PipeConnectionError
+
+BACKING_STORE_FAULTS: tuple[type[BaseException], ...] = (
+    redis.exceptions.ConnectionError,  # includes MaxConnectionsError (pool exhausted)
+    redis.exceptions.TimeoutError,
+    redis.exceptions.BusyLoadingError,
+    redis.exceptions.ReadOnlyError,  # a replica being promoted after a failover
+    redis.exceptions.TryAgainError,
+    redis.exceptions.MasterDownError,
+    PipeConnectionError,
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,  # JetStream API with no JetStream behind it
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.OutboundBufferLimitError,
+    nats.errors.StaleConnectionError,
+    nats.js.errors.ServiceUnavailableError,
+    nats.js.errors.NoStreamResponseError,
+)
+
+
+def is_backing_store_fault(exc: BaseException) -> bool:
+    """True when `exc` (or what it was raised from) is a Redis or NATS/JetStream outage."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, BACKING_STORE_FAULTS):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def unavailable(exc: BaseException) -> Unavailable:
+    """The `unavailable` reply for a backing-store fault; the store is named, its error is not
+    quoted (it may carry a host name or a URL with a password)."""
+    store = "Redis" if _is_redis(exc) else "NATS JetStream"
+    return Unavailable(
+        f"{store} did not answer in time; nothing was changed, send the request again.",
+        details={"store": store},
+    )
+
+
+def _is_redis(exc: BaseException) -> bool:
+    current: BaseException | None = exc
+    while current is not None:
+        if isinstance(current, redis.exceptions.RedisError | PipeConnectionError):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
