@@ -65,7 +65,8 @@ def connect_redis(settings: Settings) -> Redis[bytes]:
         decode_responses=False,
         health_check_interval=30,
     )
-    client: Redis[bytes] = Redis(connection_pool=pool)
+    # The client owns the pool and closes it with itself (stubs predate `from_pool`).
+    client: Redis[bytes] = Redis.from_pool(pool)  # type: ignore[attr-defined]
     return client
 
 
