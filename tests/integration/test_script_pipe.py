@@ -74,4 +74,5 @@ def test_database_and_password_come_from_the_url() -> None:
         "p@ss",
     )
     with pytest.raises(ValueError, match="redis://"):
-        ScriptPipe("rediss://host/0")
+        ScriptPipe("http://host/0")
+    assert ScriptPipe("rediss://host/0")._ssl is not None

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import ssl
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import nats
 from nats.aio.client import Client as NatsClient
@@ -15,14 +18,41 @@ from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
+from toolbus_common.nats_auth import NatsAuth
+from toolbus_common.script_pipe import ScriptPipe
 from toolbus_common.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
+def nats_auth(settings: Settings) -> NatsAuth:
+    """The connection's servers, credentials and TLS from `TOOLBUS_NATS_*` settings."""
+    return NatsAuth(
+        servers=settings.nats_servers,
+        user=settings.nats_user,
+        password=settings.nats_password.get_secret_value() if settings.nats_password else None,
+        token=settings.nats_token.get_secret_value() if settings.nats_token else None,
+        creds_file=settings.nats_creds_file,
+        nkey_file=settings.nats_nkey_file,
+        tls_ca_file=settings.nats_tls_ca_file,
+        tls_cert_file=settings.nats_tls_cert_file,
+        tls_key_file=settings.nats_tls_key_file,
+        tls_server_name=settings.nats_tls_server_name,
+        inbox_prefix=settings.nats_inbox_prefix,
+    )
+
+
+def nats_connect_options(settings: Settings) -> dict[str, Any]:
+    """Keyword arguments of `nats.connect` (and FastStream's `NatsBroker`) for these settings:
+    servers, authentication, TLS and the inbox prefix (see `toolbus_common.nats_auth`)."""
+    return nats_auth(settings).connect_options()
+
+
 async def connect_nats(settings: Settings, name: str) -> NatsClient:
-    """Connect with endless reconnects; connection changes are logged, never raised into handlers."""
+    """Connect with endless reconnects (to any server of the list, so a cluster node's loss is
+    ridden out); connection changes are logged, never raised into handlers."""
 
     async def on_error(exc: Exception) -> None:
         log.warning("nats error", extra={"error": type(exc).__name__, "detail": str(exc)})
@@ -34,7 +64,7 @@ async def connect_nats(settings: Settings, name: str) -> NatsClient:
         log.info("nats reconnected")
 
     return await nats.connect(
-        settings.nats_url,
+        **nats_connect_options(settings),
         name=name,
         max_reconnect_attempts=-1,
         reconnect_time_wait=0.5,
@@ -54,20 +84,157 @@ async def close_nats(nc: NatsClient) -> None:
         await nc.close()
 
 
+def redis_uses_tls(settings: Settings) -> bool:
+    return urlsplit(settings.redis_url).scheme == "rediss" or bool(
+        settings.redis_tls_ca_file or settings.redis_tls_cert_file
+    )
+
+
+def redis_ssl_context(settings: Settings) -> ssl.SSLContext | None:
+    """The TLS context of a Redis connection (CA, client certificate), None without TLS."""
+    if not redis_uses_tls(settings):
+        return None
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=settings.redis_tls_ca_file)
+    if settings.redis_tls_cert_file:
+        context.load_cert_chain(settings.redis_tls_cert_file, settings.redis_tls_key_file)
+    return context
+
+
+def _redis_auth(settings: Settings) -> tuple[str | None, str | None]:
+    parts = urlsplit(settings.redis_url)
+    username = settings.redis_username or (unquote(parts.username) if parts.username else None)
+    if settings.redis_password is not None:
+        password: str | None = settings.redis_password.get_secret_value()
+    else:
+        password = unquote(parts.password) if parts.password else None
+    return username, password
+
+
+def _redis_tls_options(settings: Settings) -> dict[str, Any]:
+    if not redis_uses_tls(settings):
+        return {}
+    return {
+        "ssl_ca_certs": settings.redis_tls_ca_file,
+        "ssl_certfile": settings.redis_tls_cert_file,
+        "ssl_keyfile": settings.redis_tls_key_file,
+    }
+
+
+class _BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):  # type: ignore[type-arg]
+    """Sentinel's master-following pool with the blocking pool's bounded wait."""
+
+
+class _SentinelRedis(Redis):  # type: ignore[type-arg]
+    """A client of the Sentinel-located master that also closes its Sentinel connections."""
+
+    owned_sentinel: Any = None
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)  # type: ignore[misc]
+        if self.owned_sentinel is not None:
+            await self.owned_sentinel.aclose()
+
+
 def connect_redis(settings: Settings) -> Redis[bytes]:
     """An asyncio Redis client returning bytes on a bounded, blocking pool: under load a command
     waits up to `redis_pool_timeout` for a connection instead of failing at once (redis-py's
-    default pool raises `MaxConnectionsError` when its 100 connections are busy)."""
-    pool: BlockingConnectionPool[Any] = BlockingConnectionPool.from_url(
-        settings.redis_url,
-        max_connections=settings.redis_pool_size,
-        timeout=settings.redis_pool_timeout,
-        decode_responses=False,
-        health_check_interval=30,
-    )
+    default pool raises `MaxConnectionsError` when its 100 connections are busy).
+
+    Password and user from `TOOLBUS_REDIS_PASSWORD`/`_USERNAME` (else the URL), TLS with
+    `rediss://` or the `TOOLBUS_REDIS_TLS_*` files. With `TOOLBUS_REDIS_SENTINELS` the master is
+    found through the Sentinels and found again after a failover (a connection that meets
+    `READONLY` or a refused connect asks the Sentinels again)."""
+    username, password = _redis_auth(settings)
+    options: dict[str, Any] = {
+        "max_connections": settings.redis_pool_size,
+        "timeout": settings.redis_pool_timeout,
+        "decode_responses": False,
+        "health_check_interval": 30,
+        **_redis_tls_options(settings),
+    }
+    if username:
+        options["username"] = username
+    if password is not None:
+        options["password"] = password
+    sentinels = settings.redis_sentinel_addresses
+    if sentinels:
+        sentinel_options: dict[str, Any] = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0}
+        if settings.redis_sentinel_password is not None:
+            sentinel_options["password"] = settings.redis_sentinel_password.get_secret_value()
+        if redis_uses_tls(settings):
+            sentinel_options.update(ssl=True, **_redis_tls_options(settings))
+        sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_options)
+        db = int(urlsplit(settings.redis_url).path.lstrip("/") or 0)
+        client = sentinel.master_for(
+            settings.redis_sentinel_master,
+            redis_class=_SentinelRedis,
+            connection_pool_class=_BlockingSentinelPool,
+            db=db,
+            ssl=redis_uses_tls(settings),
+            socket_connect_timeout=2.0,
+            **options,
+        )
+        client.owned_sentinel = sentinel
+        sentinel_client: Redis[bytes] = client
+        return sentinel_client
+    pool: BlockingConnectionPool[Any] = BlockingConnectionPool.from_url(settings.redis_url, **options)
     # The client owns the pool and closes it with itself (stubs predate `from_pool`).
-    client: Redis[bytes] = Redis.from_pool(pool)  # type: ignore[attr-defined]
-    return client
+    plain: Redis[bytes] = Redis.from_pool(pool)  # type: ignore[attr-defined]
+    return plain
+
+
+def connect_script_pipe(settings: Settings, redis: Redis[bytes] | None = None) -> ScriptPipe:
+    """The dispatcher's hot-path pipe with the same password, TLS and master as `connect_redis`:
+    under Sentinel it asks `redis`'s Sentinel pool for the master on every (re)connect."""
+    username, password = _redis_auth(settings)
+    locate = None
+    if redis is not None and isinstance(redis.connection_pool, SentinelConnectionPool):
+        locate = redis.connection_pool.get_master_address
+    elif settings.redis_sentinel_addresses:
+        raise ValueError("with TOOLBUS_REDIS_SENTINELS, pass the Sentinel client from connect_redis")
+    return ScriptPipe(
+        settings.redis_url,
+        username=username,
+        password=password,
+        ssl=redis_ssl_context(settings),
+        locate=locate,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class JsPlacement:
+    """Where and how big every stream, KV bucket and object store is: replicas and storage from
+    `TOOLBUS_JS_REPLICAS`/`TOOLBUS_JS_STORAGE`, `max_bytes` for buckets from `TOOLBUS_JS_MAX_BYTES`.
+    The default (R1, file, unlimited) is what a single server needs."""
+
+    replicas: int = 1
+    storage: StorageType = StorageType.FILE
+    max_bytes: int = -1
+
+    @classmethod
+    def of(cls, settings: Settings) -> JsPlacement:
+        return cls(
+            replicas=settings.js_replicas,
+            storage=StorageType(settings.js_storage),
+            max_bytes=settings.js_max_bytes,
+        )
+
+
+DEFAULT_PLACEMENT = JsPlacement()
+
+
+def events_stream_limits(settings: Settings) -> dict[str, Any]:
+    """`ensure_stream` keyword arguments of the EVENTS stream: its age and size limits."""
+    return {
+        "max_age": timedelta(seconds=settings.js_events_max_age),
+        "max_bytes": settings.js_events_max_bytes,
+        "placement": JsPlacement.of(settings),
+    }
+
+
+def internal_stream_limits(settings: Settings) -> dict[str, Any]:
+    """`ensure_stream` keyword arguments of the INTERNAL stream."""
+    return {"max_age": timedelta(seconds=settings.js_internal_max_age), "placement": JsPlacement.of(settings)}
 
 
 async def ensure_stream(
@@ -77,33 +244,65 @@ async def ensure_stream(
     *,
     max_age: timedelta | None = None,
     retention: RetentionPolicy = RetentionPolicy.LIMITS,
+    max_bytes: int = -1,
+    placement: JsPlacement = DEFAULT_PLACEMENT,
 ) -> None:
-    """Create the stream, or update its subjects; works on JetStream 2.9."""
+    """Create the stream, or update its subjects, limits and replicas where they differ (storage
+    cannot change on a live stream: a mismatch is logged); works on JetStream 2.9."""
     config = StreamConfig(
         name=name,
         subjects=subjects,
         retention=retention,
-        storage=StorageType.FILE,
+        storage=placement.storage,
+        num_replicas=placement.replicas,
         max_age=max_age.total_seconds() if max_age else None,
+        max_bytes=max_bytes,
     )
     try:
         info = await js.stream_info(name)
     except NotFoundError:
         await js.add_stream(config)
         return
-    if sorted(info.config.subjects or []) != sorted(subjects):
+    have = info.config
+    if have.storage != placement.storage:
+        log.warning(
+            "stream storage differs from settings", extra={"stream": name, "storage": str(have.storage)}
+        )
+    want_age = config.max_age or 0.0
+    if (
+        sorted(have.subjects or []) != sorted(subjects)
+        or (have.num_replicas or 1) != placement.replicas
+        or abs((have.max_age or 0.0) - want_age) > 1e-3
+        or (have.max_bytes if have.max_bytes is not None else -1) != max_bytes
+    ):
+        config.storage = have.storage
         await js.update_stream(config)
 
 
-async def ensure_kv(js: JetStreamContext, bucket: str, *, history: int = 1) -> KeyValue:
+async def ensure_kv(
+    js: JetStreamContext, bucket: str, *, history: int = 1, placement: JsPlacement = DEFAULT_PLACEMENT
+) -> KeyValue:
     try:
         return await js.key_value(bucket)
     except (BucketNotFoundError, NotFoundError):
-        return await js.create_key_value(bucket=bucket, history=history, storage=StorageType.FILE)
+        return await js.create_key_value(
+            bucket=bucket,
+            history=history,
+            storage=placement.storage,
+            replicas=placement.replicas,
+            max_bytes=placement.max_bytes,
+        )
 
 
-async def ensure_object_store(js: JetStreamContext, bucket: str) -> ObjectStore:
+async def ensure_object_store(
+    js: JetStreamContext, bucket: str, *, placement: JsPlacement = DEFAULT_PLACEMENT
+) -> ObjectStore:
     try:
         return await js.object_store(bucket)
     except (BucketNotFoundError, NotFoundError):
-        return await js.create_object_store(bucket=bucket, storage=StorageType.FILE)
+        return await js.create_object_store(
+            bucket=bucket,
+            storage=placement.storage,
+            replicas=placement.replicas,
+            max_bytes=placement.max_bytes,
+        )

@@ -9,12 +9,22 @@ and a hiredis parse: many concurrent calls share the connection and pipeline nat
 Commands made in one event-loop turn leave in one write. It does nothing else: no retries (a script whose connection broke mid-flight may or may not have
 run; the caller decides), reconnect on the next call, and a `NOSCRIPT` reply is returned as
 `NoScript` so the caller can load the script (with redis-py) and run it again.
+
+Production settings: `rediss://` (or an `ssl` context) speaks TLS; a password and user come from
+the URL or the arguments; `locate` (an async function giving the master's host and port, e.g.
+`SentinelConnectionPool.get_master_address`) is asked on every (re)connect, so after a Sentinel
+failover the next call reaches the new master. A `READONLY` reply (the server this connection
+reached was demoted to a replica) closes the connection and is raised as `PipeConnectionError`:
+the next call locates the master again. Redis refuses the write before running it, so nothing
+was changed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import ssl as ssl_module
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -65,6 +75,12 @@ class _Protocol(asyncio.Protocol):
                 continue
             if isinstance(reply, ScriptReplyError):
                 text = str(reply)
+                if text.startswith("READONLY"):
+                    # A failover demoted this server: nothing ran; reconnect to the new master.
+                    future.set_exception(PipeConnectionError("the Redis server became a replica (failover)"))
+                    if self.transport is not None:
+                        self.transport.close()
+                    continue
                 future.set_exception(NoScript(text) if text.startswith("NOSCRIPT") else reply)
             else:
                 future.set_result(reply)
@@ -83,15 +99,28 @@ class _Protocol(asyncio.Protocol):
 class ScriptPipe:
     """`await pipe.evalsha(sha, keys, args)`; connects on first use and after a failure."""
 
-    def __init__(self, url: str, *, connect_timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        connect_timeout: float = 5.0,
+        username: str | None = None,
+        password: str | None = None,
+        ssl: ssl_module.SSLContext | None = None,
+        locate: Callable[[], Awaitable[tuple[str, int]]] | None = None,
+    ) -> None:
         parts = urlsplit(url)
-        if parts.scheme not in ("redis", ""):
-            raise ValueError("ScriptPipe speaks plain redis:// only")
+        if parts.scheme not in ("redis", "rediss", ""):
+            raise ValueError("ScriptPipe speaks redis:// and rediss:// only")
         self._host = parts.hostname or "127.0.0.1"
         self._port = parts.port or 6379
         self._db = int(parts.path.lstrip("/") or 0)
-        self._username = unquote(parts.username) if parts.username else None
-        self._password = unquote(parts.password) if parts.password else None
+        self._username = username or (unquote(parts.username) if parts.username else None)
+        self._password = password or (unquote(parts.password) if parts.password else None)
+        if ssl is None and parts.scheme == "rediss":
+            ssl = ssl_module.create_default_context()
+        self._ssl = ssl
+        self._locate = locate
         self._timeout = connect_timeout
         self._pending: collections.deque[asyncio.Future[Any]] = collections.deque()
         self._outgoing: list[bytes] = []
@@ -105,9 +134,19 @@ class ScriptPipe:
         pending = self._pending
         try:
             async with asyncio.timeout(self._timeout):
-                _, protocol = await loop.create_connection(lambda: _Protocol(pending), self._host, self._port)
+                if self._locate is not None:
+                    self._host, self._port = await self._locate()
+                _, protocol = await loop.create_connection(
+                    lambda: _Protocol(pending),
+                    self._host,
+                    self._port,
+                    ssl=self._ssl,
+                    server_hostname=self._host if self._ssl is not None else None,
+                )
         except (OSError, TimeoutError) as exc:
             raise PipeConnectionError(f"cannot reach Redis at {self._host}:{self._port}") from exc
+        except Exception as exc:  # the locator's own errors (no Sentinel answered, no master known)
+            raise PipeConnectionError(f"cannot locate the Redis master ({type(exc).__name__})") from exc
         setup: list[tuple[bytes | str | int | float, ...]] = []
         if self._password is not None:
             setup.append(
@@ -115,8 +154,16 @@ class ScriptPipe:
             )
         if self._db:
             setup.append(("SELECT", self._db))
-        for command in setup:
-            await self._send(protocol, command)
+        try:
+            for command in setup:
+                await self._send(protocol, command)
+        except ScriptReplyError as exc:
+            if protocol.transport is not None:
+                protocol.transport.close()
+            # The reply names no secret (WRONGPASS / NOAUTH); the password is never in the text.
+            raise PipeConnectionError(
+                f"Redis refused the connection setup: {str(exc).split(' ')[0]}"
+            ) from exc
         return protocol
 
     def _send(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -21,7 +22,56 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TOOLBUS_", extra="ignore", frozen=True)
 
     nats_url: str = "nats://127.0.0.1:4222"
+    """One server URL or several, comma-separated (a cluster's seed list); `tls://` turns TLS on."""
     redis_url: str = "redis://127.0.0.1:6379/0"
+    """`redis://` or `rediss://` (TLS); with Sentinel only its scheme, credentials and db are used."""
+
+    # ---- NATS authentication and TLS (see toolbus_common.nats_auth; any one way to authenticate)
+    nats_user: str | None = None
+    nats_password: SecretStr | None = None
+    nats_token: SecretStr | None = None
+    nats_creds_file: str | None = None
+    """A `.creds` file (user JWT + nkey seed), for servers run in operator/JWT mode."""
+    nats_nkey_file: str | None = None
+    """A file holding a user's nkey seed (`SU...`)."""
+    nats_tls_ca_file: str | None = None
+    """CA bundle the server certificate is checked against (setting any `nats_tls_*` turns TLS on)."""
+    nats_tls_cert_file: str | None = None
+    """Client certificate, for servers that verify clients (`verify: true`)."""
+    nats_tls_key_file: str | None = None
+    nats_tls_server_name: str | None = None
+    """Name to check the server certificate against when it differs from the URL's host."""
+    nats_inbox_prefix: str = "_INBOX"
+    """Prefix of this connection's reply subjects; the secured configuration gives each user its
+    own (`_INBOX.<user>`) so that no user can subscribe to another's replies."""
+
+    # ---- Redis authentication, TLS and Sentinel
+    redis_username: str | None = None
+    """Redis ACL user; overrides the URL's."""
+    redis_password: SecretStr | None = None
+    """Overrides the URL's password (so that it can come from a secret, not a URL)."""
+    redis_tls_ca_file: str | None = None
+    redis_tls_cert_file: str | None = None
+    redis_tls_key_file: str | None = None
+    redis_sentinels: str | None = None
+    """`host:port,host:port,...`: find the master through these Sentinels (and follow failovers)."""
+    redis_sentinel_master: str = "toolbus"
+    """The master's name in the Sentinels' configuration."""
+    redis_sentinel_password: SecretStr | None = None
+    """Password of the Sentinels themselves, where they require one (`requirepass` in sentinel.conf)."""
+
+    # ---- JetStream placement and limits of every stream, KV bucket and object store created
+    js_replicas: int = Field(default=1, ge=1, le=5)
+    """Replicas of each stream and bucket: 1 on one server, 3 on a 3-node cluster."""
+    js_storage: Literal["file", "memory"] = "file"
+    js_events_max_age: float = Field(default=7 * 86400.0, gt=0)
+    """Seconds an event stays replayable in the EVENTS stream (as long as a closed run is kept)."""
+    js_events_max_bytes: int = Field(default=-1, ge=-1)
+    """Size limit of the EVENTS stream (oldest events dropped first); -1: none."""
+    js_internal_max_age: float = Field(default=30 * 86400.0, gt=0)
+    """Seconds a service-to-service command waits in the INTERNAL stream for its consumer."""
+    js_max_bytes: int = Field(default=-1, ge=-1)
+    """Size limit of each KV bucket and object store (toolsets, workflows, outputs); -1: none."""
     subject_prefix: str = Field(default=DEFAULT_PREFIX, pattern=r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
     redis_prefix: str | None = None
     secret_key: SecretStr | None = None
@@ -37,6 +87,20 @@ class Settings(BaseSettings):
     """Connections in each service's Redis pool; a request waits for a free one (blocking pool)."""
     redis_pool_timeout: float = Field(default=5.0, gt=0)
     """Seconds a request waits for a free Redis connection before it is answered `unavailable`."""
+
+    @property
+    def nats_servers(self) -> list[str]:
+        return [url.strip() for url in self.nats_url.split(",") if url.strip()]
+
+    @property
+    def redis_sentinel_addresses(self) -> list[tuple[str, int]]:
+        """The Sentinels of `redis_sentinels` as (host, port); empty when Sentinel is not used."""
+        out: list[tuple[str, int]] = []
+        for item in (self.redis_sentinels or "").split(","):
+            host, _, port = item.strip().rpartition(":")
+            if item.strip():
+                out.append((host.strip("[]") or item.strip(), int(port) if host else 26379))
+        return out
 
     @property
     def subjects(self) -> Subjects:

@@ -22,7 +22,7 @@ from toolbus_contracts.registry import (
     ToolKind,
 )
 
-from toolbus_common.connections import ensure_object_store
+from toolbus_common.connections import DEFAULT_PLACEMENT, JsPlacement, ensure_object_store
 from toolbus_common.lru import Lru
 
 HTTP_FETCH = "http.fetch"
@@ -176,14 +176,22 @@ class ToolsetStore:
     """Pinned toolsets in a JetStream object store (any size), with an in-process cache: a
     content-addressed toolset never changes, so a cached one never goes stale."""
 
-    def __init__(self, js: JetStreamContext, bucket: str, *, cache_size: int = 256) -> None:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        bucket: str,
+        *,
+        cache_size: int = 256,
+        placement: JsPlacement = DEFAULT_PLACEMENT,
+    ) -> None:
         self._js = js
         self._bucket = bucket
+        self._placement = placement
         self._store: ObjectStore | None = None
         self._cache: Lru[str, StoredToolset] = Lru(cache_size)
 
     async def open(self) -> None:
-        self._store = await ensure_object_store(self._js, self._bucket)
+        self._store = await ensure_object_store(self._js, self._bucket, placement=self._placement)
 
     @property
     def _obj(self) -> ObjectStore:

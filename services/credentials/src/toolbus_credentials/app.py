@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import timedelta
 
 import orjson
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 from redis.asyncio import Redis
-from toolbus_common.connections import close_nats, connect_nats, connect_redis, ensure_stream
+from toolbus_common.connections import (
+    JsPlacement,
+    close_nats,
+    connect_nats,
+    connect_redis,
+    ensure_stream,
+    internal_stream_limits,
+)
 from toolbus_common.credential_store import CredentialStore
 from toolbus_common.keys import Keys
 from toolbus_common.rpc import RpcServer
@@ -34,7 +40,6 @@ log = logging.getLogger(__name__)
 
 QUEUE = "toolbus-credentials"
 INTERNAL_STREAM = "INTERNAL"
-INTERNAL_MAX_AGE = timedelta(days=30)
 
 
 class NatsOutbox:
@@ -83,8 +88,8 @@ class CredentialsService:
         self._nc = nc = await connect_nats(settings, name="toolbus-credentials")
         js = nc.jetstream()
         stream = settings.js_name(INTERNAL_STREAM)
-        await ensure_stream(js, stream, [self.subjects.internal_all], max_age=INTERNAL_MAX_AGE)
-        toolsets = ToolsetStore(js, settings.js_name("toolsets"))
+        await ensure_stream(js, stream, [self.subjects.internal_all], **internal_stream_limits(settings))
+        toolsets = ToolsetStore(js, settings.js_name("toolsets"), placement=JsPlacement.of(settings))
         await toolsets.open()
 
         async def server_names(toolset_id: str) -> frozenset[str] | None:

@@ -9,7 +9,6 @@ import logging
 import random
 import uuid
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
 from typing import Any
 
 from nats.aio.client import Client as NatsClient
@@ -17,7 +16,16 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import FetchTimeoutError
 from redis.asyncio import Redis
-from toolbus_common.connections import close_nats, connect_nats, connect_redis, ensure_stream
+from toolbus_common.connections import (
+    JsPlacement,
+    close_nats,
+    connect_nats,
+    connect_redis,
+    connect_script_pipe,
+    ensure_stream,
+    events_stream_limits,
+    internal_stream_limits,
+)
 from toolbus_common.keys import Keys
 from toolbus_common.rpc import RpcServer
 from toolbus_common.script_pipe import ScriptPipe
@@ -40,9 +48,6 @@ from toolbus_dispatcher.settings import DispatcherSettings
 from toolbus_dispatcher.store import CallStore
 
 log = logging.getLogger(__name__)
-
-INTERNAL_MAX_AGE = timedelta(days=30)
-EVENTS_MAX_AGE = timedelta(days=30)
 
 
 def default_credentials(settings: DispatcherSettings, redis: Redis[bytes], keys: Keys) -> CredentialResolver:
@@ -94,9 +99,9 @@ class DispatcherApp:
         nc = self.nc = await connect_nats(s, "toolbus-dispatcher")
         js = nc.jetstream()
         redis = self.redis = connect_redis(s)
-        await ensure_stream(js, s.js_name("EVENTS"), [subjects.all_events], max_age=EVENTS_MAX_AGE)
-        await ensure_stream(js, s.js_name("INTERNAL"), [subjects.internal_all], max_age=INTERNAL_MAX_AGE)
-        toolsets = ToolsetStore(js, s.js_name("toolsets"))
+        await ensure_stream(js, s.js_name("EVENTS"), [subjects.all_events], **events_stream_limits(s))
+        await ensure_stream(js, s.js_name("INTERNAL"), [subjects.internal_all], **internal_stream_limits(s))
+        toolsets = ToolsetStore(js, s.js_name("toolsets"), placement=JsPlacement.of(s))
         await toolsets.open()
         credentials = self._credentials or default_credentials(s, redis, keys)
         if self._mcp_pool is None:
@@ -111,7 +116,7 @@ class DispatcherApp:
             "http": self._http,
             "workflow": WorkflowExecutor(nc, subjects, default_timeout=s.dispatcher_workflow_timeout),
         }
-        self._pipe = ScriptPipe(s.redis_url)
+        self._pipe = connect_script_pipe(s, redis)
         store = CallStore(redis, keys, self.owner, lease=s.dispatcher_lease, pipe=self._pipe)
         await store.load_scripts()
         events = self.events = CallEvents(nc, subjects)

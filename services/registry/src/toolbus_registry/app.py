@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from nats.aio.client import Client as NatsClient
 from toolbus_common import Settings, connect_nats, ensure_kv
-from toolbus_common.connections import close_nats
+from toolbus_common.connections import JsPlacement, close_nats
 from toolbus_common.rpc import RpcServer
 from toolbus_common.toolsets import ToolsetStore
 
@@ -33,9 +33,9 @@ class RegistryApp:
         s = self.settings
         self._nc = await connect_nats(s, "toolbus-registry")
         js = self._nc.jetstream()
-        toolsets = ToolsetStore(js, s.js_name("toolsets"))
+        toolsets = ToolsetStore(js, s.js_name("toolsets"), placement=JsPlacement.of(s))
         await toolsets.open()
-        workflows = WorkflowStore(await ensure_kv(js, s.js_name("workflows")))
+        workflows = WorkflowStore(await ensure_kv(js, s.js_name("workflows"), placement=JsPlacement.of(s)))
         credentials = self._credentials or CredentialsServiceSink(self._nc, s.subjects)
         self.service = RegistryService(
             toolsets,

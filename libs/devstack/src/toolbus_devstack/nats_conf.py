@@ -1,0 +1,269 @@
+"""The NATS authorization of a toolbus deployment: one user per role and per service, each allowed
+only its subjects, the JetStream API of its streams and buckets, and its own reply inbox.
+
+`ROLES` is the permission matrix as data; `render_auth_conf(prefix)` writes it as nats-server
+configuration (`deploy/nats/toolbus-auth.conf` is its output for the default prefix, checked by
+the tests); `dev_credentials()` makes random passwords for `make up` with `TOOLBUS_SECURE=1`.
+
+Why users with permissions in one account, not accounts with import/export: the services share
+streams (INTERNAL is written by the dispatcher and read by approval and credentials; the toolsets
+object store is written by the registry and read by the dispatcher and credentials), and sharing
+JetStream across accounts needs exports of each stream's API, delivery and ack subjects, for
+every consumer, in both directions. Per-user permissions express the same boundary in one place,
+and run unchanged on nats-server 2.9 (Debian) and 2.15. Tenants that must not see one another
+belong in separate accounts (one toolbus deployment, i.e. one subject prefix, per account).
+
+Each user's replies come to `_INBOX.<user>.>` (the client's `TOOLBUS_NATS_INBOX_PREFIX`) and it
+may subscribe to nothing else under `_INBOX`: no user reads another's replies (the JetStream
+fetches of the services, the toolsets they load, other harnesses' outcomes).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from toolbus_contracts import WORKER_QUEUE, Subjects
+
+INBOX = "_INBOX"
+
+
+def js_name(prefix: str, name: str) -> str:
+    """Same rule as `toolbus_common.settings.stream_name` (devstack does not import common)."""
+    import re
+
+    return f"{re.sub(r'[^A-Za-z0-9_-]', '_', prefix)}_{name}"
+
+
+def js_read(stream: str) -> list[str]:
+    """JetStream API subjects to read a stream: info, message gets, consumers (create, info,
+    delete, fetch) and their acks and flow control."""
+    api = "$JS.API"
+    return [
+        f"{api}.STREAM.INFO.{stream}",
+        f"{api}.STREAM.MSG.GET.{stream}",
+        f"{api}.DIRECT.GET.{stream}",
+        f"{api}.DIRECT.GET.{stream}.>",
+        f"{api}.CONSUMER.CREATE.{stream}",
+        f"{api}.CONSUMER.CREATE.{stream}.>",
+        f"{api}.CONSUMER.DURABLE.CREATE.{stream}.>",
+        f"{api}.CONSUMER.INFO.{stream}.>",
+        f"{api}.CONSUMER.DELETE.{stream}.>",
+        f"{api}.CONSUMER.MSG.NEXT.{stream}.>",
+        f"$JS.ACK.{stream}.>",
+        f"$JS.FC.{stream}.>",
+    ]
+
+
+def js_create(stream: str) -> list[str]:
+    """Create the stream when it is missing, and bring its configuration up to date."""
+    return [f"$JS.API.STREAM.CREATE.{stream}", f"$JS.API.STREAM.UPDATE.{stream}"]
+
+
+def js_own(stream: str) -> list[str]:
+    """Everything but deleting the stream: read, create, update, purge, delete messages."""
+    return [
+        *js_read(stream),
+        *js_create(stream),
+        f"$JS.API.STREAM.PURGE.{stream}",
+        f"$JS.API.STREAM.MSG.DELETE.{stream}",
+    ]
+
+
+@dataclass(frozen=True)
+class Role:
+    """One NATS user: what it may publish and subscribe to."""
+
+    name: str
+    purpose: str
+    publish: list[str]
+    subscribe: list[str]
+    allow_responses: bool = False
+    """Publish one reply to the reply subject of each request it received, and nothing more."""
+    service: bool = False
+
+    @property
+    def inbox(self) -> str:
+        return f"{INBOX}.{self.name}"
+
+
+def roles(prefix: str = "toolbus") -> list[Role]:
+    """The permission matrix of a deployment under `prefix`."""
+    s = Subjects(prefix)
+    events = js_name(prefix, "EVENTS")
+    internal = js_name(prefix, "INTERNAL")
+    toolsets = f"OBJ_{js_name(prefix, 'toolsets')}"
+    outputs = f"OBJ_{js_name(prefix, 'outputs')}"
+    workflows = f"KV_{js_name(prefix, 'workflows')}"
+    calls = [s.runs_open, s.runs_close, s.calls_start, s.calls_invoke, s.calls_get]
+    registry_api = [s.toolsets_create, s.toolsets_get, s.toolsets_declarations, s.toolsets_search]
+    credential_sets = [s.toolsets_credentials_set, s.namespaces_credentials_set, s.runs_credentials_set]
+    out: list[Role] = [
+        Role(
+            "harness",
+            "register toolsets, open runs, call tools, set credentials, read events and outputs",
+            publish=[
+                *registry_api,
+                s.workflows_get,
+                *calls,
+                *credential_sets,
+                *js_read(events),
+                *js_read(outputs),
+            ],
+            subscribe=[s.run_events("*"), s.credentials_expired],
+        ),
+        Role(
+            "worker",
+            f"serve host tools in the queue group {WORKER_QUEUE}; heartbeats and results",
+            publish=[s.host_heartbeats, s.host_results],
+            subscribe=[f"{s.host_call('>')} {WORKER_QUEUE}"],
+            allow_responses=True,
+        ),
+        Role(
+            "approver",
+            "list pending approvals and decide them",
+            publish=[s.approvals_list, s.approvals_decide],
+            subscribe=[s.approvals_requested],
+        ),
+        Role(
+            "workflow-engine",
+            "serve workflows.start.>, publish workflows, call tools from a workflow",
+            publish=[s.workflows_publish, s.workflows_get, *calls],
+            subscribe=[s.workflows_start(">")],
+            allow_responses=True,
+        ),
+        Role(
+            "registry",
+            "toolsets and workflows: owns the toolsets object store and the workflows bucket",
+            publish=[
+                f"{INBOX}.>",
+                s.toolsets_credentials_set,
+                *js_own(toolsets),
+                f"$O.{js_name(prefix, 'toolsets')}.>",
+                *js_own(workflows),
+                f"$KV.{js_name(prefix, 'workflows')}.>",
+            ],
+            subscribe=[*registry_api, s.workflows_publish, s.workflows_get],
+            service=True,
+        ),
+        Role(
+            "dispatcher",
+            "runs and calls: owns EVENTS, writes INTERNAL commands, sends host calls and workflows",
+            publish=[
+                f"{INBOX}.>",
+                s.all_events,
+                s.internal_approval_requests,
+                s.internal_calls_park,
+                s.internal_runs_closed,
+                s.host_call(">"),
+                s.workflows_start(">"),
+                *js_own(events),
+                *js_own(internal),
+                *js_read(toolsets),
+                *js_create(toolsets),
+                *js_own(outputs),
+                f"$O.{js_name(prefix, 'outputs')}.>",
+            ],
+            subscribe=[*calls, s.host_heartbeats, s.host_results, s.internal_credentials_changed],
+            service=True,
+        ),
+        Role(
+            "approval",
+            "approvals: announces requests, sends decisions to the dispatcher",
+            publish=[
+                f"{INBOX}.>",
+                s.approvals_requested,
+                s.internal_approval_decisions,
+                *js_own(internal),
+            ],
+            subscribe=[s.approvals_list, s.approvals_decide],
+            service=True,
+        ),
+        Role(
+            "credentials",
+            "credential levels: resumes parked calls, tells dispatchers to drop cached credentials",
+            publish=[
+                f"{INBOX}.>",
+                s.internal_calls_resume,
+                s.internal_credentials_changed,
+                s.credentials_expired,
+                *js_own(internal),
+                *js_read(toolsets),
+                *js_create(toolsets),
+            ],
+            subscribe=[*credential_sets],
+            service=True,
+        ),
+    ]
+    return out
+
+
+def role(name: str, prefix: str = "toolbus") -> Role:
+    for r in roles(prefix):
+        if r.name == name:
+            return r
+    raise KeyError(name)
+
+
+def password_variable(name: str) -> str:
+    """The environment variable nats-server reads this user's password (or bcrypt hash) from."""
+    return "TOOLBUS_NATS_PASSWORD_" + name.upper().replace("-", "_")
+
+
+def _list(items: Iterable[str], indent: str) -> str:
+    return "[\n" + "".join(f'{indent}  "{item}"\n' for item in items) + f"{indent}]"
+
+
+def render_auth_conf(prefix: str = "toolbus") -> str:
+    """nats-server configuration text: one `authorization` block with a user per role. Passwords
+    are read from environment variables (`$TOOLBUS_NATS_PASSWORD_<ROLE>`); a bcrypt hash
+    (`nats server passwd`) works in their place."""
+    lines = [
+        "# Generated by toolbus_devstack.nats_conf.render_auth_conf("
+        + repr(prefix)
+        + "): edit that, not this file.",
+        f"# One user per role and service for the subject prefix `{prefix}`. Passwords come from the",
+        "# environment of nats-server (a plain password or a bcrypt hash); see deploy/nats/README.md.",
+        "",
+    ]
+    for r in roles(prefix):
+        var = r.name.upper().replace("-", "_") + "_PERMISSIONS"
+        lines.append(f"# {r.name}: {r.purpose}")
+        lines.append(f"{var} = {{")
+        lines.append(f"  publish: {{ allow: {_list(r.publish, '  ')} }}")
+        lines.append(f"  subscribe: {{ allow: {_list([*r.subscribe, f'{r.inbox}.>'], '  ')} }}")
+        if r.allow_responses:
+            lines.append("  allow_responses: true")
+        lines.append("}")
+        lines.append("")
+    lines.append("authorization {")
+    lines.append("  users: [")
+    for r in roles(prefix):
+        var = r.name.upper().replace("-", "_") + "_PERMISSIONS"
+        lines.append(
+            f'    {{ user: "{r.name}", password: ${password_variable(r.name)}, permissions: ${var} }}'
+        )
+    lines.append("  ]")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def dev_credentials() -> dict[str, str]:
+    """A fresh random password per role (for a development stack, never reused)."""
+    # nats-server parses an environment variable as a config value: a letter then hex stays a string.
+    return {r.name: "p" + secrets.token_hex(24) for r in roles()}
+
+
+def server_env(passwords: dict[str, str]) -> dict[str, str]:
+    """nats-server's environment for `render_auth_conf`'s password variables."""
+    return {password_variable(name): value for name, value in passwords.items()}
+
+
+def client_env(name: str, password: str) -> dict[str, str]:
+    """`TOOLBUS_NATS_*` settings of a client connecting as `name`."""
+    return {
+        "TOOLBUS_NATS_USER": name,
+        "TOOLBUS_NATS_PASSWORD": password,
+        "TOOLBUS_NATS_INBOX_PREFIX": f"{INBOX}.{name}",
+    }
