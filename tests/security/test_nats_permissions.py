@@ -1,0 +1,275 @@
+"""The secured NATS configuration (deploy/nats/) against a real nats-server: each role can do what
+it needs and is refused what it must not.
+
+The oracle of the matrix is the server itself: a refused publish or subscription is answered
+`-ERR 'Permissions Violation ...'` before the PONG of the flush that follows it, so once
+`flush()` returns the refusal has reached the client's error callback, or there was none.
+The scenarios then run the flows each role needs end to end (requests across private inboxes,
+host calls with one reply allowed, JetStream streams and object stores read and written).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+from nats.aio.client import Client
+from toolbus_common.connections import ensure_object_store, ensure_stream
+from toolbus_common.nats_auth import NatsAuth
+from toolbus_devstack.nats_conf import render_auth_conf
+
+from tests.security.conftest import SecuredNats
+
+pytestmark = pytest.mark.integration
+
+P = "toolbus"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Probe:
+    """A connection as one role that records the server's permission refusals."""
+
+    def __init__(self, nc: Client, errors: list[str]) -> None:
+        self.nc = nc
+        self.errors = errors
+        self._markers = 0
+
+    def _seen(self, kind: str, subject: str, since: int) -> int | None:
+        needle = f'permissions violation for {kind} to "{subject.lower()}"'
+        for i, error in enumerate(self.errors[since:], start=since):
+            if error.lower().endswith(needle):
+                return i
+        return None
+
+    async def refused(self, action: str, subject: str) -> bool:
+        """Do `action` on `subject`, then publish a marker no role may publish: the server reports
+        refusals of one connection in order, so once the marker's refusal is in, the probe's is in
+        too, or there was none."""
+        before = len(self.errors)
+        if action == "pub":
+            await self.nc.publish(subject, b"{}")
+        elif action == "sub":
+            await self.nc.subscribe(subject)
+        else:  # "qsub": in the workers' queue group
+            await self.nc.subscribe(subject, queue="toolbus-workers")
+        self._markers += 1
+        marker = f"probe-marker.{self._markers}"
+        await self.nc.publish(marker, b"")
+        await self.nc.flush(timeout=5)
+        for _ in range(500):  # bounded: 10 s
+            if self._seen("publish", marker, before) is not None:
+                break
+            await asyncio.sleep(0.02)
+        else:
+            raise AssertionError(f"the server never refused the marker {marker}")
+        return self._seen("subscription" if action != "pub" else "publish", subject, before) is not None
+
+
+@asynccontextmanager
+async def connect_as(secured: SecuredNats, role: str) -> AsyncIterator[Probe]:
+    errors: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(str(exc))
+
+    env = secured.env(role)
+    options = NatsAuth.from_env(env).connect_options()
+    nc = await nats.connect(**options, error_cb=on_error, allow_reconnect=False, connect_timeout=5)
+    try:
+        yield Probe(nc, errors)
+    finally:
+        await nc.close()
+
+
+# (role, action, subject, allowed): what the report's permission matrix lists.
+MATRIX: list[tuple[str, str, str, bool]] = [
+    # harness: the public API, its own inbox, events of calls; nothing internal
+    ("harness", "pub", f"{P}.toolsets.create", True),
+    ("harness", "pub", f"{P}.calls.invoke", True),
+    ("harness", "pub", f"{P}.runs.credentials.set", True),
+    ("harness", "pub", f"$JS.API.CONSUMER.CREATE.{P}_EVENTS", True),
+    ("harness", "sub", f"{P}.events.calls.run1.*", True),
+    ("harness", "sub", "_INBOX.harness.abc", True),
+    ("harness", "pub", f"{P}.approvals.decide", False),
+    ("harness", "pub", f"{P}.approvals.list", False),
+    ("harness", "pub", f"{P}.internal.approvals.decided", False),
+    ("harness", "pub", f"{P}.internal.calls.resume", False),
+    ("harness", "pub", f"{P}.credentials.changed", False),
+    ("harness", "pub", f"{P}.events.calls.run1.call1", False),
+    ("harness", "pub", f"{P}.host.result.call1", False),
+    ("harness", "pub", f"{P}.workflows.publish", False),
+    ("harness", "pub", f"$JS.API.STREAM.INFO.OBJ_{P}_toolsets", False),
+    ("harness", "pub", f"$JS.API.CONSUMER.CREATE.{P}_INTERNAL", False),
+    ("harness", "pub", f"$JS.API.STREAM.DELETE.{P}_EVENTS", False),
+    ("harness", "pub", f"$O.{P}_toolsets.M.x", False),
+    ("harness", "sub", "_INBOX.>", False),
+    ("harness", "sub", "_INBOX.dispatcher.>", False),
+    ("harness", "sub", f"{P}.calls.start", False),
+    ("harness", "sub", f"{P}.toolsets.credentials.set", False),
+    ("harness", "sub", f"{P}.internal.>", False),
+    ("harness", "sub", f"{P}.host.call.>", False),
+    ("harness", "sub", f"{P}.events.approvals.requested", False),
+    ("harness", "sub", f"$O.{P}_toolsets.>", False),
+    # worker: host calls only in the queue group; heartbeats and results
+    ("worker", "qsub", f"{P}.host.call.crm.find_customer", True),
+    ("worker", "pub", f"{P}.host.heartbeat.call1", True),
+    ("worker", "pub", f"{P}.host.result.call1", True),
+    ("worker", "sub", f"{P}.host.call.>", False),
+    ("worker", "sub", f"{P}.host.result.*", False),
+    ("worker", "sub", f"{P}.events.>", False),
+    ("worker", "sub", "_INBOX.>", False),
+    ("worker", "pub", "_INBOX.dispatcher.forged", False),
+    ("worker", "pub", f"{P}.calls.start", False),
+    ("worker", "pub", f"$JS.API.STREAM.INFO.OBJ_{P}_toolsets", False),
+    ("worker", "pub", f"$JS.API.DIRECT.GET.OBJ_{P}_toolsets", False),
+    ("worker", "pub", f"$JS.API.CONSUMER.CREATE.OBJ_{P}_toolsets", False),
+    # approver: list and decide
+    ("approver", "pub", f"{P}.approvals.decide", True),
+    ("approver", "pub", f"{P}.approvals.list", True),
+    ("approver", "sub", f"{P}.events.approvals.requested", True),
+    ("approver", "pub", f"{P}.internal.approvals.decided", False),
+    ("approver", "pub", f"{P}.calls.start", False),
+    ("approver", "sub", f"{P}.approvals.decide", False),
+    # workflow engine: serve workflows, call tools
+    ("workflow-engine", "sub", f"{P}.workflows.start.triage", True),
+    ("workflow-engine", "pub", f"{P}.calls.invoke", True),
+    ("workflow-engine", "pub", f"{P}.internal.runs.closed", False),
+    ("workflow-engine", "sub", f"{P}.host.call.>", False),
+    # services: internal.> only for services, and each only its own commands
+    ("approval", "pub", f"{P}.internal.approvals.decided", True),
+    ("approval", "pub", f"{P}.events.approvals.requested", True),
+    ("approval", "pub", f"{P}.internal.calls.resume", False),
+    ("approval", "pub", f"{P}.events.calls.run1.call1", False),
+    ("credentials", "pub", f"{P}.internal.calls.resume", True),
+    ("credentials", "sub", f"{P}.toolsets.credentials.set", True),
+    ("credentials", "pub", f"{P}.internal.approvals.decided", False),
+    ("registry", "sub", f"{P}.toolsets.create", True),
+    ("registry", "pub", f"$JS.API.STREAM.CREATE.OBJ_{P}_toolsets", True),
+    ("registry", "pub", f"{P}.internal.approvals.decided", False),
+    ("registry", "pub", f"$JS.API.STREAM.INFO.{P}_INTERNAL", False),
+    ("dispatcher", "pub", f"{P}.host.call.crm.find_customer", True),
+    ("dispatcher", "pub", f"{P}.events.calls.run1.call1", True),
+    ("dispatcher", "pub", f"{P}.internal.approvals.needed", True),
+    ("dispatcher", "sub", f"{P}.host.result.*", True),
+    ("dispatcher", "pub", f"{P}.internal.approvals.decided", False),
+    ("dispatcher", "pub", f"$KV.{P}_workflows.triage", False),
+    ("dispatcher", "sub", f"{P}.toolsets.credentials.set", False),
+]
+
+
+def test_the_committed_configuration_is_the_generated_one() -> None:
+    """deploy/nats/toolbus-auth.conf is `render_auth_conf()`'s output: the matrix has one source."""
+    committed = (ROOT / "deploy" / "nats" / "toolbus-auth.conf").read_text()
+    assert committed == render_auth_conf(P)
+
+
+async def test_anonymous_and_wrong_passwords_are_refused(secured_nats: SecuredNats) -> None:
+    for credentials in ({}, {"user": "harness", "password": "wrong"}):
+        client = Client()
+        try:
+            with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+                await client.connect(
+                    secured_nats.url, allow_reconnect=False, connect_timeout=5, **credentials
+                )
+        finally:
+            await client.close()
+
+
+async def test_each_role_is_allowed_and_refused_as_the_matrix_says(secured_nats: SecuredNats) -> None:
+    wrong: list[str] = []
+    for role in sorted({row[0] for row in MATRIX}):
+        async with connect_as(secured_nats, role) as probe:
+            for who, action, subject, allowed in MATRIX:
+                if who != role:
+                    continue
+                refused = await probe.refused(action, subject)
+                if refused == allowed:
+                    wrong.append(f"{role} {action} {subject}: {'refused' if refused else 'allowed'}")
+    assert wrong == []
+
+
+async def test_requests_cross_private_inboxes_and_a_worker_answers_a_host_call_once(
+    secured_nats: SecuredNats,
+) -> None:
+    """harness -> registry (reply to `_INBOX.harness.*`), dispatcher -> worker (the worker may
+    answer the call's request once, by `allow_responses`, and publish its result)."""
+    async with (
+        connect_as(secured_nats, "harness") as harness,
+        connect_as(secured_nats, "registry") as registry,
+        connect_as(secured_nats, "dispatcher") as dispatcher,
+        connect_as(secured_nats, "worker") as worker,
+    ):
+
+        async def serve_get(msg: Any) -> None:
+            await msg.respond(b'{"ok": true, "data": {"id": "ts_x"}}')
+
+        await registry.nc.subscribe(f"{P}.toolsets.get", queue="toolbus-registry", cb=serve_get)
+        await registry.nc.flush()
+        reply = await harness.nc.request(f"{P}.toolsets.get", b'{"id": "ts_x"}', timeout=5)
+        assert json.loads(reply.data)["data"]["id"] == "ts_x"
+        assert reply.subject.startswith("_INBOX.harness.")
+
+        results: asyncio.Queue[bytes] = asyncio.Queue()
+
+        async def on_result(msg: Any) -> None:
+            results.put_nowait(msg.data)
+
+        await dispatcher.nc.subscribe(f"{P}.host.result.*", cb=on_result)
+        replies: list[str] = []
+
+        async def serve_call(msg: Any) -> None:
+            replies.append(msg.reply)
+            await msg.respond(b"ack")
+            call = json.loads(msg.data)
+            await worker.nc.publish(
+                f"{P}.host.result.{call['callId']}", b'{"attempt": 1, "output": {"a": 1}}'
+            )
+
+        await worker.nc.subscribe(f"{P}.host.call.crm.find", queue="toolbus-workers", cb=serve_call)
+        await worker.nc.flush()
+        ack = await dispatcher.nc.request(f"{P}.host.call.crm.find", b'{"callId": "c1"}', timeout=5)
+        assert ack.data == b"ack"
+        assert json.loads(await asyncio.wait_for(results.get(), 5)) == {"attempt": 1, "output": {"a": 1}}
+        # allow_responses permits one reply per request: a second one to the same inbox is refused.
+        assert await worker.refused("pub", replies[0])
+
+
+async def test_jetstream_streams_and_stores_are_reachable_only_by_their_roles(
+    secured_nats: SecuredNats,
+) -> None:
+    async with (
+        connect_as(secured_nats, "dispatcher") as dispatcher,
+        connect_as(secured_nats, "registry") as registry,
+        connect_as(secured_nats, "credentials") as credentials,
+        connect_as(secured_nats, "harness") as harness,
+        connect_as(secured_nats, "worker") as worker,
+    ):
+        djs = dispatcher.nc.jetstream(timeout=3)
+        await ensure_stream(djs, f"{P}_EVENTS", [f"{P}.events.>"])
+        await djs.publish(f"{P}.events.calls.run1.call1", b'{"type": "accepted"}')
+        # The harness replays a run's events with an ordered consumer on its own inbox.
+        hjs = harness.nc.jetstream(timeout=3)
+        sub = await hjs.subscribe(f"{P}.events.calls.run1.*", stream=f"{P}_EVENTS", ordered_consumer=True)
+        msg = await sub.next_msg(timeout=5)
+        assert json.loads(msg.data) == {"type": "accepted"}
+        await sub.unsubscribe()
+
+        # The registry writes the toolsets store; the dispatcher and credentials read it.
+        store = await ensure_object_store(registry.nc.jetstream(timeout=3), f"{P}_toolsets")
+        await store.put("ts_abc", b'{"pinned": true}')
+        for reader in (dispatcher, credentials):
+            got = await (await reader.nc.jetstream(timeout=3).object_store(f"{P}_toolsets")).get("ts_abc")
+            assert got.data == b'{"pinned": true}'
+        # A worker or a harness can neither open nor read it.
+        for outsider in (worker, harness):
+            with pytest.raises((nats.errors.TimeoutError, nats.js.errors.Error)):
+                await outsider.nc.jetstream(timeout=1).object_store(f"{P}_toolsets")
+            assert outsider._seen("publish", f"$JS.API.STREAM.INFO.OBJ_{P}_toolsets", 0) is not None
+        # The harness may not publish into the stream's subjects as if it were the dispatcher.
+        assert await harness.refused("pub", f"{P}.events.calls.run1.call2")
