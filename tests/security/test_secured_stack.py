@@ -1,0 +1,195 @@
+"""`make up` with `TOOLBUS_SECURE=1` (scripts/stack.py): its own NATS with deploy/nats/'s users
+and a Redis with a password, dev credentials generated, the four services each connected as its
+own user; then a representative end-to-end run through it with the client roles' credentials:
+a harness registers a toolset and calls an MCP tool, a host tool answered by a `worker`, and an
+approval-gated tool decided by an `approver`; the harness's own attempt to decide is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+from toolbus_common.nats_auth import NatsAuth
+
+from tests.support.infra import free_port, port_in_use, request, unique_prefix
+from tests.support.mcp_servers import McpTestServer
+
+pytestmark = pytest.mark.e2e
+
+STACK_PY = Path(__file__).resolve().parents[2] / "scripts" / "stack.py"
+
+
+def _stack(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(STACK_PY), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+
+
+def _port_base() -> int:
+    for _ in range(50):
+        base = free_port()
+        if base < 65000 and not any(port_in_use(base + i) for i in range(4)):
+            return base
+    raise AssertionError("no four free consecutive ports")
+
+
+def _env_file(path: Path) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in path.read_text().splitlines() if line)
+
+
+@asynccontextmanager
+async def connect(env: dict[str, str], errors: list[str]) -> AsyncIterator[Any]:
+    async def on_error(exc: Exception) -> None:
+        errors.append(str(exc))
+
+    nc = await nats.connect(**NatsAuth.from_env(env).connect_options(), error_cb=on_error, connect_timeout=5)
+    try:
+        yield nc
+    finally:
+        await nc.close()
+
+
+async def ok(nc: Any, subject: str, body: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
+    reply = await request(nc, subject, body, timeout=timeout)
+    assert reply["ok"] is True, reply
+    data: dict[str, Any] = reply["data"]
+    return data
+
+
+async def test_secure_stack_runs_calls_with_each_role_on_its_own_user(tmp_path: Path) -> None:
+    prefix = unique_prefix("tbsec")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLBUS_")}
+    env |= {
+        "TOOLBUS_SECURE": "1",
+        "TOOLBUS_STACK_DIR": str(tmp_path / "stack"),
+        "TOOLBUS_SUBJECT_PREFIX": prefix,
+        "TOOLBUS_LOG_LEVEL": "WARNING",
+    }
+    base = _port_base()
+    secure_dir = tmp_path / "stack" / "secure"
+    try:
+        up = _stack(env, "up", "--port-base", str(base))
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "secured (deploy/nats/" in up.stdout
+        assert "with a password, started here" in up.stdout
+        for name in ("registry", "dispatcher", "approval", "credentials"):
+            assert f"{name:<15} ready" in up.stdout
+        passwords_file = secure_dir / "passwords.json"
+        assert stat.S_IMODE(passwords_file.stat().st_mode) == 0o600
+        passwords = json.loads(passwords_file.read_text())
+        for secret in passwords.values():
+            assert secret not in up.stdout + up.stderr
+        logs = "".join(p.read_text() for p in (tmp_path / "stack" / "logs").glob("*.log"))
+        assert not [name for name, secret in passwords.items() if secret in logs]
+
+        await _run_through(prefix, secure_dir)
+    finally:
+        down = _stack(env, "down")
+    assert down.returncode == 0, down.stdout + down.stderr
+
+
+async def _run_through(prefix: str, secure_dir: Path) -> None:
+    harness_env = _env_file(secure_dir / "harness.env")
+    worker_env = _env_file(secure_dir / "worker.env")
+    approver_env = _env_file(secure_dir / "approver.env")
+    p = prefix
+    harness_errors: list[str] = []
+    worker_errors: list[str] = []
+    async with (
+        McpTestServer(name="shop") as mcp,
+        connect(harness_env, harness_errors) as harness,
+        connect(worker_env, worker_errors) as worker,
+        connect(approver_env, []) as approver,
+    ):
+        # The worker serves a host tool in the workers' queue group.
+        async def serve(msg: Any) -> None:
+            task = json.loads(msg.data)
+            await msg.respond(b"")
+            out = {"attempt": task["attempt"], "output": {"name": f"customer {task['input']['id']}"}}
+            await worker.publish(f"{p}.host.result.{task['callId']}", json.dumps(out).encode())
+
+        await worker.subscribe(f"{p}.host.call.crm.lookup", queue="toolbus-workers", cb=serve)
+        # The approver approves whatever is requested.
+        requested: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+        async def on_requested(msg: Any) -> None:
+            requested.put_nowait(json.loads(msg.data))
+
+        await approver.subscribe(f"{p}.events.approvals.requested", cb=on_requested)
+        await worker.flush()
+        await approver.flush()
+
+        spec = {
+            "mcp": [{"name": "shop", "url": mcp.url, "policies": {"echo": {"approval": True}}}],
+            "host": [
+                {
+                    "name": "crm.lookup",
+                    "description": "Find a customer.",
+                    "inputSchema": {
+                        "type": "object",
+                        "properties": {"id": {"type": "string"}},
+                        "required": ["id"],
+                    },
+                }
+            ],
+        }
+        toolset = await ok(harness, f"{p}.toolsets.create", spec, timeout=60)
+        run = await ok(harness, f"{p}.runs.open", {"toolsetId": toolset["id"], "namespace": "user-1"})
+        run_id = run["runId"]
+
+        plain = await ok(
+            harness, f"{p}.calls.invoke", {"runId": run_id, "tool": "shop.plain", "input": {"text": "hi"}}
+        )
+        assert plain["outcome"]["status"] == "ok", plain
+        host = await ok(
+            harness, f"{p}.calls.invoke", {"runId": run_id, "tool": "crm.lookup", "input": {"id": "42"}}
+        )
+        assert host["outcome"] == {"status": "ok", "output": {"name": "customer 42"}}
+
+        invoke = asyncio.create_task(
+            ok(
+                harness,
+                f"{p}.calls.invoke",
+                {"runId": run_id, "tool": "shop.echo", "input": {"text": "pay"}},
+                60,
+            )
+        )
+        approval = await asyncio.wait_for(requested.get(), 30)
+        # The harness may not decide its own call: the server refuses the publish.
+        await harness.publish(
+            f"{p}.approvals.decide",
+            json.dumps({"approvalId": approval["approvalId"], "approve": True}).encode(),
+        )
+        await harness.flush()
+        decided = await ok(
+            approver, f"{p}.approvals.decide", {"approvalId": approval["approvalId"], "approve": True}
+        )
+        assert decided["decision"] == "approved"
+        echo = await invoke
+        assert echo["outcome"] == {"status": "ok", "output": {"text": "pay"}}
+        for _ in range(250):  # bounded: the refusal is reported asynchronously
+            if any(f'"{p}.approvals.decide"' in e for e in harness_errors):
+                break
+            await asyncio.sleep(0.02)
+        assert any(
+            "permissions violation for publish" in e and f'"{p}.approvals.decide"' in e
+            for e in harness_errors
+        )
+        assert [c.tool for c in mcp.calls] == ["plain", "echo"]
+        await ok(harness, f"{p}.runs.close", {"runId": run_id})
