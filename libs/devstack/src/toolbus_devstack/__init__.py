@@ -35,6 +35,7 @@ from toolbus_devstack.servers import (
     nats_info,
     redis_answers,
     start_nats_server,
+    start_redis_sentinel,
     start_redis_server,
 )
 from toolbus_devstack.services import (
@@ -70,6 +71,7 @@ __all__ = [
     "service_process",
     "spawn",
     "start_nats_server",
+    "start_redis_sentinel",
     "start_redis_server",
     "start_service",
     "stop_process",

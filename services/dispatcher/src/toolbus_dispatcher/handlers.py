@@ -7,6 +7,7 @@ from typing import Any
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
+from toolbus_common.faults import is_backing_store_fault, unavailable
 from toolbus_common.rpc import RpcServer, encode_error
 from toolbus_contracts import (
     CallGetReply,
@@ -58,7 +59,12 @@ class Handlers:
             if msg.reply:
                 await self._nc.publish(msg.reply, encode_error(exc))
             return
-        except Exception:
+        except Exception as exc:
+            if is_backing_store_fault(exc):  # Redis or JetStream did not answer (e.g. a failover)
+                log.warning("calls.invoke unavailable", extra={"error": type(exc).__name__})
+                if msg.reply:
+                    await self._nc.publish(msg.reply, encode_error(unavailable(exc)))
+                return
             log.exception("calls.invoke failed")
             if msg.reply:
                 await self._nc.publish(
