@@ -10,7 +10,6 @@ What an asynchronous-replication failover can lose is in docs/design.md ("Produc
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -156,7 +155,8 @@ async def test_services_carry_on_after_the_master_is_killed_mid_burst(
         f"outcomes {report.statuses()}, lost {len(report.lost)}, unavailable retried "
         f"{report.retried_unavailable}, timeouts retried {report.retried_timeout}, deliveries "
         f"{len(deliveries)} for {len(set(deliveries))} keys, requests failed for "
-        f"{recovered if recovered is None else round(recovered, 2)} s after the kill, master now {new_master}"
+        f"{recovered if recovered is None else round(recovered, 2)} s after the kill, the calls in flight finished within "
+        f"{report.in_flight_done_after(killed_at[0]) if killed_at else 0:.2f} s, master now {new_master}"
     )
     assert killed_at, "the master was never killed"
     assert new_master == ("127.0.0.1", sentinels.replica_port)

@@ -29,6 +29,8 @@ class BurstReport:
     other_errors: list[str] = field(default_factory=list)
     ack_times: dict[str, float] = field(default_factory=dict)
     """idempotency key -> monotonic time of its acknowledgement."""
+    done_times: dict[str, float] = field(default_factory=dict)
+    """idempotency key -> monotonic time its outcome arrived."""
     failure_times: list[float] = field(default_factory=list)
     """Monotonic times of the `unavailable` replies and timeouts (retried)."""
 
@@ -43,6 +45,14 @@ class BurstReport:
             status = outcome["status"] if outcome["status"] == "ok" else outcome["error"]["code"]
             counts[status] = counts.get(status, 0) + 1
         return counts
+
+    def in_flight_done_after(self, moment: float) -> float:
+        """Seconds from `moment` until the last call acknowledged before it had its outcome: how
+        long the calls caught in flight by a fault took to finish."""
+        caught = [
+            self.done_times[k] for k, t in self.ack_times.items() if t < moment and k in self.done_times
+        ]
+        return max((t - moment for t in caught if t >= moment), default=0.0)
 
     def recovered_after(self, moment: float) -> float:
         """Seconds from `moment` (the fault) to the last failed request after it: how long
@@ -114,6 +124,7 @@ async def run_burst(
             done = await _until_ok(nc, f"{prefix}.calls.invoke", body, report, timeout=10, deadline=deadline)
             report.invoked_ids[key] = done["callId"]
             report.outcomes[key] = done["outcome"]
+            report.done_times[key] = time.monotonic()
 
     await asyncio.gather(*(one(i) for i in range(n)))
     return report

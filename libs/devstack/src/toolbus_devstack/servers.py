@@ -268,3 +268,53 @@ def start_redis_sentinel(
     proc = spawn([binary, str(conf), "--sentinel"], log_path, env=None, detach=False)
     server = LocalServer("redis-sentinel", f"redis://127.0.0.1:{port}/0", proc, log_path, binary)
     return _wait_answering(server, redis_answers, timeout)
+
+
+def start_nats_cluster(
+    base_dir: Path,
+    *,
+    size: int = 3,
+    name: str = "toolbus",
+    binary: str | None = None,
+    config: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 30.0,
+) -> list[LocalServer]:
+    """`size` JetStream nats-servers on free ports, routed to one another as cluster `name`, each
+    with its own store under `base_dir`; returns once every one greets (JetStream's meta leader
+    may still be being elected: see `jetstream_ready`)."""
+    from toolbus_devstack.processes import free_port
+
+    client_ports = [free_port() for _ in range(size)]
+    route_ports = [free_port() for _ in range(size)]
+    routes = ",".join(f"nats://127.0.0.1:{p}" for p in route_ports)
+    servers: list[LocalServer] = []
+    try:
+        for i, (port, route) in enumerate(zip(client_ports, route_ports, strict=True)):
+            args = [
+                "--cluster_name",
+                name,
+                "-n",
+                f"{name}-{i}",
+                "--cluster",
+                f"nats://127.0.0.1:{route}",
+                "--routes",
+                routes,
+            ]
+            servers.append(
+                start_nats_server(
+                    port,
+                    base_dir / f"n{i}",
+                    base_dir / f"n{i}.log",
+                    binary=binary,
+                    config=config,
+                    env=env,
+                    args=args,
+                    timeout=timeout,
+                )
+            )
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    return servers
