@@ -23,13 +23,13 @@ pytestmark = pytest.mark.integration
 STACK_PY = Path(__file__).resolve().parents[2] / "scripts" / "stack.py"
 
 
-def _stack(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+def _stack(env: dict[str, str], *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, str(STACK_PY), *args],
         env=env,
         capture_output=True,
         text=True,
-        timeout=90,
+        timeout=timeout,
         check=False,
     )
 

@@ -11,8 +11,6 @@ import asyncio
 import json
 import os
 import stat
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,23 +20,11 @@ import nats
 import pytest
 from toolbus_common.nats_auth import NatsAuth
 
+from tests.integration.test_infra_stack import _stack
 from tests.support.infra import free_port, port_in_use, request, unique_prefix
 from tests.support.mcp_servers import McpTestServer
 
 pytestmark = pytest.mark.e2e
-
-STACK_PY = Path(__file__).resolve().parents[2] / "scripts" / "stack.py"
-
-
-def _stack(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(STACK_PY), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
 
 
 def _port_base() -> int:
@@ -84,7 +70,7 @@ async def test_secure_stack_runs_calls_with_each_role_on_its_own_user(tmp_path: 
     base = _port_base()
     secure_dir = tmp_path / "stack" / "secure"
     try:
-        up = _stack(env, "up", "--port-base", str(base))
+        up = _stack(env, "up", "--port-base", str(base), timeout=180)
         assert up.returncode == 0, up.stdout + up.stderr
         assert "secured (deploy/nats/" in up.stdout
         assert "with a password, started here" in up.stdout
