@@ -6,7 +6,7 @@ UV ?= uv
 PYTHON ?= .venv/bin/python
 N ?= 50
 
-.PHONY: help install up down logs status test lint bench helm-lint
+.PHONY: help install up down logs status test lint docs bench helm-lint
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -42,6 +42,9 @@ lint: ## ruff check, ruff format --check, and mypy --strict on libs/ and service
 	echo "ruff format --check libs services"; $(UV) run --frozen ruff format --check libs services || status=1; \
 	echo "mypy libs services"; $(UV) run --frozen mypy libs services || status=1; \
 	exit $$status
+
+docs: ## regenerate docs/asyncapi.yaml (AsyncAPI 3, every subject) from the code
+	$(UV) run --frozen python scripts/asyncapi.py
 
 bench: ## run every bench/*.py, each printing its figures
 	@shopt -s nullglob; files=(bench/*.py); \

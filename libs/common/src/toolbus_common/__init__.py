@@ -1,5 +1,6 @@
-"""Shared runtime of the toolbus services: settings, logging, connections, canonical JSON, RPC."""
+"""Shared runtime of the toolbus services: settings, logging, connections, canonical JSON, the FastStream serving layer (`bus`)."""
 
+from toolbus_common.bus import Bus, Routes
 from toolbus_common.canonical import canonical_json, content_id, sha256_hex
 from toolbus_common.clock import now_iso
 from toolbus_common.connections import (
@@ -10,12 +11,12 @@ from toolbus_common.connections import (
     ensure_stream,
 )
 from toolbus_common.logging import get_logger, register_secret, scrub
-from toolbus_common.rpc import RpcServer
 from toolbus_common.runtime import Service, run_service
 from toolbus_common.settings import Settings
 
 __all__ = [
-    "RpcServer",
+    "Bus",
+    "Routes",
     "Service",
     "Settings",
     "canonical_json",

@@ -50,9 +50,11 @@ def nats_connect_options(settings: Settings) -> dict[str, Any]:
     return nats_auth(settings).connect_options()
 
 
-async def connect_nats(settings: Settings, name: str) -> NatsClient:
-    """Connect with endless reconnects (to any server of the list, so a cluster node's loss is
-    ridden out); connection changes are logged, never raised into handlers."""
+def nats_options(settings: Settings, name: str) -> dict[str, Any]:
+    """Connection options of every service (`nats.connect` and FastStream's `NatsBroker` take
+    them): servers, authentication, TLS and inbox (`nats_connect_options`), endless reconnects (to
+    any server of the list, so a cluster node's loss is ridden out); connection changes are
+    logged, never raised into handlers."""
 
     async def on_error(exc: Exception) -> None:
         log.warning("nats error", extra={"error": type(exc).__name__, "detail": str(exc)})
@@ -63,19 +65,24 @@ async def connect_nats(settings: Settings, name: str) -> NatsClient:
     async def on_reconnect() -> None:
         log.info("nats reconnected")
 
-    return await nats.connect(
+    return {
         **nats_connect_options(settings),
-        name=name,
-        max_reconnect_attempts=-1,
-        reconnect_time_wait=0.5,
-        error_cb=on_error,
-        disconnected_cb=on_disconnect,
-        reconnected_cb=on_reconnect,
-    )
+        "name": name,
+        "max_reconnect_attempts": -1,
+        "reconnect_time_wait": 0.5,
+        "error_cb": on_error,
+        "disconnected_cb": on_disconnect,
+        "reconnected_cb": on_reconnect,
+    }
+
+
+async def connect_nats(settings: Settings, name: str) -> NatsClient:
+    """A connection with the services' options (`nats_options`), for tools that serve nothing."""
+    return await nats.connect(**nats_options(settings, name))
 
 
 async def close_nats(nc: NatsClient) -> None:
-    """Close a service's connection once its requests are drained (`RpcServer.drain`): send what
+    """Close a service's connection once its requests are drained (`Bus.drain`): send what
     is still buffered (replies, events), then close. Not `nc.drain()`: it also waits on pull
     consumers that `fetch()` read, up to its 30 s timeout, which stalls every shutdown."""
     with contextlib.suppress(Exception):

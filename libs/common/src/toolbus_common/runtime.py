@@ -12,9 +12,11 @@ import gc
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
+import orjson
 import uvicorn
+import yaml
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -36,9 +38,18 @@ class Service(Protocol):
 
     def ready(self) -> bool: ...
 
+    def asyncapi(self) -> dict[str, Any]: ...
+
 
 def health_app(service: Service) -> Starlette:
-    """`/healthz` (alive), `/readyz` (connected and serving), `/metrics` (Prometheus)."""
+    """`/healthz` (alive), `/readyz` (connected and serving), `/metrics` (Prometheus),
+    `/asyncapi` (the service's AsyncAPI 3 document as JSON) and `/asyncapi.yaml`."""
+    document: dict[str, Any] = {}
+
+    def spec() -> dict[str, Any]:
+        if not document:  # built once, on first use: it is the same for the life of the process
+            document.update(service.asyncapi())
+        return document
 
     async def healthz(_: Request) -> Response:
         return JSONResponse({"status": "ok", "service": service.name})
@@ -50,8 +61,22 @@ def health_app(service: Service) -> Starlette:
     async def metrics(_: Request) -> Response:
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
+    async def asyncapi(_: Request) -> Response:
+        return Response(orjson.dumps(spec()), media_type="application/json")
+
+    async def asyncapi_yaml(_: Request) -> Response:
+        return Response(
+            yaml.safe_dump(spec(), sort_keys=True, allow_unicode=True), media_type="application/yaml"
+        )
+
     return Starlette(
-        routes=[Route("/healthz", healthz), Route("/readyz", readyz), Route("/metrics", metrics)]
+        routes=[
+            Route("/healthz", healthz),
+            Route("/readyz", readyz),
+            Route("/metrics", metrics),
+            Route("/asyncapi", asyncapi),
+            Route("/asyncapi.yaml", asyncapi_yaml),
+        ]
     )
 
 

@@ -17,7 +17,7 @@ class ApprovalNeeded(WireModel):
     approval_id: str
     call_id: str
     run_id: str
-    namespace: str | None
+    namespace: str | None = None
     toolset_id: str
     tool: str
     input: dict[str, Any]
@@ -46,7 +46,7 @@ class CallParked(WireModel):
     call_id: str
     run_id: str
     toolset_id: str
-    namespace: str | None
+    namespace: str | None = None
     server: str
     level: CredentialLevel
     parked_at: str

@@ -159,6 +159,11 @@ class Subjects:
         return self._s("credentials.changed")
 
     @property
+    def internal_dead_letters(self) -> str:
+        """Internal commands no consumer can apply, kept (in the INTERNAL stream) with why."""
+        return self._s("internal.deadletter.>")
+
+    @property
     def internal_runs_closed(self) -> str:
         """dispatcher -> approval, credentials: a run ended (RunClosed)."""
         return self._s("internal.runs.closed")

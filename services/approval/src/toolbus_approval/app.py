@@ -6,20 +6,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import timedelta
+from typing import Any
 
 import orjson
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 from redis.asyncio import Redis
-from toolbus_common.connections import (
-    close_nats,
-    connect_nats,
-    connect_redis,
-    ensure_stream,
-    internal_stream_limits,
-)
+from toolbus_common.bus import Bus, asyncapi_document
+from toolbus_common.connections import connect_redis, ensure_stream, internal_stream_limits
 from toolbus_common.keys import Keys
-from toolbus_common.rpc import RpcServer
 from toolbus_common.settings import Settings
 from toolbus_common.tasks import cancel_and_wait
 from toolbus_common.webhooks import WebhookSender
@@ -28,8 +23,7 @@ from toolbus_contracts.approvals import ApprovalRequested
 from toolbus_contracts.internal import ApprovalDecided
 
 from toolbus_approval.approvals import Approvals
-from toolbus_approval.consumer import DurableConsumer
-from toolbus_approval.handlers import add_routes, approval_needed_handler, run_closed_handler
+from toolbus_approval.handlers import routes
 from toolbus_approval.settings import ApprovalSettings
 from toolbus_approval.store import ApprovalStore
 
@@ -37,8 +31,6 @@ log = logging.getLogger(__name__)
 
 QUEUE = "toolbus-approval"
 INTERNAL_STREAM = "INTERNAL"
-DURABLE_NEEDED = "approval-needed"
-DURABLE_RUNS_CLOSED = "approval-runs-closed"
 RETRY_AFTER = timedelta(seconds=5)
 """How old an unsent announcement or decision must be before the sweeper sends it (the request
 that queued it normally sends it within milliseconds)."""
@@ -74,18 +66,16 @@ class NatsOutlet:
 
 
 class ApprovalApp:
-    """The running service (`toolbus_common.runtime.Service`): ready once connected, its consumers
-    pulling and its routes subscribed."""
+    """The running service (`toolbus_common.runtime.Service`): ready once connected, its command
+    consumers and its routes subscribed (`toolbus_common.bus`)."""
 
     name = "approval"
 
     def __init__(self, settings: Settings, approval_settings: ApprovalSettings | None = None) -> None:
         self.settings = settings
         self.approval_settings = approval_settings or ApprovalSettings()
-        self._nc: NatsClient | None = None
+        self.bus = Bus(settings, name="approval", queue=QUEUE)
         self._redis: Redis[bytes] | None = None
-        self._rpc: RpcServer | None = None
-        self._consumers: list[DurableConsumer] = []
         self._webhooks: WebhookSender | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._ready = False
@@ -94,7 +84,7 @@ class ApprovalApp:
     async def start(self) -> None:
         s = self.settings
         subjects = s.subjects
-        self._nc = nc = await connect_nats(s, name="toolbus-approval")
+        nc = await self.bus.connect()
         js = nc.jetstream()
         self._redis = redis = connect_redis(s)
         keys = Keys(s.key_prefix)
@@ -120,27 +110,8 @@ class ApprovalApp:
                 log.info("unsent approvals and decisions sent", extra={"count": sent})
         except Exception as exc:  # the sweeper retries them; serving must not wait for it
             log.warning("unsent approvals not sent yet", extra={"error": type(exc).__name__})
-        self._rpc = RpcServer(nc, queue=QUEUE)
-        add_routes(self._rpc, subjects, approvals)
-        await self._rpc.start()
-        self._consumers = [
-            DurableConsumer(
-                js,
-                stream=stream,
-                subject=subjects.internal_approval_requests,
-                durable=DURABLE_NEEDED,
-                handle=approval_needed_handler(approvals),
-            ),
-            DurableConsumer(
-                js,
-                stream=stream,
-                subject=subjects.internal_runs_closed,
-                durable=DURABLE_RUNS_CLOSED,
-                handle=run_closed_handler(approvals),
-            ),
-        ]
-        for consumer in self._consumers:
-            await consumer.start()
+        self.bus.include(routes, approvals)
+        await self.bus.start()
         await self._webhooks.start()
         self._sweeper = asyncio.create_task(self._sweep(approvals), name="approval-sweeper")
         self._ready = True
@@ -159,21 +130,20 @@ class ApprovalApp:
 
     async def stop(self) -> None:
         self._ready = False
-        if self._rpc is not None:
-            await self._rpc.drain()
-        for consumer in self._consumers:
-            await consumer.stop()
+        await self.bus.drain()
         if self._sweeper is not None:
             await cancel_and_wait(self._sweeper)
         if self._webhooks is not None:
             await self._webhooks.stop()
-        if self._nc is not None:
-            await close_nats(self._nc)
+        await self.bus.close()
         if self._redis is not None:
             await self._redis.aclose()  # type: ignore[attr-defined]  # redis>=5; stubs lag
 
     def ready(self) -> bool:
-        return self._ready and self._nc is not None and self._nc.is_connected
+        return self._ready and self.bus.ready()
+
+    def asyncapi(self) -> dict[str, Any]:
+        return asyncapi_document(self.settings, [routes], title="toolbus approval")
 
 
 async def build(settings: Settings) -> ApprovalApp:

@@ -1,56 +1,57 @@
-"""The approval service's subscribers: parse, call `Approvals`, reply (or ack). No logic here."""
+"""The approval service's subjects: parse, call `Approvals`, reply (or ack). No logic here."""
 
 from __future__ import annotations
 
-from toolbus_common.rpc import RpcServer
-from toolbus_contracts import Subjects, ToolbusError, parse_body
+from toolbus_common.bus import Routes
 from toolbus_contracts.approvals import (
     ApprovalDecideReply,
     ApprovalDecideRequest,
+    ApprovalRequested,
     ApprovalsListReply,
     ApprovalsListRequest,
 )
-from toolbus_contracts.internal import ApprovalNeeded, RunClosed
+from toolbus_contracts.internal import ApprovalDecided, ApprovalNeeded, RunClosed
 
 from toolbus_approval.approvals import Approvals
-from toolbus_approval.consumer import MessageHandler, PoisonMessage
+
+DURABLE_NEEDED = "approval-needed"
+DURABLE_RUNS_CLOSED = "approval-runs-closed"
+
+routes: Routes[Approvals] = Routes("approval")
 
 
-def add_routes(rpc: RpcServer, subjects: Subjects, approvals: Approvals) -> None:
-    """`approvals.list` and `approvals.decide`."""
-
-    async def handle_list(request: ApprovalsListRequest) -> ApprovalsListReply:
-        pending = await approvals.pending(run_id=request.run_id, namespace=request.namespace)
-        return ApprovalsListReply(approvals=pending)
-
-    async def handle_decide(request: ApprovalDecideRequest) -> ApprovalDecideReply:
-        return await approvals.decide(request.approval_id, approve=request.approve, reason=request.reason)
-
-    rpc.route(subjects.approvals_list, ApprovalsListRequest, handle_list)
-    rpc.route(subjects.approvals_decide, ApprovalDecideRequest, handle_decide)
+@routes.request(lambda s: s.approvals_list)
+async def handle_list(approvals: Approvals, request: ApprovalsListRequest) -> ApprovalsListReply:
+    """Pending approvals, oldest first, filtered by run and/or namespace."""
+    pending = await approvals.pending(run_id=request.run_id, namespace=request.namespace)
+    return ApprovalsListReply(approvals=pending)
 
 
-def approval_needed_handler(approvals: Approvals) -> MessageHandler:
-    """`internal.approvals.needed`: store and announce the approval (idempotent)."""
-
-    async def handle_approval_needed(data: bytes) -> None:
-        try:
-            needed = parse_body(ApprovalNeeded, data)
-        except ToolbusError as exc:
-            raise PoisonMessage(f"ApprovalNeeded: {exc.message}") from None
-        await approvals.request(needed)
-
-    return handle_approval_needed
+@routes.request(lambda s: s.approvals_decide)
+async def handle_decide(approvals: Approvals, request: ApprovalDecideRequest) -> ApprovalDecideReply:
+    """Decide a pending approval; a second decision is `conflict` (the first stands)."""
+    return await approvals.decide(request.approval_id, approve=request.approve, reason=request.reason)
 
 
-def run_closed_handler(approvals: Approvals) -> MessageHandler:
-    """`internal.runs.closed`: cancel the run's pending approvals."""
+@routes.command(lambda s: s.internal_approval_requests, durable=DURABLE_NEEDED)
+async def handle_approval_needed(approvals: Approvals, needed: ApprovalNeeded) -> None:
+    """dispatcher → approval: store and announce the approval (idempotent on approvalId)."""
+    await approvals.request(needed)
 
-    async def handle_run_closed(data: bytes) -> None:
-        try:
-            closed = parse_body(RunClosed, data)
-        except ToolbusError as exc:
-            raise PoisonMessage(f"RunClosed: {exc.message}") from None
-        await approvals.close_run(closed.run_id)
 
-    return handle_run_closed
+@routes.command(lambda s: s.internal_runs_closed, durable=DURABLE_RUNS_CLOSED)
+async def handle_run_closed(approvals: Approvals, closed: RunClosed) -> None:
+    """dispatcher → approval: cancel the run's pending approvals."""
+    await approvals.close_run(closed.run_id)
+
+
+routes.event(
+    lambda s: s.approvals_requested,
+    ApprovalRequested,
+    "A call waits for a decision (also sent as the webhook `approval.requested`).",
+)
+routes.event(
+    lambda s: s.internal_approval_decisions,
+    ApprovalDecided,
+    "approval → dispatcher: a decision to apply (JetStream, INTERNAL stream).",
+)

@@ -1,26 +1,20 @@
-"""The credentials service assembled: NATS, JetStream, Redis, the request subjects, the command
-consumers, the park-timeout sweep and the webhook sender."""
+"""The credentials service assembled: NATS, JetStream, Redis, the request subjects and command
+consumers (`toolbus_common.bus`), the park-timeout sweep and the webhook sender."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import orjson
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 from redis.asyncio import Redis
-from toolbus_common.connections import (
-    JsPlacement,
-    close_nats,
-    connect_nats,
-    connect_redis,
-    ensure_stream,
-    internal_stream_limits,
-)
+from toolbus_common.bus import Bus, asyncapi_document
+from toolbus_common.connections import JsPlacement, connect_redis, ensure_stream, internal_stream_limits
 from toolbus_common.credential_store import CredentialStore
 from toolbus_common.keys import Keys
-from toolbus_common.rpc import RpcServer
 from toolbus_common.secrets import Cipher
 from toolbus_common.settings import Settings
 from toolbus_common.tasks import cancel_and_wait
@@ -28,10 +22,9 @@ from toolbus_common.toolsets import ToolsetStore
 from toolbus_common.webhooks import WebhookSender
 from toolbus_contracts import Subjects
 from toolbus_contracts.credentials import CredentialsExpired
-from toolbus_contracts.internal import CallParked, CallsResume, CredentialsChanged, RunClosed
+from toolbus_contracts.internal import CallsResume, CredentialsChanged
 
-from toolbus_credentials.consumers import CommandConsumer
-from toolbus_credentials.handlers import register_handlers
+from toolbus_credentials.handlers import routes
 from toolbus_credentials.parking import ParkingLot
 from toolbus_credentials.service import CredentialsLogic
 from toolbus_credentials.settings import CredentialsSettings
@@ -72,10 +65,8 @@ class CredentialsService:
         self.cipher = Cipher.from_settings(settings)
         self.subjects = settings.subjects
         self.keys = Keys(settings.key_prefix)
-        self._nc: NatsClient | None = None
+        self.bus = Bus(settings, name="credentials", queue=QUEUE)
         self._redis: Redis[bytes] | None = None
-        self._rpc: RpcServer | None = None
-        self._consumers: list[CommandConsumer] = []
         self._sweeper: asyncio.Task[None] | None = None
         self._notifier: asyncio.Task[None] | None = None
         self._ready = False
@@ -85,7 +76,7 @@ class CredentialsService:
     async def start(self) -> None:
         settings, own = self.settings, self.own
         self._redis = redis = connect_redis(settings)
-        self._nc = nc = await connect_nats(settings, name="toolbus-credentials")
+        nc = await self.bus.connect()
         js = nc.jetstream()
         stream = settings.js_name(INTERNAL_STREAM)
         await ensure_stream(js, stream, [self.subjects.internal_all], **internal_stream_limits(settings))
@@ -115,32 +106,11 @@ class CredentialsService:
             park_timeout=own.park_timeout_seconds,
             notify_delay=own.park_notify_seconds,
         )
-        self._consumers = [
-            CommandConsumer(
-                js,
-                stream=stream,
-                subject=self.subjects.internal_calls_park,
-                durable="credentials_park",
-                model=CallParked,
-                apply=logic.park,
-            ),
-            CommandConsumer(
-                js,
-                stream=stream,
-                subject=self.subjects.internal_runs_closed,
-                durable="credentials_runs_closed",
-                model=RunClosed,
-                apply=logic.run_closed,
-            ),
-        ]
-        for consumer in self._consumers:
-            await consumer.start()
         await self.webhooks.start()
         self._sweeper = asyncio.create_task(self._sweep_loop(), name="park-timeout-sweep")
         self._notifier = asyncio.create_task(self._notify_loop(), name="expiry-notices")
-        self._rpc = RpcServer(nc, queue=QUEUE)
-        register_handlers(self._rpc, self.subjects, logic)
-        await self._rpc.start()
+        self.bus.include(routes, logic)
+        await self.bus.start()
         self._ready = True
 
     async def _sweep_loop(self) -> None:
@@ -163,21 +133,20 @@ class CredentialsService:
             await asyncio.sleep(interval)
 
     def ready(self) -> bool:
-        return self._ready and self._nc is not None and self._nc.is_connected
+        return self._ready and self.bus.ready()
+
+    def asyncapi(self) -> dict[str, Any]:
+        return asyncapi_document(self.settings, [routes], title="toolbus credentials")
 
     async def stop(self) -> None:
         self._ready = False
-        if self._rpc is not None:
-            await self._rpc.drain()
-        for consumer in self._consumers:
-            await consumer.stop()
+        await self.bus.drain()
         for task in (self._sweeper, self._notifier):
             if task is not None:
                 await cancel_and_wait(task)
         if self.webhooks is not None:
             await self.webhooks.stop()
-        if self._nc is not None:
-            await close_nats(self._nc)
+        await self.bus.close()
         if self._redis is not None:
             await self._redis.aclose()  # type: ignore[attr-defined]
 

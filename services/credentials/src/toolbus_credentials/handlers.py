@@ -1,20 +1,74 @@
-"""The request subjects of the credentials service: parse, call, reply (`toolbus_common.rpc`)."""
+"""The credentials service's subjects: parse, call `CredentialsLogic`, reply (or ack)."""
 
 from __future__ import annotations
 
-from toolbus_common.rpc import RpcServer
-from toolbus_contracts import Subjects
+from toolbus_common.bus import Routes
 from toolbus_contracts.credentials import (
+    CredentialsExpired,
+    CredentialsSetReply,
     NamespaceCredentialsSetRequest,
     RunCredentialsSetRequest,
     ToolsetCredentialsSetRequest,
 )
+from toolbus_contracts.internal import CallParked, CallsResume, CredentialsChanged, RunClosed
 
 from toolbus_credentials.service import CredentialsLogic
 
+DURABLE_PARK = "credentials_park"
+DURABLE_RUNS_CLOSED = "credentials_runs_closed"
 
-def register_handlers(rpc: RpcServer, subjects: Subjects, logic: CredentialsLogic) -> None:
-    """`toolsets.credentials.set`, `namespaces.credentials.set`, `runs.credentials.set`."""
-    rpc.route(subjects.toolsets_credentials_set, ToolsetCredentialsSetRequest, logic.set_toolset)
-    rpc.route(subjects.namespaces_credentials_set, NamespaceCredentialsSetRequest, logic.set_namespace)
-    rpc.route(subjects.runs_credentials_set, RunCredentialsSetRequest, logic.set_run)
+routes: Routes[CredentialsLogic] = Routes("credentials")
+
+
+@routes.request(lambda s: s.toolsets_credentials_set)
+async def handle_toolsets_credentials_set(
+    logic: CredentialsLogic, request: ToolsetCredentialsSetRequest
+) -> CredentialsSetReply:
+    """Replace a toolset's credentials; resumes the calls parked at that level."""
+    return await logic.set_toolset(request)
+
+
+@routes.request(lambda s: s.namespaces_credentials_set)
+async def handle_namespaces_credentials_set(
+    logic: CredentialsLogic, request: NamespaceCredentialsSetRequest
+) -> CredentialsSetReply:
+    """Replace an end user's (namespace's) credentials for a toolset; resumes the calls parked there."""
+    return await logic.set_namespace(request)
+
+
+@routes.request(lambda s: s.runs_credentials_set)
+async def handle_runs_credentials_set(
+    logic: CredentialsLogic, request: RunCredentialsSetRequest
+) -> CredentialsSetReply:
+    """Replace a run's credentials; resumes the calls parked there."""
+    return await logic.set_run(request)
+
+
+@routes.command(lambda s: s.internal_calls_park, durable=DURABLE_PARK)
+async def handle_call_parked(logic: CredentialsLogic, parked: CallParked) -> None:
+    """dispatcher → credentials: a call met a 401 and waits for new credentials."""
+    await logic.park(parked)
+
+
+@routes.command(lambda s: s.internal_runs_closed, durable=DURABLE_RUNS_CLOSED)
+async def handle_run_closed(logic: CredentialsLogic, closed: RunClosed) -> None:
+    """dispatcher → credentials: the run ended; drop its parked calls."""
+    await logic.run_closed(closed)
+
+
+routes.event(
+    lambda s: s.credentials_expired,
+    CredentialsExpired,
+    "A server rejected a call's credentials (401): the call is parked until new ones are set at that "
+    "level and scope. The same JSON is sent as the webhook.",
+)
+routes.event(
+    lambda s: s.internal_calls_resume,
+    CallsResume,
+    "credentials → dispatcher: parked calls to send again, in order (JetStream, INTERNAL stream).",
+)
+routes.event(
+    lambda s: s.internal_credentials_changed,
+    CredentialsChanged,
+    "credentials → every dispatcher: cached credentials of one scope are stale (plain NATS).",
+)

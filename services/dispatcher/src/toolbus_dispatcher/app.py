@@ -1,5 +1,6 @@
-"""Builds the dispatcher from settings: connections, streams, executors, subjects, background
-loops (lease renewal, reaper, internal consumers). `DispatcherApp` is what `run_service` runs."""
+"""Builds the dispatcher from settings: connections, streams, executors, subjects and internal
+command consumers (`toolbus_common.bus`), background loops (lease renewal, reaper).
+`DispatcherApp` is what `run_service` runs."""
 
 from __future__ import annotations
 
@@ -12,14 +13,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from nats.aio.client import Client as NatsClient
-from nats.errors import TimeoutError as NatsTimeout
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from nats.js.errors import FetchTimeoutError
 from redis.asyncio import Redis
+from toolbus_common.bus import Bus, asyncapi_document
 from toolbus_common.connections import (
     JsPlacement,
-    close_nats,
-    connect_nats,
     connect_redis,
     connect_script_pipe,
     ensure_stream,
@@ -27,11 +24,9 @@ from toolbus_common.connections import (
     internal_stream_limits,
 )
 from toolbus_common.keys import Keys
-from toolbus_common.rpc import RpcServer
 from toolbus_common.script_pipe import ScriptPipe
 from toolbus_common.tasks import cancel_and_wait
 from toolbus_common.toolsets import ToolsetStore
-from toolbus_contracts import ToolbusError
 from toolbus_contracts.registry import ToolKind
 
 from toolbus_dispatcher.calls import CallRunner
@@ -42,7 +37,7 @@ from toolbus_dispatcher.executors.host import HostExecutor
 from toolbus_dispatcher.executors.http import HttpExecutor
 from toolbus_dispatcher.executors.mcp import McpExecutor, McpPoolLike
 from toolbus_dispatcher.executors.workflow import WorkflowExecutor
-from toolbus_dispatcher.handlers import QUEUE, Handlers
+from toolbus_dispatcher.handlers import QUEUE, host_routes, routes
 from toolbus_dispatcher.service import DispatcherService
 from toolbus_dispatcher.settings import DispatcherSettings
 from toolbus_dispatcher.store import CallStore
@@ -81,7 +76,7 @@ class DispatcherApp:
         self._loops: list[asyncio.Task[None]] = []
         self.nc: NatsClient | None = None
         self.redis: Redis[bytes] | None = None
-        self.rpc: RpcServer | None = None
+        self.bus = Bus(settings, name="dispatcher", queue=QUEUE)
         self.runner: CallRunner | None = None
         self.service: DispatcherService | None = None
         self.events: CallEvents | None = None
@@ -90,13 +85,16 @@ class DispatcherApp:
         self._owns_pool = mcp_pool is None
 
     def ready(self) -> bool:
-        return self._ready and self.nc is not None and self.nc.is_connected
+        return self._ready and self.bus.ready()
+
+    def asyncapi(self) -> dict[str, Any]:
+        return asyncapi_document(self.settings, [routes, host_routes], title="toolbus dispatcher")
 
     async def start(self) -> None:
         s = self.settings
         subjects = s.subjects
         keys = Keys(s.key_prefix)
-        nc = self.nc = await connect_nats(s, "toolbus-dispatcher")
+        nc = self.nc = await self.bus.connect()
         js = nc.jetstream()
         redis = self.redis = connect_redis(s)
         await ensure_stream(js, s.js_name("EVENTS"), [subjects.all_events], **events_stream_limits(s))
@@ -140,33 +138,15 @@ class DispatcherApp:
             js=js,
             subjects=subjects,
             run_retention=s.dispatcher_run_retention,
-            publish_reply=nc.publish,
+            publish_reply=self.bus.reply,
         )
-        handlers = Handlers(self.service, nc)
-        rpc = self.rpc = RpcServer(nc, queue=QUEUE)
-        handlers.register(rpc, subjects)
+        self.bus.include(routes, self.service, durable_prefix=f"{s.dispatcher_consumer}-")
         # Every replica hears every heartbeat and result; each routes only to attempts it waits on.
-        rpc.raw(subjects.host_heartbeats, host.on_heartbeat)
-        rpc.raw(subjects.host_results, host.on_result)
-        await rpc.start()
-        stream = s.js_name("INTERNAL")
-        consumer = s.dispatcher_consumer
+        self.bus.include(host_routes, host)
+        await self.bus.start()
         self._loops = [
             asyncio.create_task(self._every(s.dispatcher_lease / 3, runner.renew_leases, "lease renewal")),
             asyncio.create_task(self._every(s.dispatcher_lease / 3, runner.reap, "reaper", jitter=True)),
-            asyncio.create_task(
-                self._consume(
-                    stream,
-                    f"{consumer}-approvals",
-                    subjects.internal_approval_decisions,
-                    handlers.handle_approval_decided,
-                )
-            ),
-            asyncio.create_task(
-                self._consume(
-                    stream, f"{consumer}-resume", subjects.internal_calls_resume, handlers.handle_calls_resume
-                )
-            ),
         ]
         await nc.flush()
         self._ready = True
@@ -183,65 +163,9 @@ class DispatcherApp:
             except Exception:
                 log.exception(f"{what} failed; will try again")
 
-    async def _consume(
-        self, stream: str, durable: str, subject: str, apply: Callable[[bytes], Awaitable[None]]
-    ) -> None:
-        """A durable pull consumer shared by every replica: each message is applied once, acked
-        after it was applied (redelivered if this replica dies first)."""
-        assert self.nc is not None
-        js = self.nc.jetstream()
-        while True:
-            try:
-                sub = await js.pull_subscribe(
-                    subject,
-                    durable=durable,
-                    stream=stream,
-                    config=ConsumerConfig(
-                        ack_policy=AckPolicy.EXPLICIT,
-                        deliver_policy=DeliverPolicy.ALL,
-                        ack_wait=30,
-                        max_deliver=-1,
-                    ),
-                )
-                break
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception(
-                    "could not subscribe to internal commands; retrying", extra={"subject": subject}
-                )
-                await asyncio.sleep(1.0)
-        while True:
-            try:
-                msgs = await sub.fetch(16, timeout=1.0)
-            except (TimeoutError, FetchTimeoutError, NatsTimeout):
-                continue
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("fetching internal commands failed", extra={"subject": subject})
-                await asyncio.sleep(1.0)
-                continue
-            for msg in msgs:
-                try:
-                    await apply(msg.data)
-                except ToolbusError as exc:
-                    # A malformed command will never apply: drop it rather than loop on it.
-                    log.error("dropped an internal command", extra={"subject": subject, "error": exc.message})
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    log.exception("applying an internal command failed; it will be redelivered")
-                    with contextlib.suppress(Exception):
-                        await msg.nak(delay=1.0)
-                    continue
-                with contextlib.suppress(Exception):
-                    await msg.ack()
-
     async def stop(self, grace: float = 10.0) -> None:
         self._ready = False
-        if self.rpc is not None:
-            await self.rpc.drain(grace)
+        await self.bus.drain(grace)
         for task in self._loops:
             await cancel_and_wait(task)
         if self.runner is not None:
@@ -255,8 +179,7 @@ class DispatcherApp:
             if aclose is not None:
                 with contextlib.suppress(Exception):
                     await aclose()
-        if self.nc is not None:
-            await close_nats(self.nc)
+        await self.bus.close()
         if self._pipe is not None:
             with contextlib.suppress(Exception):
                 await self._pipe.aclose()

@@ -23,6 +23,7 @@ from toolbus_common.clock import now_iso
 from toolbus_common.toolsets import Tool, ToolsetStore
 from toolbus_contracts import Subjects, ToolbusError, duration_seconds
 from toolbus_contracts.errors import Timeout, UpstreamUnreachable
+from toolbus_contracts.internal import CallParked
 from toolbus_contracts.registry import ToolKind
 
 from toolbus_dispatcher.events import CallEvents
@@ -248,16 +249,16 @@ class CallRunner:
         )
         if result.admitted:
             self.start(result.admitted)
-        parked = {
-            "callId": rec.call_id,
-            "runId": rec.run_id,
-            "toolsetId": rec.toolset_id,
-            "namespace": rec.namespace,
-            "server": exc.server,
-            "level": exc.level,
-            "parkedAt": now,
-        }
-        await self._js.publish(self._subjects.internal_calls_park, orjson.dumps(parked))
+        parked = CallParked(
+            call_id=rec.call_id,
+            run_id=rec.run_id,
+            toolset_id=rec.toolset_id,
+            namespace=rec.namespace,
+            server=exc.server,
+            level=exc.level,
+            parked_at=now,
+        )
+        await self._js.publish(self._subjects.internal_calls_park, parked.wire_json())
 
     # ---- leases ---------------------------------------------------------------------------------
 

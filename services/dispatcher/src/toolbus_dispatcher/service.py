@@ -25,7 +25,7 @@ from toolbus_contracts import (
     Subjects,
 )
 from toolbus_contracts.errors import Conflict, NotFound, UnknownTool
-from toolbus_contracts.internal import ApprovalDecided, CallsResume
+from toolbus_contracts.internal import ApprovalDecided, ApprovalNeeded, CallsResume, RunClosed
 
 from toolbus_dispatcher.calls import CallRunner, reply_body
 from toolbus_dispatcher.credentials import CredentialResolver
@@ -107,8 +107,8 @@ class DispatcherService:
             await self._events.publish("completed", req.run_id, cid, outcome=outcome, now=True)
         if closed.status == "closed":
             await self._credentials.delete_run(req.run_id)
-            body = {"runId": req.run_id, "toolsetId": closed.toolset_id, "callIds": closed.call_ids}
-            await self._js.publish(self._subjects.internal_runs_closed, orjson.dumps(body))
+            message = RunClosed(run_id=req.run_id, toolset_id=closed.toolset_id, call_ids=closed.call_ids)
+            await self._js.publish(self._subjects.internal_runs_closed, message.wire_json())
         return RunCloseReply(run_id=req.run_id, cancelled=len(closed.cancelled))
 
     async def _run(self, run_id: str) -> tuple[str, str | None]:
@@ -190,18 +190,18 @@ class DispatcherService:
     ) -> None:
         _, namespace = await self._run(req.run_id)
         await self._events.publish("approvalRequested", req.run_id, call_id, approvalId=approval_id, now=True)
-        needed = {
-            "approvalId": approval_id,
-            "callId": call_id,
-            "runId": req.run_id,
-            "namespace": namespace,
-            "toolsetId": toolset_id,
-            "tool": tool,
-            "input": req.input,
-            "inputDigest": digest,
-            "requestedAt": now_iso(),
-        }
-        await self._js.publish(self._subjects.internal_approval_requests, orjson.dumps(needed))
+        needed = ApprovalNeeded.model_construct(  # every field is already checked (the input by its schema)
+            approval_id=approval_id,
+            call_id=call_id,
+            run_id=req.run_id,
+            namespace=namespace,
+            toolset_id=toolset_id,
+            tool=tool,
+            input=req.input,
+            input_digest=digest,
+            requested_at=now_iso(),
+        )
+        await self._js.publish(self._subjects.internal_approval_requests, needed.wire_json())
 
     async def get_call(self, req: CallGetRequest) -> CallGetReply:
         found = await self._store.get_call(req.call_id)

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
+from toolbus_common.bus import RawJson
 from toolbus_common.lru import Lru
-from toolbus_common.rpc import RawJson
 from toolbus_common.toolsets import StoredToolset, ToolsetStore
 from toolbus_contracts import (
     Credentials,
