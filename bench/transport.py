@@ -30,7 +30,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 NATS_URL = os.environ.get("TOOLBUS_NATS_URL", "nats://127.0.0.1:4222")
-PATHS = ("raw nats-py (baseline)", "FastStream leanest", "FastStream default", "toolbus bus (FastStream route)")
+PATHS = (
+    "raw nats-py (baseline)",
+    "FastStream leanest",
+    "FastStream default",
+    "toolbus bus (FastStream route)",
+)
 BODY = b'{"toolsetId":"ts_0123456789abcdef","namespace":"user-42"}'
 
 

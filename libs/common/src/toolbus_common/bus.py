@@ -329,8 +329,11 @@ def _schema_signature(model: type[BaseModel], reply: type[BaseModel] | None) -> 
 class Bus:
     """One service's FastStream broker, its raw hot-path subscriptions and its command consumers."""
 
-    def __init__(self, settings: Settings, *, name: str, queue: str, title: str = "") -> None:
+    def __init__(
+        self, settings: Settings, *, name: str, queue: str, title: str = "", retry_delay: float = RETRY_DELAY
+    ) -> None:
         self.settings = settings
+        self.retry_delay = retry_delay
         self.subjects = settings.subjects
         self.name = name
         self.queue = queue
@@ -564,7 +567,7 @@ class Bus:
             )
             COMMANDS.labels(subject, "retried").inc()
             with contextlib.suppress(Exception):
-                await msg.nack(delay=RETRY_DELAY)
+                await msg.nack(delay=self.retry_delay)
             return
         if isinstance(exc, ToolbusError):
             await self._dead_letter(msg, subject, durable, f"refused: {exc.code.value}: {exc.message}")
@@ -577,7 +580,7 @@ class Bus:
         log.exception("command failed; will retry", extra={"consumer": durable})
         COMMANDS.labels(subject, "retried").inc()
         with contextlib.suppress(Exception):
-            await msg.nack(delay=RETRY_DELAY * 2 ** (deliveries - 1))
+            await msg.nack(delay=self.retry_delay * 2 ** (deliveries - 1))
 
     def dead_letter_subject(self, subject: str) -> str:
         internal = self.subjects.internal_all.removesuffix(">")
@@ -605,7 +608,7 @@ class Bus:
                 "dead-lettering failed; will retry", extra={"consumer": durable, "error": type(exc).__name__}
             )
             with contextlib.suppress(Exception):
-                await msg.nack(delay=RETRY_DELAY)
+                await msg.nack(delay=self.retry_delay)
             return
         log.error("command dead-lettered", extra={"consumer": durable, "reason": reason})
         COMMANDS.labels(subject, "deadLettered").inc()
