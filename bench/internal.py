@@ -7,9 +7,11 @@ local NATS and Redis, and two MCP test servers in this process (one open, with a
 policy on `echo`; one behind a bearer token that the bench rotates to make calls park). The tools
 answer at once, so what is measured is the command's path, not the tool:
 
-- decision: `approvals.decide` sent → the call's `approved` event received;
+- decision: `approvals.decide` sent → the call's `approved` event: its own `at` (when the
+  dispatcher applied the decision; wall clock, 1 ms resolution) and its arrival (events linger
+  up to 5 ms in the dispatcher, or until the call completes, so arrival includes the tool);
 - resume: `toolsets.credentials.set` sent (a call parked on a 401, its `credentials.expired`
-  notice received) → the call's `resumed` event;
+  notice received) → the call's `resumed` event, applied (`at`) and received;
 - run close: `runs.close` sent → the run's pending approval gone from `approvals.list`
   (polled every 0.5 ms; the approval service applied `RunClosed`).
 
@@ -27,6 +29,7 @@ import os
 import secrets
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -49,10 +52,12 @@ REDIS_URL = os.environ.get("TOOLBUS_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 class Events:
-    """Every call event of the bench's runs, as it arrives (core NATS), with its arrival time."""
+    """Every call event of the bench's runs, as it arrives (core NATS), with its arrival time;
+    `stamped` keeps each event's own `at` (when the dispatcher applied the change; wall clock, ms)."""
 
     def __init__(self) -> None:
         self.waiters: dict[tuple[str, str], asyncio.Future[float]] = {}
+        self.stamped: dict[tuple[str, str], float] = {}
 
     def expect(self, call_id: str, kind: str) -> asyncio.Future[float]:
         fut = self.waiters.get((call_id, kind))
@@ -63,6 +68,7 @@ class Events:
     async def on_event(self, msg: Any) -> None:
         at = time.perf_counter()
         event = orjson.loads(msg.data)
+        self.stamped[(event["callId"], event["type"])] = datetime.fromisoformat(event["at"]).timestamp()
         fut = self.expect(event["callId"], event["type"])
         if not fut.done():
             fut.set_result(at)
@@ -168,6 +174,7 @@ async def main(samples: int) -> None:
                 bare.append(time.perf_counter() - t0)
 
             decide: list[float] = []
+            decide_applied: list[float] = []
             for _ in range(samples + 5):
                 started = await ask(
                     nc, subjects.calls_start, {"runId": run_id, "tool": "appr.echo", "input": {"text": "a"}}
@@ -177,15 +184,17 @@ async def main(samples: int) -> None:
                 assert requested["callId"] == cid
                 approved = events.expect(cid, "approved")
                 completed = events.expect(cid, "completed")
-                t0 = time.perf_counter()
+                wall, t0 = time.time(), time.perf_counter()
                 await ask(
                     nc, subjects.approvals_decide, {"approvalId": requested["approvalId"], "approve": True}
                 )
                 decide.append(await asyncio.wait_for(approved, 10) - t0)
+                decide_applied.append(max(0.0, events.stamped[(cid, "approved")] - wall))
                 await asyncio.wait_for(completed, 10)
-            decide = decide[5:]
+            decide, decide_applied = decide[5:], decide_applied[5:]
 
             resume: list[float] = []
+            resume_applied: list[float] = []
             for i in range(samples + 5):
                 token = f"tok-{i}-" + secrets.token_hex(8)
                 crm.required_token = token  # the stored one is now stale: the next call parks
@@ -198,10 +207,12 @@ async def main(samples: int) -> None:
                 assert cid in notice["data"]["callIds"], notice
                 resumed = events.expect(cid, "resumed")
                 completed = events.expect(cid, "completed")
+                wall = time.time()
                 t0 = await set_token(token)
                 resume.append(await asyncio.wait_for(resumed, 10) - t0)
+                resume_applied.append(max(0.0, events.stamped[(cid, "resumed")] - wall))
                 await asyncio.wait_for(completed, 10)
-            resume = resume[5:]
+            resume, resume_applied = resume[5:], resume_applied[5:]
 
             close: list[float] = []
             for _ in range(samples + 5):
@@ -226,8 +237,10 @@ async def main(samples: int) -> None:
             print(f"\n{samples} samples each (after 5 warm-up), tools answer at once; ms")
             print(f"{'what':<52}{'n':>5}{'p50':>9}{'p99':>9}{'max':>9}")
             print(row("baseline: bare NATS request/reply (nats-py)", bare))
-            print(row("approvals.decide -> `approved` event", decide))
-            print(row("toolsets.credentials.set -> `resumed` event", resume))
+            print(row("approvals.decide -> decision applied (event `at`)", decide_applied))
+            print(row("approvals.decide -> `approved` event received", decide))
+            print(row("credentials.set -> resume applied (event `at`)", resume_applied))
+            print(row("credentials.set -> `resumed` event received", resume))
             print(row("runs.close -> approval cancelled (RunClosed applied)", close))
         finally:
             for service in services:

@@ -9,8 +9,9 @@ rotated every round so drift on a busy machine hits them alike.
 - FastStream leanest: `NatsBroker(apply_types=False, logger=None)`, a core subscriber whose
   handler returns the body (FastStream publishes the reply);
 - FastStream default: `NatsBroker()` with its logging and fast-depends on, a typed handler;
-- toolbus bus: `toolbus_common.bus.Bus` as the services use it for a FastStream-served route
-  (contract parse, envelope, reply guard, metrics).
+- toolbus bus: `toolbus_common.bus.Bus` as the services use it (contract parse, envelope, reply
+  guard, metrics), on a FastStream-served route and on a `fast` one (raw nats-py, as
+  `calls.start` and `calls.invoke` are served).
 
     uv run python bench/transport.py [--requests 3000] [--rounds 3]
 """
@@ -26,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from toolbus_contracts import RunOpenReply, RunOpenRequest
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -34,9 +37,10 @@ PATHS = (
     "raw nats-py (baseline)",
     "FastStream leanest",
     "FastStream default",
-    "toolbus bus (FastStream route)",
+    "toolbus bus, FastStream route",
+    "toolbus bus, fast (raw) route",
 )
-BODY = b'{"toolsetId":"ts_0123456789abcdef","namespace":"user-42"}'
+BODY = b'{"toolsetId":"ts_%s","namespace":"user-42"}' % (b"0" * 64)
 
 
 async def serve(prefix: str) -> None:
@@ -76,16 +80,20 @@ async def serve(prefix: str) -> None:
     await default.start()
     started: list[Any] = []
     try:
-        from toolbus_common.bus import Bus
-        from toolbus_contracts import RunOpenReply, RunOpenRequest, Subjects
+        from toolbus_common.bus import Bus, Routes
 
-        bus = Bus(Settings(nats_url=NATS_URL, subject_prefix=prefix), name="bench", queue="bench")
+        routes: Routes[None] = Routes("bench")
 
-        async def handle(req: RunOpenRequest) -> RunOpenReply:
+        @routes.request(lambda s: f"{prefix}.3")
+        async def handle(_: None, req: RunOpenRequest) -> RunOpenReply:
             return RunOpenReply(run_id="run_x")
 
-        bus.route(f"{prefix}.3", RunOpenRequest, RunOpenReply, handle)
-        _ = Subjects
+        @routes.request(lambda s: f"{prefix}.4", fast=True)
+        async def handle_fast(_: None, req: RunOpenRequest) -> RunOpenReply:
+            return RunOpenReply(run_id="run_x")
+
+        bus = Bus(Settings(nats_url=NATS_URL), name="bench", queue="bench")
+        bus.include(routes, None)
         await bus.start()
         started.append(bus)
     except ImportError:
@@ -94,7 +102,8 @@ async def serve(prefix: str) -> None:
     print("ready", len(started), flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     for bus in started:
-        await bus.stop()
+        await bus.drain()
+        await bus.close()
     await lean.stop()
     await default.stop()
     await nc.close()

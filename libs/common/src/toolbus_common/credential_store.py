@@ -198,19 +198,6 @@ class CredentialStore:
                     self._cache.popitem(last=False)
         return _pick(server, [(level, found[k]) for level, k in keys])
 
-    async def get_servers(
-        self,
-        level: CredentialLevel,
-        *,
-        toolset_id: str | None = None,
-        namespace: str | None = None,
-        run_id: str | None = None,
-    ) -> list[str]:
-        """Names of the servers that have credentials at one level and scope (never values)."""
-        key = self.key(level, toolset_id=toolset_id, namespace=namespace, run_id=run_id)
-        doc = (await self._fetch([key]))[key]
-        return sorted(doc or {})
-
     def _level_keys(
         self, toolset_id: str, namespace: str | None, run_id: str | None
     ) -> list[tuple[CredentialLevel, str]]:

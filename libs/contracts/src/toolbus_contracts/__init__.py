@@ -14,7 +14,6 @@ from toolbus_contracts.base import (
     parse_body,
     parse_duration,
     reply_error,
-    reply_ok,
 )
 from toolbus_contracts.calls import (
     CallEvent,
@@ -140,5 +139,4 @@ __all__ = [
     "parse_body",
     "parse_duration",
     "reply_error",
-    "reply_ok",
 ]

@@ -1,11 +1,11 @@
-"""The base of every wire model, the reply envelope, and the parser that turns bad bodies into
+"""The base of every wire model, the reply envelope's error form, and the parser that turns bad bodies into
 `invalidRequest` naming the field."""
 
 from __future__ import annotations
 
 import re
 from datetime import timedelta
-from typing import Annotated, Any, Generic, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import orjson
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
@@ -99,27 +99,6 @@ def parse_body(model: type[M], data: bytes | str) -> M:
         return model.model_validate_json(data, by_alias=True, by_name=False)
     except ValidationError as exc:
         raise validation_to_error(exc) from None
-
-
-D = TypeVar("D")
-
-
-class Reply(BaseModel, Generic[D]):
-    """The envelope of every reply: `{"ok": true, "data": …}` or `{"ok": false, "error": …}`."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    ok: bool
-    data: D | None = None
-    error: dict[str, Any] | None = None
-
-
-def reply_ok(data: BaseModel | dict[str, Any]) -> dict[str, Any]:
-    payload = (
-        data.model_dump(mode="json", exclude_none=True, by_alias=True)
-        if isinstance(data, BaseModel)
-        else data
-    )
-    return {"ok": True, "data": payload}
 
 
 def reply_error(error: ToolbusError) -> dict[str, Any]:

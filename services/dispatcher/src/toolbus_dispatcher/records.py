@@ -12,12 +12,6 @@ def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def pairs_to_dict(flat: list[Any]) -> dict[str, str]:
-    """`HGETALL` as a Lua script returns it (a flat list) to a dict of str."""
-    it = iter(flat)
-    return {_s(k): _s(v) for k, v in zip(it, it, strict=True)}
-
-
 @dataclass(slots=True)
 class CallRecord:
     """What a dispatcher needs to run one call; built from its Redis hash."""
