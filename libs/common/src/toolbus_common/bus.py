@@ -53,6 +53,7 @@ import orjson
 from faststream import AckPolicy
 from faststream.middlewares import BaseMiddleware
 from faststream.nats import JStream, NatsBroker, NatsMessage, PullSub
+from faststream.nats.security import NatsCredentials, NatsNKey, NatsSecurity, NatsToken, NatsUserPassword
 from faststream.response.publish_type import PublishType
 from faststream.specification import AsyncAPI
 from nats.aio.client import Client as NatsClient
@@ -326,6 +327,28 @@ def _schema_signature(model: type[BaseModel], reply: type[BaseModel] | None) -> 
     return inspect.Signature([param], return_annotation=reply)
 
 
+def broker_options(settings: Settings, name: str) -> dict[str, Any]:
+    """`nats_options` as `NatsBroker` takes them: its credentials and TLS go in one FastStream
+    security object (the broker hands them to `nats.connect` unchanged)."""
+    options = nats_options(settings, name)
+    tls = options.pop("tls", None)
+    common: dict[str, Any] = {"ssl_context": tls, "tls_hostname": options.pop("tls_hostname", None)}
+    security: NatsSecurity | None = None
+    if "user_credentials" in options:
+        security = NatsCredentials(options.pop("user_credentials"), **common)
+    elif "nkeys_seed" in options:
+        security = NatsNKey(options.pop("nkeys_seed"), **common)
+    elif "user" in options:
+        security = NatsUserPassword(options.pop("user"), options.pop("password", ""), **common)
+    elif "token" in options:
+        security = NatsToken(options.pop("token"), **common)
+    elif tls is not None:
+        security = NatsSecurity(**common)
+    if security is not None:
+        options["security"] = security
+    return options
+
+
 class Bus:
     """One service's FastStream broker, its raw hot-path subscriptions and its command consumers."""
 
@@ -340,7 +363,7 @@ class Bus:
         self.title = title or f"toolbus {name}"
         self.stream = settings.js_name(INTERNAL_STREAM)
         self.broker = NatsBroker(
-            **nats_options(settings, f"toolbus-{name}"),
+            **broker_options(settings, f"toolbus-{name}"),
             apply_types=False,
             logger=None,
             middlewares=[ReplyGuard],
@@ -527,6 +550,9 @@ class Bus:
             durable=entry.durable,
             config=config,
             pull_sub=PullSub(batch_size=1, timeout=PULL_TIMEOUT),
+            # FastStream would default to `_INBOX.`; a secured deployment only lets a service use its
+            # own inbox prefix (TOOLBUS_NATS_INBOX_PREFIX), as nats-py does by default.
+            inbox_prefix=f"{self.settings.nats_inbox_prefix}.".encode(),
             ack_policy=AckPolicy.MANUAL,
             decoder=_passthrough,
             title=title,
