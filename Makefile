@@ -6,10 +6,10 @@ UV ?= uv
 PYTHON ?= .venv/bin/python
 N ?= 50
 
-.PHONY: help install up down logs status test lint docs bench helm-lint
+.PHONY: help install up down logs status test lint docs bench images compose-env charts helm-lint
 
 help: ## list the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 install: ## install the workspace and dev tools from uv.lock (uv sync --frozen, dev group)
 	$(UV) sync --frozen --group dev
@@ -51,8 +51,22 @@ bench: ## run every bench/*.py, each printing its figures
 	if [ $${#files[@]} -eq 0 ]; then echo "no benchmarks in bench/ yet"; exit 0; fi; \
 	for f in "$${files[@]}"; do echo "== $$f"; $(UV) run --frozen python "$$f" || exit $$?; done
 
-helm-lint: ## helm lint each chart under deploy/helm/ (skipped when helm is not installed)
-	@if ! command -v helm >/dev/null 2>&1; then echo "helm-lint skipped: helm is not installed"; exit 0; fi; \
-	shopt -s nullglob; charts=(deploy/helm/*/Chart.yaml); \
-	if [ $${#charts[@]} -eq 0 ]; then echo "no charts under deploy/helm/ yet"; exit 0; fi; \
-	for c in "$${charts[@]}"; do helm lint "$$(dirname "$$c")" || exit $$?; done
+SERVICES := registry dispatcher approval credentials
+IMAGE_PREFIX ?= toolbus-
+IMAGE_TAG ?= dev
+
+images: ## build the four service images (toolbus-<service>:$(IMAGE_TAG)) from deploy/image/Dockerfile; needs a Docker engine
+	@for s in $(SERVICES); do \
+		echo "== $(IMAGE_PREFIX)$$s:$(IMAGE_TAG)"; \
+		DOCKER_BUILDKIT=1 docker build -f deploy/image/Dockerfile --build-arg SERVICE=$$s \
+			-t $(IMAGE_PREFIX)$$s:$(IMAGE_TAG) . || exit $$?; \
+	done
+
+compose-env: .venv/.synced ## write deploy/compose/.env from .env.example with fresh secrets (keeps an existing one)
+	$(PYTHON) scripts/compose_env.py
+
+charts: .venv/.synced ## rewrite the generated files of the Helm charts (scripts/charts.py)
+	$(PYTHON) scripts/charts.py generate
+
+helm-lint: .venv/.synced ## helm lint --strict, render and validate every chart (Helm's Go library via helm-python-sdk; no binary)
+	$(PYTHON) scripts/charts.py lint

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,6 +90,8 @@ SERVICES = (
         limits_memory="256Mi",
     ),
 )
+
+SERVICES_BY_NAME = {s.name: s for s in SERVICES}
 
 TEMPLATES = {
     "deployment.yaml": "toolbus.deployment",
@@ -649,7 +652,7 @@ def lint() -> int:
     import kubernetes_validate
     import yaml
 
-    helm_python.disable_logging()
+    helm_python.enable_logging(logging.WARNING)  # its INFO notes each followed symlink
     failed = 0
     for path in stale():
         print(f"stale: {path} (run `make charts`)")
