@@ -219,17 +219,21 @@ def values_yaml(s: ServiceChart) -> str:
         )
     secrets += _secret(
         "natsPassword",
-        f"TOOLBUS_NATS_PASSWORD, the password of NATS user nats.user",
+        "TOOLBUS_NATS_PASSWORD, the password of NATS user nats.user",
         f"toolbus-nats-{s.name}",
         "password",
         optional=True,
     )
     secrets += _secret("natsToken", "TOOLBUS_NATS_TOKEN (token authentication)", "", "token", optional=False)
-    secrets += _file("natsCredentials", "a NATS .creds file (JWT + nkey seed)", "TOOLBUS_NATS_CREDS_FILE", "nats.creds")
+    secrets += _file(
+        "natsCredentials", "a NATS .creds file (JWT + nkey seed)", "TOOLBUS_NATS_CREDS_FILE", "nats.creds"
+    )
     secrets += _file("natsNkey", "a NATS nkey seed file", "TOOLBUS_NATS_NKEY_FILE", "nkey.seed")
     secrets += _tls("natsTls", "NATS")
     if s.redis:
-        secrets += _secret("redisPassword", "TOOLBUS_REDIS_PASSWORD", "toolbus", "redis-password", optional=True)
+        secrets += _secret(
+            "redisPassword", "TOOLBUS_REDIS_PASSWORD", "toolbus", "redis-password", optional=True
+        )
         secrets += _secret(
             "redisSentinelPassword",
             "TOOLBUS_REDIS_SENTINEL_PASSWORD (the Sentinels' own password)",
@@ -465,7 +469,10 @@ def _probe() -> dict[str, Any]:
 
 def _secret_ref(optional: bool = True) -> dict[str, Any]:
     props: dict[str, Any] = {
-        "existingSecret": {"type": "string", "description": "Name of an existing Secret (templated); empty: unset"},
+        "existingSecret": {
+            "type": "string",
+            "description": "Name of an existing Secret (templated); empty: unset",
+        },
         "key": {"type": "string", "minLength": 1},
     }
     if optional:
@@ -526,7 +533,13 @@ def values_schema(s: ServiceChart) -> dict[str, Any]:
                     "additionalProperties": {"type": ["string", "number", "boolean", "null"]},
                 },
                 "nats": _obj(
-                    {"user": _STR, "inboxPrefix": {"type": "string", "pattern": r"^([A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*)?$"}}
+                    {
+                        "user": _STR,
+                        "inboxPrefix": {
+                            "type": "string",
+                            "pattern": r"^([A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*)?$",
+                        },
+                    }
                 ),
                 "secrets": _obj(secrets),
                 "extraEnv": _LIST_OBJ,
@@ -560,13 +573,20 @@ def values_schema(s: ServiceChart) -> dict[str, Any]:
                 "podSecurityContext": _OBJ,
                 "securityContext": _OBJ,
                 "serviceAccount": _obj(
-                    {"create": _BOOL, "name": _STR, "annotations": {"type": "object", "additionalProperties": _STR}, "automountToken": _BOOL},
+                    {
+                        "create": _BOOL,
+                        "name": _STR,
+                        "annotations": {"type": "object", "additionalProperties": _STR},
+                        "automountToken": _BOOL,
+                    },
                     ["create", "automountToken"],
                 ),
                 "startupProbe": _probe(),
                 "livenessProbe": _probe(),
                 "readinessProbe": _probe(),
-                "metrics": _obj({"enabled": _BOOL, "path": {"type": "string", "pattern": "^/"}}, ["enabled", "path"]),
+                "metrics": _obj(
+                    {"enabled": _BOOL, "path": {"type": "string", "pattern": "^/"}}, ["enabled", "path"]
+                ),
                 "service": _obj(
                     {
                         "type": {"enum": ["ClusterIP", "NodePort", "LoadBalancer"]},
@@ -597,7 +617,15 @@ def values_schema(s: ServiceChart) -> dict[str, Any]:
                 "extraVolumes": _LIST_OBJ,
                 "extraVolumeMounts": _LIST_OBJ,
             },
-            ["image", "config", "secrets", "containerPort", "resources", "podSecurityContext", "securityContext"],
+            [
+                "image",
+                "config",
+                "secrets",
+                "containerPort",
+                "resources",
+                "podSecurityContext",
+                "securityContext",
+            ],
         ),
     }
 
@@ -627,7 +655,11 @@ def library_links() -> dict[Path, str]:
 
 def stale() -> list[str]:
     """Generated files (and library links) that differ from what `generate` writes."""
-    out = [str(p.relative_to(ROOT)) for p, text in generated_files().items() if not p.is_file() or p.read_text() != text]
+    out = [
+        str(p.relative_to(ROOT))
+        for p, text in generated_files().items()
+        if not p.is_file() or p.read_text() != text
+    ]
     for link, target in library_links().items():
         if not link.is_symlink() or str(link.readlink()) != target:
             out.append(str(link.relative_to(ROOT)))
@@ -660,7 +692,9 @@ def lint() -> int:
     for s in SERVICES:
         chart = HELM / s.name
         report = helm_python.lint(chart, strict=True)
-        findings = [m for m in report["messages"] if m["severity"] >= 2] + [{"error": e} for e in report["errors"]]
+        findings = [m for m in report["messages"] if m["severity"] >= 2] + [
+            {"error": e} for e in report["errors"]
+        ]
         kinds: list[str] = []
         rendered = helm_python.Chart.load(chart).render(name="toolbus", namespace="toolbus")
         for template_path, manifest in rendered.items():

@@ -21,10 +21,10 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT / "scripts") not in sys.path:
     sys.path.insert(0, str(ROOT / "scripts"))
 
-import charts  # noqa: E402  (scripts/charts.py)
-import compose_env  # noqa: E402  (scripts/compose_env.py)
+import charts
+import compose_env
 
-from tests.deploy.settings_catalogue import SERVICES  # noqa: E402
+from tests.deploy.settings_catalogue import SERVICES
 
 HELM = ROOT / "deploy" / "helm"
 COMPOSE = ROOT / "deploy" / "compose"
@@ -94,7 +94,9 @@ def _render(chart: str, values: dict[str, Any] | None) -> Rendered:
 def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in extra.items():
-        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        out[key] = (
+            merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        )
     return out
 
 
@@ -130,7 +132,9 @@ def compose_command() -> list[str]:
     return [str(plugin)]
 
 
-def run_compose(args: list[str], env_file: Path, tmp: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_compose(
+    args: list[str], env_file: Path, tmp: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     config_dir = tmp / "docker-config"
     config_dir.mkdir(exist_ok=True)
     (config_dir / "config.json").write_text(f'{{"cliPluginsExtraDirs": ["{Path(sys.executable).parent}"]}}')

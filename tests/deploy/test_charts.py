@@ -55,7 +55,9 @@ def test_helm_lint_strict_finds_nothing(chart: str) -> None:
 
 
 @pytest.mark.parametrize("chart", SERVICES)
-def test_default_render_is_the_six_resources_all_valid_kubernetes(chart: str, rendered: dict[str, Rendered]) -> None:
+def test_default_render_is_the_six_resources_all_valid_kubernetes(
+    chart: str, rendered: dict[str, Rendered]
+) -> None:
     docs = rendered[chart].docs
     assert rendered[chart].kinds() == EXPECTED_KINDS
     for doc in docs:
@@ -108,7 +110,9 @@ def test_default_values_satisfy_the_schema(chart: str) -> None:
         ("registry", {"secrets": {"redisPassword": {"existingSecret": "x", "key": "k"}}}, "redisPassword"),
     ],
 )
-def test_schema_refuses_bad_values_in_helm_and_jsonschema(chart: str, values: dict[str, Any], named: str) -> None:
+def test_schema_refuses_bad_values_in_helm_and_jsonschema(
+    chart: str, values: dict[str, Any], named: str
+) -> None:
     with pytest.raises(helm_python.HelmError) as refused:
         helm_python.Chart.load(HELM / chart).render(values=values, name="toolbus", namespace="tools")
     assert named in str(refused.value)
@@ -161,7 +165,11 @@ def test_probes_metrics_and_service_use_the_health_port(chart: str, rendered: di
     assert service["selector"].items() <= pod_labels.items()
     assert r.one("PodDisruptionBudget")["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     hpa = r.one("HorizontalPodAutoscaler")["spec"]
-    assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": f"toolbus-{chart}"}
+    assert hpa["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": f"toolbus-{chart}",
+    }
     assert (hpa["minReplicas"], hpa["maxReplicas"]) == (2, 6)
     assert "replicas" not in r.one("Deployment")["spec"]
 
@@ -196,7 +204,11 @@ def test_secrets_are_references_never_values(
         # Required: the pod does not start without it, rather than start and fail every call.
         assert env["TOOLBUS_SECRET_KEY"] == {"name": "toolbus", "key": "secret-key"}
     assert ("TOOLBUS_WEBHOOK_SECRET" in env) is charts.SERVICES_BY_NAME[chart].webhook_secret
-    assert env["TOOLBUS_NATS_PASSWORD"] == {"name": f"toolbus-nats-{chart}", "key": "password", "optional": True}
+    assert env["TOOLBUS_NATS_PASSWORD"] == {
+        "name": f"toolbus-nats-{chart}",
+        "key": "password",
+        "optional": True,
+    }
     assert ("TOOLBUS_REDIS_PASSWORD" in env) is charts.SERVICES_BY_NAME[chart].redis
     config = rendered[chart].one("ConfigMap")["data"]
     assert (config["TOOLBUS_NATS_USER"], config["TOOLBUS_NATS_INBOX_PREFIX"]) == (chart, f"_INBOX.{chart}")

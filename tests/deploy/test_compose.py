@@ -1,0 +1,174 @@
+"""deploy/compose/: `docker compose config` accepts the file, NATS runs the secured configuration
+with JetStream on a volume, Redis is append-only, every service has a health check and exactly
+its own settings, and .env.example lists every setting of every service."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.fernet import Fernet
+
+from tests.deploy.conftest import COMPOSE, ROOT, compose_env, run_compose
+from tests.deploy.settings_catalogue import SERVICES, all_settings, service_settings
+
+NATS_CONF = ROOT / "deploy" / "nats"
+# Variables the compose file itself reads, that no service does.
+COMPOSE_ONLY = {"TOOLBUS_IMAGE_PREFIX", "TOOLBUS_IMAGE_TAG"}
+# Settings a service reads that compose does not hand it, and why:
+NOT_GIVEN = {
+    # compose authenticates to NATS with user and password (deploy/nats/); no token, creds or nkey files.
+    "all": {"TOOLBUS_NATS_TOKEN", "TOOLBUS_NATS_CREDS_FILE", "TOOLBUS_NATS_NKEY_FILE"},
+    # The registry keeps nothing in Redis, decrypts nothing and sends no webhooks.
+    "registry": {"TOOLBUS_SECRET_KEY", "TOOLBUS_WEBHOOK_URL", "TOOLBUS_WEBHOOK_SECRET"},
+    "dispatcher": {"TOOLBUS_WEBHOOK_URL", "TOOLBUS_WEBHOOK_SECRET"},
+    # Approval stores no credentials.
+    "approval": {"TOOLBUS_SECRET_KEY"},
+    "credentials": set(),
+}
+REDIS_SETTINGS = re.compile(r"^TOOLBUS_REDIS_")
+
+
+def env_example_names() -> set[str]:
+    """Every variable .env.example lists, set or commented out (`NAME=...` or `#NAME=...`)."""
+    text = (COMPOSE / ".env.example").read_text()
+    return set(re.findall(r"^#?(TOOLBUS_[A-Z0-9_]+)=", text, flags=re.MULTILINE))
+
+
+def nats_conf_variables() -> set[str]:
+    """The environment variables deploy/nats/*.conf reads (`$TOOLBUS_...`): the users' passwords."""
+    names: set[str] = set()
+    for conf in NATS_CONF.glob("*.conf"):
+        for line in conf.read_text().splitlines():
+            if not line.lstrip().startswith("#"):
+                names |= set(re.findall(r"\$(TOOLBUS_[A-Z0-9_]+)", line))
+    return names
+
+
+def test_env_example_lists_every_setting_of_every_service() -> None:
+    missing = all_settings() - env_example_names()
+    assert missing == set(), f"add these to deploy/compose/.env.example: {sorted(missing)}"
+
+
+def test_env_example_lists_nothing_that_is_not_read() -> None:
+    unknown = env_example_names() - all_settings() - nats_conf_variables() - COMPOSE_ONLY
+    assert unknown == set(), f"no service, nats-server or compose reads {sorted(unknown)}"
+
+
+def test_env_example_gives_nats_server_every_password_its_configuration_reads() -> None:
+    variables = nats_conf_variables()
+    assert variables, "deploy/nats/*.conf reads no $TOOLBUS_* variable"
+    assert variables <= env_example_names()
+
+
+def test_compose_config_accepts_the_file(compose_config: dict[str, Any]) -> None:
+    assert compose_config["name"] == "toolbus"
+    assert set(compose_config["services"]) == {"nats", "redis", *SERVICES}
+    assert set(compose_config["volumes"]) == {"nats-data", "redis-data"}
+
+
+def test_compose_refuses_to_start_without_the_secrets(tmp_path: Path) -> None:
+    result = run_compose(["config", "--quiet"], COMPOSE / ".env.example", tmp_path)
+    assert result.returncode != 0
+    for variable in ("TOOLBUS_SECRET_KEY", "TOOLBUS_REDIS_PASSWORD", "TOOLBUS_NATS_PASSWORD_DISPATCHER"):
+        assert f"required variable {variable} is missing a value" in result.stderr
+
+
+def test_nats_runs_the_secured_configuration_with_jetstream_on_a_volume(
+    compose_config: dict[str, Any],
+) -> None:
+    nats = compose_config["services"]["nats"]
+    command = nats["command"]
+    assert command[command.index("-c") + 1] == "/etc/nats/nats-server.conf"
+    assert command[command.index("-sd") + 1] == "/data"
+    mounts = {v["target"]: v for v in nats["volumes"]}
+    assert mounts["/data"]["type"] == "volume" and mounts["/data"]["source"] == "nats-data"
+    conf = mounts["/etc/nats"]
+    assert (conf["type"], conf["read_only"]) == ("bind", True)
+    assert Path(conf["source"]) == NATS_CONF
+    server_conf = (NATS_CONF / "nats-server.conf").read_text()
+    assert re.search(r"^jetstream", server_conf, flags=re.MULTILINE)
+    assert "include ./toolbus-auth.conf" in server_conf
+    # nats-server is given every password its authorization reads, and nothing else of toolbus's.
+    assert set(nats["environment"]) == nats_conf_variables()
+    assert "healthz?js-enabled-only=true" in " ".join(nats["healthcheck"]["test"])
+
+
+def test_redis_is_append_only_with_a_password_and_a_volume(compose_config: dict[str, Any]) -> None:
+    redis = compose_config["services"]["redis"]
+    script = redis["command"][-1]
+    for flag in (
+        "--appendonly yes",
+        "--appendfsync everysec",
+        "--maxmemory-policy noeviction",
+        "--dir /data",
+    ):
+        assert flag in script
+    assert "requirepass" in script and "TOOLBUS_REDIS_PASSWORD" in script
+    assert {(v["target"], v["source"]) for v in redis["volumes"]} == {("/data", "redis-data")}
+    assert "redis-cli ping" in " ".join(redis["healthcheck"]["test"])
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_service_is_hardened_and_waits_for_healthy_dependencies(
+    compose_config: dict[str, Any], service: str
+) -> None:
+    spec = compose_config["services"][service]
+    assert spec["build"]["args"] == {"SERVICE": service}
+    assert spec["build"]["dockerfile"] == "deploy/image/Dockerfile"
+    assert Path(spec["build"]["context"]) == ROOT
+    assert spec["image"] == f"toolbus-{service}:dev"
+    assert "/readyz" in " ".join(spec["healthcheck"]["test"])
+    assert spec["read_only"] is True
+    assert spec["cap_drop"] == ["ALL"]
+    assert "no-new-privileges:true" in spec["security_opt"]
+    assert spec["user"] == "10001:10001"
+    needs = {"nats"} if service == "registry" else {"nats", "redis"}
+    assert {name: dep["condition"] for name, dep in spec["depends_on"].items()} == dict.fromkeys(
+        needs, "service_healthy"
+    )
+    published = [(p["host_ip"], p["target"]) for p in spec["ports"]]
+    assert published == [("127.0.0.1", 8080)]
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_service_gets_every_setting_it_reads_and_only_its_own_nats_password(
+    compose_config: dict[str, Any], compose_env_file: Path, service: str
+) -> None:
+    env = compose_config["services"][service]["environment"]
+    expected = service_settings(service) - NOT_GIVEN["all"] - NOT_GIVEN[service]
+    if service == "registry":
+        expected = {name for name in expected if not REDIS_SETTINGS.match(name)}
+    assert set(env) == expected
+    dotenv = dict(
+        line.split("=", 1)
+        for line in compose_env_file.read_text().splitlines()
+        if re.match(r"^TOOLBUS_\w+=", line)
+    )
+    assert env["TOOLBUS_NATS_USER"] == service
+    assert env["TOOLBUS_NATS_INBOX_PREFIX"] == f"_INBOX.{service}"
+    assert env["TOOLBUS_NATS_PASSWORD"] == dotenv[f"TOOLBUS_NATS_PASSWORD_{service.upper()}"]
+    others = {
+        v
+        for k, v in dotenv.items()
+        if k.startswith("TOOLBUS_NATS_PASSWORD_") and not k.endswith(service.upper())
+    }
+    assert others.isdisjoint(env.values())
+    assert (env["TOOLBUS_HTTP_HOST"], env["TOOLBUS_HTTP_PORT"]) == ("0.0.0.0", "8080")
+    # What .env leaves commented out stays unset in the container: the service's default applies.
+    assert env["TOOLBUS_LOG_LEVEL"] is None
+
+
+def test_compose_env_fills_every_secret_with_a_fresh_value() -> None:
+    example = (COMPOSE / ".env.example").read_text()
+    first, second = compose_env.render(example), compose_env.render(example)
+    values = dict(line.split("=", 1) for line in first.splitlines() if re.match(r"^TOOLBUS_\w+=", line))
+    assert set(values) == {"TOOLBUS_SECRET_KEY", "TOOLBUS_REDIS_PASSWORD"} | nats_conf_variables()
+    Fernet(values.pop("TOOLBUS_SECRET_KEY").encode())
+    for value in values.values():
+        # nats-server reads these as configuration values: a letter then hex stays a string.
+        assert re.fullmatch(r"p[0-9a-f]{48}", value)
+    assert first != second
+    assert len(set(values.values())) == len(values)
