@@ -236,8 +236,8 @@ def values_yaml(s: ServiceChart) -> str:
         )
         secrets += _secret(
             "redisSentinelPassword",
-            "TOOLBUS_REDIS_SENTINEL_PASSWORD (the Sentinels' own password)",
-            "",
+            "TOOLBUS_REDIS_SENTINEL_PASSWORD (the Sentinels' own password, where they require one)",
+            "toolbus",
             "redis-sentinel-password",
             optional=True,
         )

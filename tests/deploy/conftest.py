@@ -116,6 +116,13 @@ def rendered() -> dict[str, Rendered]:
 
 
 @pytest.fixture(scope="session")
+def rendered_example() -> dict[str, Rendered]:
+    """Each chart rendered once with deploy/helm/examples/toolbus-values.yaml (deploy/README.md)."""
+    values = yaml.safe_load((HELM / "examples" / "toolbus-values.yaml").read_text())
+    return {chart: _render(chart, values) for chart in SERVICES}
+
+
+@pytest.fixture(scope="session")
 def rendered_full() -> dict[str, Rendered]:
     """Each chart rendered once with every optional part switched on."""
     return {chart: _render(chart, full_values(chart)) for chart in SERVICES}

@@ -81,6 +81,41 @@ def test_render_with_every_option_is_valid_kubernetes(chart: str, rendered_full:
         kubernetes_validate.validate(doc, charts.KUBE_VERSION, strict=True)
 
 
+@pytest.mark.parametrize("chart", SERVICES)
+def test_render_with_the_readme_example_values_is_valid_kubernetes(
+    chart: str, rendered_example: dict[str, Rendered]
+) -> None:
+    example = rendered_example[chart]
+    assert example.kinds() == EXPECTED_KINDS
+    for doc in example.docs:
+        kubernetes_validate.validate(doc, charts.KUBE_VERSION, strict=True)
+    config = example.one("ConfigMap")["data"]
+    assert config["TOOLBUS_JS_REPLICAS"] == "3"
+    assert config["TOOLBUS_REDIS_SENTINEL_MASTER"] == "mymaster"
+    assert example.container["image"] == f"registry.example.com/toolbus/toolbus-{chart}:0.1.0"
+    assert set(config) <= service_settings(chart)
+
+
+def test_nats_example_gives_every_user_the_password_the_charts_read() -> None:
+    """deploy/helm/examples/nats-values.yaml (for the official NATS chart) passes nats-server one
+    password variable per user of deploy/nats/, each from the Secret `toolbus-nats-<user>` that
+    the service charts read theirs from."""
+    from tests.deploy.test_compose import nats_conf_variables
+
+    example = yaml.safe_load((HELM / "examples" / "nats-values.yaml").read_text())
+    env = example["container"]["env"]
+    assert set(env) == nats_conf_variables()
+    for variable, spec in env.items():
+        user = variable.removeprefix("TOOLBUS_NATS_PASSWORD_").lower().replace("_", "-")
+        assert spec["valueFrom"]["secretKeyRef"] == {"name": f"toolbus-nats-{user}", "key": "password"}
+    for chart in SERVICES:
+        ref = values_of(chart)["secrets"]["natsPassword"]
+        assert (ref["existingSecret"], ref["key"]) == (f"toolbus-nats-{chart}", "password")
+    assert example["config"]["merge"] == {"$include": "./toolbus-auth.conf"}
+    assert example["config"]["cluster"] == {"enabled": True, "replicas": 3}
+    assert example["config"]["jetstream"]["enabled"] is True
+
+
 def test_kubernetes_validate_refuses_a_broken_manifest(rendered: dict[str, Rendered]) -> None:
     """The validator is not a no-op: the same Deployment with a wrong type is refused."""
     deployment = json.loads(json.dumps(rendered["dispatcher"].one("Deployment")))
