@@ -4,6 +4,7 @@ Kubernetes, values checked against values.schema.json, and the defaults secure."
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import helm_python
@@ -44,6 +45,37 @@ def test_every_service_has_a_chart_on_the_library() -> None:
         assert loaded.name == chart
         assert [d["name"] for d in loaded.dependencies] == [charts.LIBRARY]
         assert [d["type"] for d in loaded.dependencies] == ["library"]
+
+
+def _undocumented(values: dict[str, Any], params: set[str], path: str = "") -> list[str]:
+    """Value paths with no `## @param` line: a documented key covers everything under it."""
+    out = []
+    for key, value in values.items():
+        here = f"{path}{key}"
+        if here in params:
+            continue
+        if isinstance(value, dict) and value:
+            out += _undocumented(value, params, f"{here}.")
+        else:
+            out.append(here)
+    return out
+
+
+@pytest.mark.parametrize("chart", SERVICES)
+def test_every_value_has_a_param_comment(chart: str) -> None:
+    text = (HELM / chart / "values.yaml").read_text()
+    params = set(re.findall(r"^\s*## @param (\S+) \S", text, flags=re.MULTILINE))
+    assert _undocumented(values_of(chart), params) == []
+    assert params <= _paths(values_of(chart)), "a @param names a value that does not exist"
+
+
+def _paths(values: dict[str, Any], path: str = "") -> set[str]:
+    out = set()
+    for key, value in values.items():
+        out.add(f"{path}{key}")
+        if isinstance(value, dict):
+            out |= _paths(value, f"{path}{key}.")
+    return out
 
 
 @pytest.mark.parametrize("chart", SERVICES)
