@@ -155,17 +155,25 @@ HELMIGNORE = """.DS_Store
 # ---------------------------------------------------------------- values.yaml
 
 
-def _secret(param: str, what: str, secret: str, key: str, optional: bool) -> str:
-    optional_line = (
-        f"    ## @param secrets.{param}.optional When true, a missing Secret or key leaves {what} unset\n"
-        f"    optional: {'true' if optional else 'false'}\n"
-    )
+def _secret(param: str, what: str, secret: str, key: str, optional: bool | None) -> str:
+    """A reference to a value in a Secret; `optional=None`: required (the pod does not start
+    without it, and the schema refuses an empty name)."""
+    if optional is None:
+        return (
+            f"  ## @param secrets.{param}.existingSecret Secret holding {what} (required)\n"
+            f"  ## @param secrets.{param}.key Key of that value in the Secret\n"
+            f"  {param}:\n"
+            f"    existingSecret: {json.dumps(secret)}\n"
+            f"    key: {json.dumps(key)}\n"
+        )
     return (
         f"  ## @param secrets.{param}.existingSecret Secret holding {what} (empty: not set)\n"
         f"  ## @param secrets.{param}.key Key of that value in the Secret\n"
+        f"  ## @param secrets.{param}.optional When true, a missing Secret or key leaves it unset\n"
         f"  {param}:\n"
         f"    existingSecret: {json.dumps(secret)}\n"
-        f"    key: {json.dumps(key)}\n" + optional_line
+        f"    key: {json.dumps(key)}\n"
+        f"    optional: {'true' if optional else 'false'}\n"
     )
 
 
@@ -207,10 +215,10 @@ def values_yaml(s: ServiceChart) -> str:
     if s.secret_key:
         secrets += _secret(
             "secretKey",
-            "TOOLBUS_SECRET_KEY (Fernet key(s), the same in every service; required)",
+            "TOOLBUS_SECRET_KEY (Fernet key(s), the same in every service)",
             "toolbus",
             "secret-key",
-            optional=False,
+            optional=None,
         )
     if s.webhook_secret:
         secrets += _secret(
@@ -490,10 +498,9 @@ def _tls_ref() -> dict[str, Any]:
 def values_schema(s: ServiceChart) -> dict[str, Any]:
     secrets: dict[str, Any] = {}
     if s.secret_key:
-        ref = _secret_ref()
+        ref = _secret_ref(optional=False)
         # This service cannot start without the key: the reference must name a Secret.
         ref["properties"]["existingSecret"] = {"type": "string", "minLength": 1}
-        ref["properties"]["optional"] = {"const": False}
         secrets["secretKey"] = ref
     if s.webhook_secret:
         secrets["webhookSecret"] = _secret_ref()
