@@ -109,6 +109,18 @@ def test_redis_is_append_only_with_a_password_and_a_volume(compose_config: dict[
     assert "requirepass" in script and "TOOLBUS_REDIS_PASSWORD" in script
     assert {(v["target"], v["source"]) for v in redis["volumes"]} == {("/data", "redis-data")}
     assert "redis-cli ping" in " ".join(redis["healthcheck"]["test"])
+    assert redis["user"] == "redis"
+
+
+@pytest.mark.parametrize("server", ["nats", "redis"])
+def test_servers_run_read_only_without_capabilities(compose_config: dict[str, Any], server: str) -> None:
+    spec = compose_config["services"][server]
+    assert spec["read_only"] is True
+    assert spec["cap_drop"] == ["ALL"]
+    assert "no-new-privileges:true" in spec["security_opt"]
+    assert [(p["host_ip"], p["published"]) for p in spec["ports"]] == [
+        ("127.0.0.1", {"nats": "4222", "redis": "6379"}[server])
+    ]
 
 
 @pytest.mark.parametrize("service", SERVICES)
