@@ -4,6 +4,7 @@ its own settings, and .env.example lists every setting of every service."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import Path
 from typing import Any
@@ -184,3 +185,66 @@ def test_compose_env_fills_every_secret_with_a_fresh_value() -> None:
         assert re.fullmatch(r"p[0-9a-f]{48}", value)
     assert first != second
     assert len(set(values.values())) == len(values)
+
+
+@pytest.mark.integration
+async def test_nats_service_of_compose_runs_on_a_real_nats_server(
+    compose_config: dict[str, Any], tmp_path: Path
+) -> None:
+    """The compose file's NATS command and environment (the passwords `make compose-env` wrote),
+    run with a real nats-server outside Docker (on free loopback ports): JetStream answers its
+    health check, each service connects as its own user, anonymous and wrong passwords are refused."""
+    import nats
+    import nats.aio.client
+    import nats.errors
+    from toolbus_devstack import find_nats_server, free_port, http_status, spawn, stop_process
+
+    spec = compose_config["services"]["nats"]
+    mounts = {v["target"]: v["source"] for v in spec["volumes"] if v["type"] == "bind"}
+    port, monitor = free_port(), free_port()
+    argv = [str(a) for a in spec["command"]]
+    argv[argv.index("-c") + 1] = argv[argv.index("-c") + 1].replace("/etc/nats", mounts["/etc/nats"])
+    argv[argv.index("-sd") + 1] = str(tmp_path / "data")
+    argv[argv.index("-m") + 1] = str(monitor)
+    binary = find_nats_server()
+    assert binary, "no nats-server"
+    log = tmp_path / "nats.log"
+    proc = spawn(
+        [binary, *argv, "-a", "127.0.0.1", "-p", str(port)], log, env=dict(spec["environment"]), detach=False
+    )
+    health = spec["healthcheck"]["test"][-1].replace("127.0.0.1:8222", f"127.0.0.1:{monitor}")
+    try:
+        for _ in range(200):
+            if http_status(health) == 200:
+                break
+            assert proc.poll() is None, log.read_text()
+            await asyncio.sleep(0.05)
+        assert http_status(health) == 200
+        url = f"nats://127.0.0.1:{port}"
+        for service in SERVICES:
+            env = compose_config["services"][service]["environment"]
+            nc = await nats.connect(
+                url,
+                user=env["TOOLBUS_NATS_USER"],
+                password=env["TOOLBUS_NATS_PASSWORD"],
+                inbox_prefix=env["TOOLBUS_NATS_INBOX_PREFIX"],
+                allow_reconnect=False,
+                connect_timeout=5,
+            )
+            await nc.flush()
+            await nc.close()
+        registry = compose_config["services"]["registry"]["environment"]
+        refused: list[dict[str, str]] = [
+            {},
+            {"user": "registry", "password": "wrong"},
+            {"user": "dispatcher", "password": registry["TOOLBUS_NATS_PASSWORD"]},
+        ]
+        for credentials in refused:
+            client = nats.aio.client.Client()
+            try:
+                with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+                    await client.connect(url, allow_reconnect=False, connect_timeout=5, **credentials)
+            finally:
+                await client.close()
+    finally:
+        stop_process(proc)
