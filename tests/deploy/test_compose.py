@@ -248,3 +248,52 @@ async def test_nats_service_of_compose_runs_on_a_real_nats_server(
                 await client.close()
     finally:
         stop_process(proc)
+
+
+@pytest.mark.integration
+async def test_redis_service_of_compose_runs_on_a_real_redis_server(
+    compose_config: dict[str, Any], tmp_path: Path
+) -> None:
+    """The compose file's Redis command (its shell script, the password from the environment),
+    run with a real redis-server outside Docker on a free loopback port: the password is required,
+    the server is append-only and never evicts, and the password is not on its command line."""
+    import redis.asyncio as aioredis
+    import redis.exceptions
+    from toolbus_devstack import find_redis_server, free_port, spawn, stop_process
+
+    spec = compose_config["services"]["redis"]
+    script = spec["command"][-1].replace("$$", "$").replace("/tmp/redis.conf", str(tmp_path / "redis.conf"))
+    script = script.replace(
+        "--dir /data", f"--dir {tmp_path} --bind 127.0.0.1 --port {(port := free_port())}"
+    )
+    binary = find_redis_server()
+    assert binary, "no redis-server"
+    script = script.replace("exec redis-server", f"exec {binary}")
+    password = spec["environment"]["TOOLBUS_REDIS_PASSWORD"]
+    proc = spawn(
+        [*spec["command"][:-1], script],
+        tmp_path / "redis.log",
+        env={"TOOLBUS_REDIS_PASSWORD": password, "PATH": "/usr/bin:/bin"},
+        detach=False,
+    )
+    client = aioredis.Redis(host="127.0.0.1", port=port, password=password)
+    anonymous = aioredis.Redis(host="127.0.0.1", port=port)
+    try:
+        for _ in range(200):
+            try:
+                if await client.ping():
+                    break
+            except redis.exceptions.ConnectionError:
+                assert proc.poll() is None
+                await asyncio.sleep(0.05)
+        assert await client.config_get("appendonly") == {"appendonly": "yes"}
+        assert await client.config_get("appendfsync") == {"appendfsync": "everysec"}
+        assert await client.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            await anonymous.ping()
+        cmdline = await asyncio.to_thread(Path(f"/proc/{proc.pid}/cmdline").read_text)
+        assert password not in cmdline
+    finally:
+        await client.aclose()
+        await anonymous.aclose()
+        stop_process(proc)
