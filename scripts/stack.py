@@ -8,7 +8,8 @@ everything is, and returns with all of it running. `down` stops exactly what `up
 pidfiles, checked against the process start time), nothing else, and may run any number of times.
 
 With `TOOLBUS_SECURE=1`, `up` starts its own NATS with the secured configuration of
-`deploy/nats/` (one user per role and service) and its own Redis with a password, on free ports,
+`deploy/nats/` (one user per role and service) and its own Redis with one ACL user per service
+limited to its keys (toolbus_devstack.redis_acl), on free ports,
 generating dev credentials into `.stack/secure/` (mode 0600): the servers' passwords, and one
 `<role>.env` per client role (harness, worker, approver, workflow-engine) with the
 `TOOLBUS_NATS_*` settings a client of that role uses. Each service connects as its own user.
@@ -208,8 +209,11 @@ def _secure_credentials() -> dict[str, str]:
     path = SECURE_DIR / "passwords.json"
     if path.exists():
         stored: dict[str, str] = json.loads(path.read_text())
-        return stored
-    passwords = {**dev_credentials(), "redis": dev_credentials()["harness"]}
+        if {"redis", "redis-dispatcher"} <= stored.keys():
+            return stored
+    more = dev_credentials()
+    passwords = {**dev_credentials(), "redis": more["harness"]}
+    passwords.update({f"redis-{u}": more[u] for u in ("dispatcher", "credentials", "approval")})
     _write_private(path, json.dumps(passwords, indent=2) + "\n")
     return passwords
 
@@ -224,6 +228,24 @@ def _secure_nats_conf(prefix: str) -> Path:
     conf.write_text(NATS_CONF.read_text())
     (SECURE_DIR / "toolbus-auth.conf").write_text(render_auth_conf(prefix))
     return conf
+
+
+def _secure_acl(prefix: str, passwords: dict[str, str]) -> Path:
+    """The Redis ACL file: one user per service limited to its keys (`default` is the admin)."""
+    from toolbus_devstack.redis_acl import redis_users, render_acl
+
+    users = {u.name: passwords[f"redis-{u.name}"] for u in redis_users(prefix)}
+    path = SECURE_DIR / "users.acl"
+    _write_private(path, render_acl(prefix, users, admin_password=passwords["redis"]))
+    return path
+
+
+def _redis_user_env(name: str, passwords: dict[str, str]) -> dict[str, str]:
+    """A service's Redis user (its ACL limits it to its own keys); the registry has none."""
+    key = f"redis-{name}"
+    if key not in passwords:
+        return {}
+    return {"TOOLBUS_REDIS_USERNAME": name, "TOOLBUS_REDIS_PASSWORD": passwords[key]}
 
 
 def _ensure_secure_servers(passwords: dict[str, str], prefix: str) -> tuple[str, str, str, str]:
@@ -269,6 +291,7 @@ def _ensure_secure_servers(passwords: dict[str, str], prefix: str) -> tuple[str,
             persist=True,
             detach=True,
             password=passwords["redis"],
+            args=["--aclfile", str(_secure_acl(prefix, passwords))],
         )
         redis_url = f"redis://127.0.0.1:{port}/0"
         _record("redis", redis.proc.pid, url=redis_url, binary=binary, secure=True)
@@ -358,7 +381,7 @@ def up(ready_timeout: float, only: list[str] | None) -> int:
         if secure:
             from toolbus_devstack.nats_conf import client_env
 
-            service_env.update(client_env(name, passwords[name]), TOOLBUS_REDIS_PASSWORD=passwords["redis"])
+            service_env.update(client_env(name, passwords[name]), **_redis_user_env(name, passwords))
         service = launch_service(
             name, service_env, port=port, log_dir=LOGS, detach=True, python=sys.executable
         )

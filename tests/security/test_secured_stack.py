@@ -18,6 +18,7 @@ from typing import Any
 
 import nats
 import pytest
+import redis
 from toolbus_common.nats_auth import NatsAuth
 
 from tests.integration.test_infra_stack import _stack
@@ -85,6 +86,7 @@ async def test_secure_stack_runs_calls_with_each_role_on_its_own_user(tmp_path: 
         assert not [name for name, secret in passwords.items() if secret in logs]
 
         await _run_through(prefix, secure_dir)
+        _redis_users_reach_only_their_keys(prefix, tmp_path / "stack", passwords)
     finally:
         down = _stack(env, "down")
     assert down.returncode == 0, down.stdout + down.stderr
@@ -178,4 +180,41 @@ async def _run_through(prefix: str, secure_dir: Path) -> None:
             for e in harness_errors
         )
         assert [c.tool for c in mcp.calls] == ["plain", "echo"]
+        # Credentials through the credentials service's own Redis user, then a call that uses them.
+        creds = {"servers": {"shop": {"headers": {"X-Api-Key": "k-1"}}}}
+        level = await ok(
+            harness, f"{p}.toolsets.credentials.set", {"toolsetId": toolset["id"], "credentials": creds}
+        )
+        assert level == {"level": "toolset"}
+        run_level = await ok(harness, f"{p}.runs.credentials.set", {"runId": run_id, "credentials": creds})
+        assert run_level == {"level": "run"}
+        again = await ok(
+            harness, f"{p}.calls.invoke", {"runId": run_id, "tool": "shop.plain", "input": {"text": "k"}}
+        )
+        assert again["outcome"]["status"] == "ok", again
         await ok(harness, f"{p}.runs.close", {"runId": run_id})
+
+
+def _redis_users_reach_only_their_keys(prefix: str, stack: Path, passwords: dict[str, str]) -> None:
+    """The ACL: credentials keys for the credentials service and the dispatcher only."""
+    url = json.loads((stack / "pids" / "redis.json").read_text())["url"]
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    cred_key = f"{prefix}:cred:toolset:ts_x"
+    results: dict[str, bool] = {}
+    for user in ("dispatcher", "credentials", "approval"):
+        client = redis.Redis(port=port, username=user, password=passwords[f"redis-{user}"])
+        try:
+            client.get(cred_key)
+            results[user] = True
+        except redis.exceptions.NoPermissionError:
+            results[user] = False
+        finally:
+            client.close()
+    assert results == {"dispatcher": True, "credentials": True, "approval": False}
+    approval = redis.Redis(port=port, username="approval", password=passwords["redis-approval"])
+    try:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            approval.flushall()
+        approval.zcard(f"{prefix}:{{approvals}}:pending")  # its own keys: allowed
+    finally:
+        approval.close()
