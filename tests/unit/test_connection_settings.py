@@ -6,6 +6,8 @@ from __future__ import annotations
 import ssl
 from pathlib import Path
 
+import pytest
+from pydantic import ValidationError
 from toolbus_common.connections import JsPlacement, events_stream_limits, nats_connect_options
 from toolbus_common.nats_auth import NatsAuth
 from toolbus_common.settings import Settings
@@ -70,6 +72,8 @@ def test_sentinels_and_jetstream_placement_from_settings() -> None:
         ("sentinel-c", 26379),
     ]
     assert Settings().redis_sentinel_addresses == []
+    with pytest.raises(ValidationError, match="not host:port"):
+        Settings(redis_sentinels="a:1,b:port")
     placement = JsPlacement.of(settings)
     assert (placement.replicas, placement.storage.value) == (3, "memory")
     limits = events_stream_limits(settings)

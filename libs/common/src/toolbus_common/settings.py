@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from toolbus_contracts import DEFAULT_PREFIX, Subjects
 
@@ -87,6 +87,15 @@ class Settings(BaseSettings):
     """Connections in each service's Redis pool; a request waits for a free one (blocking pool)."""
     redis_pool_timeout: float = Field(default=5.0, gt=0)
     """Seconds a request waits for a free Redis connection before it is answered `unavailable`."""
+
+    @field_validator("redis_sentinels")
+    @classmethod
+    def _sentinels_are_host_ports(cls, value: str | None) -> str | None:
+        for item in (value or "").split(","):
+            _, sep, port = item.strip().rpartition(":")
+            if item.strip() and sep and not port.isdigit():
+                raise ValueError(f"TOOLBUS_REDIS_SENTINELS: {item.strip()!r} is not host:port")
+        return value
 
     @property
     def nats_servers(self) -> list[str]:
