@@ -1,5 +1,6 @@
-"""A 3-node JetStream cluster (three nats-server processes on free ports, routed) under two
-replicas of every service as processes, with `TOOLBUS_JS_REPLICAS=3`: the streams, the KV bucket
+"""A 3-node JetStream cluster (three nats-server processes on free ports, routed, each with the
+secured configuration of deploy/nats/) under two replicas of every service as processes, each on
+its own NATS user, with `TOOLBUS_JS_REPLICAS=3`: the streams, the KV bucket
 and the object store are R3; a burst of calls is spread over both dispatchers; one NATS node and
 one dispatcher are killed (`kill -9`) mid-burst; no call is lost, each call keeps its callId, and
 every call reaches the MCP server under its own idempotency key only (an idempotent server applies
@@ -17,11 +18,12 @@ import nats
 import pytest
 from redis.asyncio import Redis
 from toolbus_common.keys import Keys
+from toolbus_common.nats_auth import NatsAuth
+from toolbus_devstack.nats_conf import client_env, dev_credentials, server_env
 
 from tests.support.burst import run_burst
 from tests.support.infra import (
     ServiceProcess,
-    drop_deployment_state,
     js_name,
     launch_service,
     request,
@@ -34,8 +36,19 @@ from tests.support.mcp_servers import McpTestServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
+NATS_CONF = Path(__file__).resolve().parents[2] / "deploy" / "nats" / "nats-server.conf"
 SERVICES = ("registry", "dispatcher", "approval", "credentials")
 CALLS = 150
+
+
+async def _drop_keys(redis_url: str, prefix: str) -> None:
+    redis: Any = Redis.from_url(redis_url)
+    try:
+        keys = [k async for k in redis.scan_iter(match=f"{prefix}:*", count=500)]
+        for start in range(0, len(keys), 500):
+            await redis.unlink(*keys[start : start + 500])
+    finally:
+        await redis.aclose()
 
 
 async def _jetstream_ready(nc: Any, limit: float = 60.0) -> None:
@@ -54,13 +67,17 @@ async def _jetstream_ready(nc: Any, limit: float = 60.0) -> None:
 async def test_a_burst_survives_a_nats_node_and_a_dispatcher_killed(
     tmp_path: Path, redis_url: str, secret_key: str
 ) -> None:
-    servers = start_nats_cluster(tmp_path / "nats", size=3)
+    passwords = dev_credentials()
+    servers = start_nats_cluster(tmp_path / "nats", size=3, config=NATS_CONF, env=server_env(passwords))
     urls = ",".join(s.url for s in servers)
-    prefix = unique_prefix("tbc")
+    # The cluster is ours, so the subjects keep the default prefix deploy/nats/ is written for;
+    # Redis is the session's, so its keys get a prefix of their own.
+    prefix, redis_prefix = "toolbus", unique_prefix("tbc")
     env = {
         "TOOLBUS_NATS_URL": urls,
         "TOOLBUS_REDIS_URL": redis_url,
         "TOOLBUS_SUBJECT_PREFIX": prefix,
+        "TOOLBUS_REDIS_PREFIX": redis_prefix,
         "TOOLBUS_SECRET_KEY": secret_key,
         "TOOLBUS_JS_REPLICAS": "3",
         "TOOLBUS_LOG_LEVEL": "WARNING",
@@ -69,12 +86,21 @@ async def test_a_burst_survives_a_nats_node_and_a_dispatcher_killed(
         "TOOLBUS_DISPATCHER_RETRY_BACKOFF_MAX": "0.2",
     }
     procs: list[ServiceProcess] = []
-    nc = await nats.connect(servers=urls.split(","), max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    harness = NatsAuth.from_env({"TOOLBUS_NATS_URL": urls, **client_env("harness", passwords["harness"])})
+    nc = await nats.connect(**harness.connect_options(), max_reconnect_attempts=-1, reconnect_time_wait=0.2)
     try:
-        await _jetstream_ready(nc)
+        dispatcher_auth = NatsAuth.from_env(
+            {"TOOLBUS_NATS_URL": urls, **client_env("dispatcher", passwords["dispatcher"])}
+        )
+        service_nc = await nats.connect(**dispatcher_auth.connect_options())
+        try:
+            await _jetstream_ready(service_nc)  # `$JS.API.INFO` is the services' (not the harness's)
+        finally:
+            await service_nc.close()
         for name in SERVICES:
             for replica in range(2):
-                procs.append(launch_service(name, env, log_dir=tmp_path / f"{name}{replica}"))
+                role_env = {**env, **client_env(name, passwords[name])}
+                procs.append(launch_service(name, role_env, log_dir=tmp_path / f"{name}{replica}"))
         for proc in procs:
             await asyncio.to_thread(
                 wait_ready, proc.ready_url, proc.proc, proc.log_path, what=proc.name, timeout=120
@@ -91,14 +117,20 @@ async def test_a_burst_survives_a_nats_node_and_a_dispatcher_killed(
                 nc, f"{prefix}.runs.open", {"toolsetId": created["data"]["id"]}, timeout=30
             )
             run_id = opened["data"]["runId"]
+            # The harness may read EVENTS' info; the services' own streams are read as a service.
             replicas = {
-                name: (await js.stream_info(name)).config.num_replicas
-                for name in (
-                    js_name(prefix, "EVENTS"),
-                    js_name(prefix, "INTERNAL"),
-                    f"OBJ_{js_name(prefix, 'toolsets')}",
-                )
+                js_name(prefix, "EVENTS"): (
+                    await js.stream_info(js_name(prefix, "EVENTS"))
+                ).config.num_replicas
             }
+            service_nc = await nats.connect(**dispatcher_auth.connect_options())
+            try:
+                for name in (js_name(prefix, "INTERNAL"), f"OBJ_{js_name(prefix, 'toolsets')}"):
+                    replicas[name] = (
+                        await service_nc.jetstream(timeout=5).stream_info(name)
+                    ).config.num_replicas
+            finally:
+                await service_nc.close()
 
             killed_at: list[float] = []
 
@@ -114,7 +146,7 @@ async def test_a_burst_survives_a_nats_node_and_a_dispatcher_killed(
             deliveries = [c.idempotency_key_header for c in server.calls]
 
         redis: Any = Redis.from_url(redis_url)
-        keys = Keys(prefix)
+        keys = Keys(redis_prefix)
         try:
             owners = {
                 (await redis.hget(keys.call(cid), "owner") or b"").decode()
@@ -125,8 +157,8 @@ async def test_a_burst_survives_a_nats_node_and_a_dispatcher_killed(
     finally:
         for proc in procs:
             await asyncio.to_thread(stop_process, proc.proc, 5.0)
-        await drop_deployment_state(nc, redis_url, prefix)
         await nc.close()
+        await _drop_keys(redis_url, redis_prefix)  # the streams go with the cluster's own servers
         for s in servers:
             s.stop()
 

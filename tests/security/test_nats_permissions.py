@@ -22,7 +22,8 @@ import pytest
 from nats.aio.client import Client
 from toolbus_common.connections import ensure_object_store, ensure_stream
 from toolbus_common.nats_auth import NatsAuth
-from toolbus_devstack.nats_conf import render_auth_conf
+from toolbus_devstack import free_port, start_nats_server
+from toolbus_devstack.nats_conf import dev_nkeys, render_auth_conf
 
 from tests.security.conftest import SecuredNats
 
@@ -273,3 +274,43 @@ async def test_jetstream_streams_and_stores_are_reachable_only_by_their_roles(
             assert outsider._seen("publish", f"$JS.API.STREAM.INFO.OBJ_{P}_toolsets", 0) is not None
         # The harness may not publish into the stream's subjects as if it were the dispatcher.
         assert await harness.refused("pub", f"{P}.events.calls.run1.call2")
+
+
+async def test_nkey_users_get_the_same_permissions(tmp_path: Path) -> None:
+    """`render_auth_conf(nkeys=...)`: the same matrix with nkey users (no password anywhere); a
+    client signs with its seed file (`TOOLBUS_NATS_NKEY_FILE`)."""
+    keys = dev_nkeys()
+    conf_dir = tmp_path / "conf"
+    conf_dir.mkdir()
+    (conf_dir / "nats-server.conf").write_text((ROOT / "deploy" / "nats" / "nats-server.conf").read_text())
+    (conf_dir / "toolbus-auth.conf").write_text(
+        render_auth_conf(P, nkeys={r: pub for r, (_, pub) in keys.items()})
+    )
+    server = start_nats_server(
+        free_port(), tmp_path / "store", tmp_path / "nats.log", config=conf_dir / "nats-server.conf"
+    )
+    try:
+        seed_file = tmp_path / "worker.nk"
+        seed_file.write_text(keys["worker"][0])
+        env = {
+            "TOOLBUS_NATS_URL": server.url,
+            "TOOLBUS_NATS_NKEY_FILE": str(seed_file),
+            "TOOLBUS_NATS_INBOX_PREFIX": "_INBOX.worker",
+        }
+        errors: list[str] = []
+
+        async def on_error(exc: Exception) -> None:
+            errors.append(str(exc))
+
+        nc = await nats.connect(
+            **NatsAuth.from_env(env).connect_options(), error_cb=on_error, allow_reconnect=False
+        )
+        try:
+            probe = Probe(nc, errors)
+            assert not await probe.refused("qsub", f"{P}.host.call.crm.find_customer")
+            assert await probe.refused("sub", f"{P}.host.call.>")
+            assert await probe.refused("pub", f"{P}.calls.start")
+        finally:
+            await nc.close()
+    finally:
+        server.stop()
