@@ -85,7 +85,11 @@ async def test_create_pins_every_tool_with_effective_policies(
 ) -> None:
     body = {
         "mcp": [
-            {"name": "echo", "url": servers["echo"].url, "policies": {"echo": {"onInterruption": "at_most_once"}}}
+            {
+                "name": "echo",
+                "url": servers["echo"].url,
+                "policies": {"echo": {"onInterruption": "at_most_once"}},
+            }
         ],
         "host": [
             {
@@ -105,13 +109,19 @@ async def test_create_pins_every_tool_with_effective_policies(
     assert set(tools) >= {"echo.echo", "crm.find_customer", "http.fetch"}
     assert tools["echo.echo"]["kind"] == "mcp"
     assert tools["echo.echo"]["policy"] == {
-        "onInterruption": "at_most_once", "approval": False, "timeout": "5m",
-        "heartbeatTimeout": "60s", "concurrency": None,
+        "onInterruption": "at_most_once",
+        "approval": False,
+        "timeout": "5m",
+        "heartbeatTimeout": "60s",
+        "concurrency": None,
     }
     assert tools["crm.find_customer"]["kind"] == "host"
     assert tools["crm.find_customer"]["policy"] == {
-        "onInterruption": "retry", "approval": False, "timeout": None,
-        "heartbeatTimeout": "30s", "concurrency": 2,
+        "onInterruption": "retry",
+        "approval": False,
+        "timeout": None,
+        "heartbeatTimeout": "30s",
+        "concurrency": 2,
     }
     assert tools["http.fetch"]["policy"]["timeout"] == "5m"
     assert data["declarations"]["prompt"] and data["declarations"]["dts"]
@@ -159,10 +169,18 @@ async def test_credentials_are_not_part_of_the_id_and_unlock_a_locked_server(
     assert_error(refused, "credentialsRejected", "locked")
     assert TOKEN not in json.dumps(refused)
 
-    with_token = {**spec, "credentials": {"servers": {"locked": {"headers": {"Authorization": f"Bearer {TOKEN}"}}}}}
+    with_token = {
+        **spec,
+        "credentials": {"servers": {"locked": {"headers": {"Authorization": f"Bearer {TOKEN}"}}}},
+    }
     first = await create(nc, subjects, with_token)
     assert first["ok"], first
-    other = {**spec, "credentials": {"servers": {"locked": {"headers": {"Authorization": f"Bearer {TOKEN}", "X-Extra": "1"}}}}}
+    other = {
+        **spec,
+        "credentials": {
+            "servers": {"locked": {"headers": {"Authorization": f"Bearer {TOKEN}", "X-Extra": "1"}}}
+        },
+    }
     second = await create(nc, subjects, other)
     assert second["ok"] and second["data"]["id"] == first["data"]["id"]
     assert TOKEN not in json.dumps(first) + json.dumps(second)
@@ -179,7 +197,9 @@ async def test_credentials_are_not_part_of_the_id_and_unlock_a_locked_server(
     redis: Redis = Redis.from_url(settings.redis_url)
     try:
         store = CredentialStore(redis, Keys(settings.key_prefix), Cipher.from_settings(settings))
-        resolved = await store.resolve(toolset_id=first["data"]["id"], namespace=None, run_id=None, server="locked")
+        resolved = await store.resolve(
+            toolset_id=first["data"]["id"], namespace=None, run_id=None, server="locked"
+        )
         assert resolved.level == "toolset"
         assert resolved.headers == {"Authorization": f"Bearer {TOKEN}", "X-Extra": "1"}
         raw = await redis.get(store.key("toolset", toolset_id=first["data"]["id"]))
@@ -203,7 +223,9 @@ async def test_a_server_whose_tools_changed_gets_another_id(
 async def test_unreachable_server_is_named(nc: Any, subjects: Subjects, registry: RegistryApp) -> None:
     from tests.support.infra import free_port
 
-    reply = await create(nc, subjects, {"mcp": [{"name": "ghost", "url": f"http://127.0.0.1:{free_port()}/mcp"}]})
+    reply = await create(
+        nc, subjects, {"mcp": [{"name": "ghost", "url": f"http://127.0.0.1:{free_port()}/mcp"}]}
+    )
     assert_error(reply, "upstreamUnreachable", "ghost")
 
 
@@ -214,24 +236,53 @@ async def test_unreachable_server_is_named(nc: Any, subjects: Subjects, registry
         ({"mcp": [{"name": "http", "url": "http://x/mcp"}]}, "invalidRequest", ["mcp[0].name", "reserved"]),
         ({"mcp": [{"name": "workflows", "url": "http://x/mcp"}]}, "invalidRequest", ["reserved"]),
         ({"mcp": [{"name": "ftp", "url": "ftp://x/mcp"}]}, "invalidRequest", ["ftp"]),
-        ({"host": [{"name": "a.b.c", "inputSchema": {"type": "object"}}]}, "invalidRequest", ["host[0].name"]),
-        ({"host": [{"name": "crm.9x", "inputSchema": {"type": "object"}}]}, "invalidRequest", ["host[0].name"]),
+        (
+            {"host": [{"name": "a.b.c", "inputSchema": {"type": "object"}}]},
+            "invalidRequest",
+            ["host[0].name"],
+        ),
+        (
+            {"host": [{"name": "crm.9x", "inputSchema": {"type": "object"}}]},
+            "invalidRequest",
+            ["host[0].name"],
+        ),
         ({"host": [{"name": "http.get", "inputSchema": {"type": "object"}}]}, "invalidRequest", ["reserved"]),
         ({"host": [{"name": "t"}]}, "invalidRequest", ["host[0].inputSchema"]),
-        ({"host": [{"name": "t", "inputSchema": {"type": "nope"}}]}, "invalidRequest", ["host[0].inputSchema"]),
+        (
+            {"host": [{"name": "t", "inputSchema": {"type": "nope"}}]},
+            "invalidRequest",
+            ["host[0].inputSchema"],
+        ),
         (
             {"host": [{"name": "t", "inputSchema": {"type": "object"}, "outputSchema": {"properties": 3}}]},
             "invalidRequest",
             ["host[0].outputSchema"],
         ),
         (
-            {"host": [{"name": "t", "inputSchema": {"type": "object"}}, {"name": "t", "inputSchema": {"type": "object"}}]},
+            {
+                "host": [
+                    {"name": "t", "inputSchema": {"type": "object"}},
+                    {"name": "t", "inputSchema": {"type": "object"}},
+                ]
+            },
             "invalidRequest",
             ["'t'"],
         ),
-        ({"host": [{"name": "t", "inputSchema": {}, "policy": {"timeout": "0s"}}]}, "invalidRequest", ["timeout"]),
-        ({"host": [{"name": "t", "inputSchema": {}, "policy": {"concurrency": 17}}]}, "invalidRequest", ["concurrency"]),
-        ({"host": [{"name": "t", "inputSchema": {}, "policy": {"onInterruption": "never"}}]}, "invalidRequest", ["onInterruption"]),
+        (
+            {"host": [{"name": "t", "inputSchema": {}, "policy": {"timeout": "0s"}}]},
+            "invalidRequest",
+            ["timeout"],
+        ),
+        (
+            {"host": [{"name": "t", "inputSchema": {}, "policy": {"concurrency": 17}}]},
+            "invalidRequest",
+            ["concurrency"],
+        ),
+        (
+            {"host": [{"name": "t", "inputSchema": {}, "policy": {"onInterruption": "never"}}]},
+            "invalidRequest",
+            ["onInterruption"],
+        ),
         ({"workflows": ["no_such_flow"]}, "notFound", ["no_such_flow"]),
         ({"workflows": ["bad name"]}, "invalidRequest", ["workflows[0]"]),
         ({"base": "ts_" + "0" * 64}, "notFound", ["ts_" + "0" * 64]),
@@ -247,7 +298,9 @@ async def test_bad_specs_get_a_clear_error(
     assert_error(await create(nc, subjects, body), code, *named)
 
 
-async def test_malformed_json_gets_invalid_request(nc: Any, subjects: Subjects, registry: RegistryApp) -> None:
+async def test_malformed_json_gets_invalid_request(
+    nc: Any, subjects: Subjects, registry: RegistryApp
+) -> None:
     nan = b'{"host": [{"name": "a", "inputSchema": {"type": "object", "default": NaN}}]}'
     for raw in (b"{", b"", b"null", b'{"mcp": [}', nan, nan.replace(b"NaN", b"-Infinity")):
         reply = await request(nc, subjects.toolsets_create, raw)
@@ -264,7 +317,9 @@ async def test_duplicate_qualified_name_across_kinds(
     assert_error(await create(nc, subjects, body), "invalidRequest", "echo.echo")
 
 
-async def test_duplicate_server_name(nc: Any, subjects: Subjects, registry: RegistryApp, servers: dict[str, McpTestServer]) -> None:
+async def test_duplicate_server_name(
+    nc: Any, subjects: Subjects, registry: RegistryApp, servers: dict[str, McpTestServer]
+) -> None:
     url = servers["echo"].url
     body = {"mcp": [{"name": "echo", "url": url}, {"name": "echo", "url": url}]}
     reply = await create(nc, subjects, body)
@@ -275,7 +330,9 @@ async def test_duplicate_server_name(nc: Any, subjects: Subjects, registry: Regi
 async def test_policy_for_a_tool_the_server_does_not_list(
     nc: Any, subjects: Subjects, registry: RegistryApp, servers: dict[str, McpTestServer]
 ) -> None:
-    body = {"mcp": [{"name": "echo", "url": servers["echo"].url, "policies": {"delete_all": {"approval": True}}}]}
+    body = {
+        "mcp": [{"name": "echo", "url": servers["echo"].url, "policies": {"delete_all": {"approval": True}}}]
+    }
     assert_error(await create(nc, subjects, body), "invalidRequest", "delete_all", "echo")
 
 
@@ -294,7 +351,12 @@ async def test_credentials_for_a_server_the_toolset_lacks(
 async def test_workflows_publish_get_and_pin(
     nc: Any, subjects: Subjects, registry: RegistryApp, servers: dict[str, McpTestServer]
 ) -> None:
-    wf = {"name": "triage", "description": "Triage an issue.", "inputSchema": {"type": "object"}, "definition": {"steps": [1]}}
+    wf = {
+        "name": "triage",
+        "description": "Triage an issue.",
+        "inputSchema": {"type": "object"},
+        "definition": {"steps": [1]},
+    }
     v1 = await request(nc, subjects.workflows_publish, wf)
     again = await request(nc, subjects.workflows_publish, wf)
     assert v1["ok"] and again["data"] == v1["data"]
@@ -308,7 +370,9 @@ async def test_workflows_publish_get_and_pin(
     assert latest["ok"] and latest["data"]["version"] == version2
     old = await request(nc, subjects.workflows_get, {"name": "triage", "version": version1})
     assert old["data"]["definition"] == {"steps": [1]}
-    assert_error(await request(nc, subjects.workflows_get, {"name": "triage", "version": "0" * 12}), "notFound")
+    assert_error(
+        await request(nc, subjects.workflows_get, {"name": "triage", "version": "0" * 12}), "notFound"
+    )
     assert_error(await request(nc, subjects.workflows_get, {"name": "nothing"}), "notFound", "nothing")
 
     pinned_latest = await create(nc, subjects, {"workflows": ["triage"]})
@@ -319,14 +383,29 @@ async def test_workflows_publish_get_and_pin(
     assert_error(await create(nc, subjects, {"workflows": ["triage@" + "f" * 12]}), "notFound", "triage")
 
     # derive: keep the base's pins, re-pin a workflow; no listing happens again
-    base = await create(nc, subjects, {"mcp": [{"name": "echo", "url": servers["echo"].url}], "workflows": [f"triage@{version1}"]})
+    base = await create(
+        nc,
+        subjects,
+        {"mcp": [{"name": "echo", "url": servers["echo"].url}], "workflows": [f"triage@{version1}"]},
+    )
     derived = await create(nc, subjects, {"base": base["data"]["id"], "workflows": ["triage"]})
     assert derived["ok"], derived
-    assert derived["data"]["id"] == (
-        await create(nc, subjects, {"mcp": [{"name": "echo", "url": servers["echo"].url}], "workflows": ["triage"]})
-    )["data"]["id"]
-    for field, value in (("mcp", [{"name": "x", "url": "http://x/mcp"}]), ("host", [{"name": "t", "inputSchema": {}}]), ("http", {"allow": ["a.b"]})):
-        assert_error(await create(nc, subjects, {"base": base["data"]["id"], field: value}), "invalidRequest", field)
+    assert (
+        derived["data"]["id"]
+        == (
+            await create(
+                nc, subjects, {"mcp": [{"name": "echo", "url": servers["echo"].url}], "workflows": ["triage"]}
+            )
+        )["data"]["id"]
+    )
+    for field, value in (
+        ("mcp", [{"name": "x", "url": "http://x/mcp"}]),
+        ("host", [{"name": "t", "inputSchema": {}}]),
+        ("http", {"allow": ["a.b"]}),
+    ):
+        assert_error(
+            await create(nc, subjects, {"base": base["data"]["id"], field: value}), "invalidRequest", field
+        )
 
 
 async def test_publish_refuses_invalid_schema(nc: Any, subjects: Subjects, registry: RegistryApp) -> None:
@@ -418,12 +497,20 @@ async def test_declarations_and_search_over_nats(
                 {
                     "name": "crm.find_customer",
                     "description": "Find a customer by email address. Returns the customer record.",
-                    "inputSchema": {"type": "object", "properties": {"email": {"type": "string"}}, "required": ["email"]},
+                    "inputSchema": {
+                        "type": "object",
+                        "properties": {"email": {"type": "string"}},
+                        "required": ["email"],
+                    },
                 },
                 {
                     "name": "ask_user",
                     "description": "Ask the end user a question and wait for the answer.",
-                    "inputSchema": {"type": "object", "properties": {"question": {"type": "string"}}, "required": ["question"]},
+                    "inputSchema": {
+                        "type": "object",
+                        "properties": {"question": {"type": "string"}},
+                        "required": ["question"],
+                    },
                 },
             ],
         },
@@ -444,17 +531,29 @@ async def test_declarations_and_search_over_nats(
     again = await request(nc, subjects.toolsets_declarations, {"id": tid, "format": "dts"})
     assert again["data"]["text"] == dts["data"]["text"]
 
-    found = await request(nc, subjects.toolsets_search, {"id": tid, "query": "look up a customer by their email", "limit": 2})
+    found = await request(
+        nc, subjects.toolsets_search, {"id": tid, "query": "look up a customer by their email", "limit": 2}
+    )
     assert found["ok"], found
     hits = found["data"]["tools"]
     assert hits[0]["name"] == "crm.find_customer" and len(hits) <= 2
     assert hits[0]["prompt"].startswith("crm.find_customer") and "find_customer" in hits[0]["dts"]
     assert hits[0]["score"] >= hits[-1]["score"]
 
-    for bad in ({"id": tid, "query": "x", "limit": 0}, {"id": tid, "query": "x", "limit": 51}, {"id": tid, "query": ""}):
+    for bad in (
+        {"id": tid, "query": "x", "limit": 0},
+        {"id": tid, "query": "x", "limit": 51},
+        {"id": tid, "query": ""},
+    ):
         assert_error(await request(nc, subjects.toolsets_search, bad), "invalidRequest")
-    assert_error(await request(nc, subjects.toolsets_declarations, {"id": tid, "format": "yaml"}), "invalidRequest", "format")
-    assert_error(await request(nc, subjects.toolsets_search, {"id": "ts_" + "2" * 64, "query": "x"}), "notFound")
+    assert_error(
+        await request(nc, subjects.toolsets_declarations, {"id": tid, "format": "yaml"}),
+        "invalidRequest",
+        "format",
+    )
+    assert_error(
+        await request(nc, subjects.toolsets_search, {"id": "ts_" + "2" * 64, "query": "x"}), "notFound"
+    )
 
 
 async def test_integers_beyond_64_bits_are_pinned_as_the_doubles_the_id_takes_them_for(
@@ -475,7 +574,9 @@ async def test_integers_beyond_64_bits_are_pinned_as_the_doubles_the_id_takes_th
 async def test_a_small_toolset_is_embedded_for_search_in_the_background(
     nc: Any, subjects: Subjects, registry: RegistryApp
 ) -> None:
-    body = {"host": [{"name": "warm_me", "description": "A tool to warm.", "inputSchema": {"type": "object"}}]}
+    body = {
+        "host": [{"name": "warm_me", "description": "A tool to warm.", "inputSchema": {"type": "object"}}]
+    }
     created = await request(nc, subjects.toolsets_create, body)
     assert created["ok"] and "declarations" in created["data"]  # a reply that fits renders them
     tid = created["data"]["id"]

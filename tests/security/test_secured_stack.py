@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import stat
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -22,16 +23,19 @@ import redis
 from toolbus_common.nats_auth import NatsAuth
 
 from tests.integration.test_infra_stack import _stack
-from tests.support.infra import free_port, port_in_use, request, unique_prefix
+from tests.support.infra import port_in_use, request, unique_prefix
 from tests.support.mcp_servers import McpTestServer
 
 pytestmark = pytest.mark.e2e
 
 
 def _port_base() -> int:
-    for _ in range(50):
-        base = free_port()
-        if base < 65000 and not any(port_in_use(base + i) for i in range(4)):
+    """Four consecutive free ports below the ephemeral range, so that the servers `up` starts on
+    OS-chosen free ports cannot take one of them meanwhile."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(200):
+        base = secrets.randbelow(low - 20000 - 4) + 20000
+        if not any(port_in_use(base + i) for i in range(4)):
             return base
     raise AssertionError("no four free consecutive ports")
 

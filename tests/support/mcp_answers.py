@@ -29,4 +29,13 @@ NOT_A_RESULT = [
     (404, b"nothing here", "text/plain", METHOD_NOT_FOUND, "Not Found"),
     (500, b'{"detail": "oops"}', "application/json", INTERNAL_ERROR, "Server returned an error response"),
 ]  # fmt: skip
-NOT_A_RESULT_IDS = ["sse-ends", "sse-bad-json", "202", "content-type", "bad-json", "400-rpc-error", "404", "500-json"]
+NOT_A_RESULT_IDS = [
+    "sse-ends",
+    "sse-bad-json",
+    "202",
+    "content-type",
+    "bad-json",
+    "400-rpc-error",
+    "404",
+    "500-json",
+]

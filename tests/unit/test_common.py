@@ -98,7 +98,11 @@ def test_json_safe_turns_only_what_orjson_cannot_write_into_doubles() -> None:
 
     value = {"big": 2**64, "neg": -(2**63) - 1, "ok": [2**63, -(2**63), 1, True, None, 1.5, "2"]}
     safe = json_safe(value)
-    assert safe == {"big": float(2**64), "neg": float(-(2**63) - 1), "ok": [2**63, -(2**63), 1, True, None, 1.5, "2"]}
+    assert safe == {
+        "big": float(2**64),
+        "neg": float(-(2**63) - 1),
+        "ok": [2**63, -(2**63), 1, True, None, 1.5, "2"],
+    }
     assert orjson.loads(orjson.dumps(safe)) == safe
     assert canonical_json(safe) == canonical_json(value)
 

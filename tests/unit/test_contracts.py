@@ -43,7 +43,10 @@ def test_bad_bodies_name_the_field(raw: bytes, field: str) -> None:
 
 def test_nested_field_path_is_named() -> None:
     with pytest.raises(InvalidRequest) as info:
-        parse_body(ToolsetCreateRequest, b'{"mcp": [{"name": "ok", "url": "http://x", "policies": {"t": {"timeout": "-1s"}}}]}')
+        parse_body(
+            ToolsetCreateRequest,
+            b'{"mcp": [{"name": "ok", "url": "http://x", "policies": {"t": {"timeout": "-1s"}}}]}',
+        )
     assert info.value.details["field"] == "mcp[0].policies.t.timeout"
 
 
@@ -71,14 +74,23 @@ def test_errors_round_trip_through_the_wire() -> None:
 
 
 def test_credential_values_never_print() -> None:
-    creds = parse_body(Credentials, b'{"servers": {"gh": {"headers": {"Authorization": "Bearer tok-123456"}}}}')
+    creds = parse_body(
+        Credentials, b'{"servers": {"gh": {"headers": {"Authorization": "Bearer tok-123456"}}}}'
+    )
     assert "tok-123456" not in repr(creds) and "tok-123456" not in str(creds)
     assert creds.servers["gh"].plain_headers() == {"Authorization": "Bearer tok-123456"}
 
 
 @pytest.mark.parametrize(
     "headers",
-    ['{}', '{"Bad Name": "v"}', '{"X-A": ""}', '{"X-A": "a\\r\\nInjected: 1"}', '{"Host": "evil"}', '{"X-A": " padded"}'],
+    [
+        "{}",
+        '{"Bad Name": "v"}',
+        '{"X-A": ""}',
+        '{"X-A": "a\\r\\nInjected: 1"}',
+        '{"Host": "evil"}',
+        '{"X-A": " padded"}',
+    ],
 )
 def test_headers_http_forbids_are_refused(headers: str) -> None:
     raw = f'{{"servers": {{"gh": {{"headers": {headers}}}}}}}'.encode()
@@ -89,7 +101,11 @@ def test_headers_http_forbids_are_refused(headers: str) -> None:
 
 def test_effective_policy_defaults_by_kind() -> None:
     assert EffectivePolicy.for_kind("mcp", None).wire() == {
-        "onInterruption": "retry", "approval": False, "timeout": "5m", "heartbeatTimeout": "60s", "concurrency": None,
+        "onInterruption": "retry",
+        "approval": False,
+        "timeout": "5m",
+        "heartbeatTimeout": "60s",
+        "concurrency": None,
     }
     host = EffectivePolicy.for_kind("host", PolicySpec(concurrency=3))
     assert host.timeout is None and host.concurrency == 3
@@ -105,7 +121,14 @@ def test_subjects_follow_the_prefix() -> None:
 
 def test_public_names_are_pinned() -> None:
     assert set(toolbus_contracts.__all__) == {n for n in dir(toolbus_contracts) if not n.startswith("_")} - {
-        "approvals", "base", "calls", "credentials", "errors", "internal", "registry", "subjects",
+        "approvals",
+        "base",
+        "calls",
+        "credentials",
+        "errors",
+        "internal",
+        "registry",
+        "subjects",
     }
 
 
@@ -143,5 +166,7 @@ def test_nan_and_infinity_are_not_json_but_may_be_written_in_strings() -> None:
         with pytest.raises(InvalidRequest) as caught:
             parse_body(ToolsetCreateRequest, body)
         assert caught.value.details == {"field": "body"}
-    ok = parse_body(ToolsetCreateRequest, b'{"host": [{"name": "a", "description": "NaN, Infinity", "inputSchema": {}}]}')
+    ok = parse_body(
+        ToolsetCreateRequest, b'{"host": [{"name": "a", "description": "NaN, Infinity", "inputSchema": {}}]}'
+    )
     assert ok.host[0].description == "NaN, Infinity"

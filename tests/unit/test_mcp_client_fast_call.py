@@ -21,7 +21,6 @@ from tests.support.mcp_answers import NOT_A_RESULT, NOT_A_RESULT_FIELDS, NOT_A_R
 URL = "http://mcp.test/mcp"
 
 
-
 async def post(handler: Callable[[httpx2.Request], httpx2.Response], request_id: int = 7) -> dict[str, Any]:
     async with httpx2.AsyncClient(transport=httpx2.MockTransport(handler)) as http:
         return await post_request(http, URL, b"{}", {"content-type": "application/json"}, request_id)

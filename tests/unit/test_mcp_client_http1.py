@@ -24,14 +24,15 @@ from tests.support.mcp_answers import NOT_A_RESULT, NOT_A_RESULT_FIELDS, NOT_A_R
 Reply = bytes | Callable[[asyncio.StreamWriter], Awaitable[None]]
 
 
-
 def http(status: int, body: bytes, content_type: str, *, close: bool = False, chunked: bool = False) -> bytes:
     head = [f"HTTP/1.1 {status} X", f"content-type: {content_type}"]
     if close:
         head.append("connection: close")
     if chunked:
         head.append("transfer-encoding: chunked")
-        framed = b"".join(b"%x\r\n%s\r\n" % (len(body[i : i + 7]), body[i : i + 7]) for i in range(0, len(body), 7))
+        framed = b"".join(
+            b"%x\r\n%s\r\n" % (len(body[i : i + 7]), body[i : i + 7]) for i in range(0, len(body), 7)
+        )
         return ("\r\n".join(head) + "\r\n\r\n").encode() + framed + b"0\r\n\r\n"
     head.append(f"content-length: {len(body)}")
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
@@ -56,7 +57,9 @@ class Scripted:
             while self.replies:
                 head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
                 length = next(
-                    int(line.split(":", 1)[1]) for line in head.split("\r\n") if line.lower().startswith("content-length:")
+                    int(line.split(":", 1)[1])
+                    for line in head.split("\r\n")
+                    if line.lower().startswith("content-length:")
                 )
                 self.requests.append((head, await reader.readexactly(length)))
                 reply = self.replies.pop(0)
@@ -85,7 +88,9 @@ class Scripted:
 
 @contextlib.asynccontextmanager
 async def pool_for(server: Scripted) -> AsyncIterator[Http1Pool]:
-    pool = Http1Pool.for_url(server.url, {"Authorization": "Bearer t", "accept": "*/*"}, ssl.create_default_context())
+    pool = Http1Pool.for_url(
+        server.url, {"Authorization": "Bearer t", "accept": "*/*"}, ssl.create_default_context()
+    )
     assert pool is not None
     try:
         yield pool
@@ -99,7 +104,12 @@ async def post(pool: Http1Pool, attempt: Attempt | None = None, request_id: int 
 
 
 def ok_json(request_id: int = 7, **framing: bool) -> bytes:
-    return http(200, orjson.dumps({"jsonrpc": "2.0", "id": request_id, "result": RESULT}), "application/json", **framing)
+    return http(
+        200,
+        orjson.dumps({"jsonrpc": "2.0", "id": request_id, "result": RESULT}),
+        "application/json",
+        **framing,
+    )
 
 
 @pytest.mark.parametrize(NOT_A_RESULT_FIELDS, NOT_A_RESULT, ids=NOT_A_RESULT_IDS)
@@ -107,7 +117,10 @@ def ok_json(request_id: int = 7, **framing: bool) -> bytes:
 async def test_answers_that_are_not_a_result_raise_what_the_httpx_path_raises(
     status: int, body: bytes, content_type: str, code: int, message: str | None, chunked: bool
 ) -> None:
-    async with Scripted(http(status, body, content_type, chunked=chunked)) as server, pool_for(server) as pool:
+    async with (
+        Scripted(http(status, body, content_type, chunked=chunked)) as server,
+        pool_for(server) as pool,
+    ):
         with pytest.raises(MCPError) as info:
             await post(pool)
     assert info.value.code == code
@@ -180,7 +193,11 @@ async def test_connection_refused_is_a_network_error_before_sending() -> None:
 
 
 async def test_error_statuses_are_recorded_and_redirects_handed_back() -> None:
-    denied = http(401, orjson.dumps({"jsonrpc": "2.0", "id": 7, "error": {"code": -32001, "message": "no"}}), "application/json")
+    denied = http(
+        401,
+        orjson.dumps({"jsonrpc": "2.0", "id": 7, "error": {"code": -32001, "message": "no"}}),
+        "application/json",
+    )
     moved = b"HTTP/1.1 307 X\r\nlocation: /mcp/\r\ncontent-length: 0\r\n\r\n"
     async with Scripted(denied, moved) as server, pool_for(server) as pool:
         attempt = Attempt()
@@ -235,7 +252,9 @@ async def test_a_header_it_cannot_write_safely_is_handed_back_unsent(key: str) -
         with pytest.raises(Unsendable):
             await post(pool, attempt)
     assert server.requests == [] and not attempt.sent
-    assert Http1Pool.for_url(server.url, {"Authorization": "Bearer abc\n"}, ssl.create_default_context()) is None
+    assert (
+        Http1Pool.for_url(server.url, {"Authorization": "Bearer abc\n"}, ssl.create_default_context()) is None
+    )
 
 
 async def test_a_connection_the_server_closed_while_idle_is_not_reused() -> None:
@@ -254,7 +273,9 @@ async def test_a_connection_the_server_closed_while_idle_is_not_reused() -> None
 
 async def test_an_error_status_without_json_is_known_at_its_headers() -> None:
     async def unavailable_forever(writer: asyncio.StreamWriter) -> None:
-        writer.write(b"HTTP/1.1 503 X\r\ncontent-type: text/html\r\ntransfer-encoding: chunked\r\n\r\n5\r\n<html\r\n")
+        writer.write(
+            b"HTTP/1.1 503 X\r\ncontent-type: text/html\r\ntransfer-encoding: chunked\r\n\r\n5\r\n<html\r\n"
+        )
         await writer.drain()
         await asyncio.sleep(30)
 
@@ -271,7 +292,9 @@ async def test_sse_line_endings_of_every_kind_and_split_anywhere() -> None:
     chunks = [body[:5], body[5:17], body[17:18], body[18:-1], body[-1:]]
 
     async def pieces(writer: asyncio.StreamWriter) -> None:
-        writer.write(b"HTTP/1.1 200 X\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 200 X\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+        )
         for chunk in chunks:
             writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
             await writer.drain()

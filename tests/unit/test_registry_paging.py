@@ -9,7 +9,7 @@ from toolbus_registry.paging import decode_cursor, encode_cursor, page_items, pa
 
 
 def test_text_pages_concatenate_to_the_whole() -> None:
-    text = "ab\"c\\é\u2028😀\n" * 5000
+    text = 'ab"c\\é\u2028😀\n' * 5000
     out, cursor, budget = "", 0, 1000
     while cursor is not None:
         chunk, nxt = page_text(text, cursor, budget)
