@@ -11,7 +11,7 @@ import nats.js.errors
 import redis.exceptions
 from toolbus_contracts.errors import Unavailable
 
-from toolbus_common.script_pipe import PipeConnectionError
+from toolbus_common.script_pipe import PipeConnectionError, ScriptReplyError
 
 BACKING_STORE_FAULTS: tuple[type[BaseException], ...] = (
     redis.exceptions.ConnectionError,  # includes MaxConnectionsError (pool exhausted)
@@ -32,12 +32,19 @@ BACKING_STORE_FAULTS: tuple[type[BaseException], ...] = (
 )
 
 
+TRANSIENT_REPLIES = ("LOADING", "BUSY", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN")
+"""Redis error replies that mean "not now" (a restart loading its data, a failover), as the
+script pipe reports them (redis-py's client maps them to the exception classes above)."""
+
+
 def is_backing_store_fault(exc: BaseException) -> bool:
     """True when `exc` (or what it was raised from) is a Redis or NATS/JetStream outage."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         if isinstance(current, BACKING_STORE_FAULTS):
+            return True
+        if isinstance(current, ScriptReplyError) and str(current).startswith(TRANSIENT_REPLIES):
             return True
         seen.add(id(current))
         current = current.__cause__ or current.__context__
@@ -57,7 +64,7 @@ def unavailable(exc: BaseException) -> Unavailable:
 def _is_redis(exc: BaseException) -> bool:
     current: BaseException | None = exc
     while current is not None:
-        if isinstance(current, redis.exceptions.RedisError | PipeConnectionError):
+        if isinstance(current, redis.exceptions.RedisError | PipeConnectionError | ScriptReplyError):
             return True
         current = current.__cause__ or current.__context__
     return False

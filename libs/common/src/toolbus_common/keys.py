@@ -51,6 +51,12 @@ class Keys:
         """ZSET callId -> lease expiry of every running call; the dispatchers' reapers watch it."""
         return f"{self.prefix}:calls:leases"
 
+    @property
+    def call_events_outbox(self) -> str:
+        """Stream of call events written with the state change they report, until the dispatcher's
+        relay has them in JetStream (consumer group `relay`)."""
+        return f"{self.prefix}:calls:outbox"
+
     # ---- credentials --------------------------------------------------------------------------
     def credentials(self, level: str, scope: str) -> str:
         """Encrypted credentials document of one level and scope."""

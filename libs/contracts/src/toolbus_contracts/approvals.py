@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from toolbus_contracts.base import WireModel
+from toolbus_contracts.names import Namespace, RunId
 
 
 class ApprovalRequested(WireModel):
@@ -26,8 +27,8 @@ class ApprovalRequested(WireModel):
 
 
 class ApprovalsListRequest(WireModel):
-    run_id: str | None = None
-    namespace: str | None = None
+    run_id: RunId | None = None
+    namespace: Namespace | None = None
 
 
 class ApprovalsListReply(WireModel):

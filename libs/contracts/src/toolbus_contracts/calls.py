@@ -8,6 +8,7 @@ from pydantic import Field
 
 from toolbus_contracts.base import WireModel
 from toolbus_contracts.credentials import CredentialLevel
+from toolbus_contracts.names import CallId, Namespace, RunId
 from toolbus_contracts.registry import ToolsetId
 
 CallState = Literal["queued", "awaitingApproval", "waitingSlot", "running", "parked", "done"]
@@ -16,8 +17,8 @@ Id = str
 
 class RunOpenRequest(WireModel):
     toolset_id: ToolsetId
-    namespace: str | None = Field(default=None, min_length=1)
-    run_id: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_-]+$")
+    namespace: Namespace | None = None
+    run_id: RunId | None = None
 
 
 class RunOpenReply(WireModel):
@@ -25,7 +26,7 @@ class RunOpenReply(WireModel):
 
 
 class RunCloseRequest(WireModel):
-    run_id: str
+    run_id: RunId
 
 
 class RunCloseReply(WireModel):
@@ -36,8 +37,8 @@ class RunCloseReply(WireModel):
 class CallStartRequest(WireModel):
     """The body of `calls.start` and `calls.invoke`."""
 
-    run_id: str
-    tool: str = Field(min_length=1)
+    run_id: RunId
+    tool: str = Field(min_length=1, max_length=256)
     input: dict[str, Any] = Field(default_factory=dict)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=256)
 
@@ -81,7 +82,7 @@ class CallInvokeReply(WireModel):
 
 
 class CallGetRequest(WireModel):
-    call_id: str
+    call_id: CallId
 
 
 class CallGetReply(WireModel):

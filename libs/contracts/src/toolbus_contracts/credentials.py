@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field, SecretStr, field_serializer
 
 from toolbus_contracts.base import WireModel
+from toolbus_contracts.names import Namespace, RunId
 
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _FORBIDDEN_NAMES = frozenset(
@@ -82,13 +83,13 @@ class ToolsetCredentialsSetRequest(WireModel):
 
 
 class NamespaceCredentialsSetRequest(WireModel):
-    namespace: str = Field(min_length=1)
+    namespace: Namespace
     toolset_id: str
     credentials: Credentials
 
 
 class RunCredentialsSetRequest(WireModel):
-    run_id: str
+    run_id: RunId
     credentials: Credentials
 
 

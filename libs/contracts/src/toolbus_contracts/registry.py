@@ -10,6 +10,7 @@ from pydantic import AfterValidator, Field, SerializerFunctionWrapHandler, model
 
 from toolbus_contracts.base import Duration, WireModel
 from toolbus_contracts.credentials import Credentials
+from toolbus_contracts.names import NAME_MAX, WorkflowVersion, is_allow_entry
 
 IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 RESERVED_NAMES = frozenset({"http", "workflows"})
@@ -25,23 +26,32 @@ RUN_CONCURRENCY = 16
 MAX_ATTEMPTS = 5
 
 
+def _q(value: str) -> str:
+    """A name as quoted in an error message: bounded, so a huge name gives a small reply."""
+    return value if len(value) <= 80 else value[:80] + "…"
+
+
 def _check_ident(name: str) -> str:
+    if len(name) > NAME_MAX:
+        raise ValueError(f"a name is at most {NAME_MAX} characters")
     if not IDENT.fullmatch(name):
-        raise ValueError(f"'{name}' must match [A-Za-z_][A-Za-z0-9_]*")
+        raise ValueError(f"'{_q(name)}' must match [A-Za-z_][A-Za-z0-9_]*")
     if name in RESERVED_NAMES:
-        raise ValueError(f"'{name}' is reserved")
+        raise ValueError(f"'{_q(name)}' is reserved")
     return name
 
 
 def _check_host_name(name: str) -> str:
     parts = name.split(".")
     if len(parts) > 2:
-        raise ValueError(f"'{name}' has more than one dot")
+        raise ValueError(f"'{_q(name)}' has more than one dot")
     for part in parts:
+        if len(part) > NAME_MAX:
+            raise ValueError(f"each part of a name is at most {NAME_MAX} characters")
         if not IDENT.fullmatch(part):
-            raise ValueError(f"'{name}': each part must match [A-Za-z_][A-Za-z0-9_]*")
+            raise ValueError(f"'{_q(name)}': each part must match [A-Za-z_][A-Za-z0-9_]*")
     if parts[0] in RESERVED_NAMES:
-        raise ValueError(f"'{name}' uses the reserved name '{parts[0]}'")
+        raise ValueError(f"'{_q(name)}' uses the reserved name '{parts[0]}'")
     return name
 
 
@@ -52,9 +62,17 @@ def _check_toolset_id(value: str) -> str:
 
 
 def _check_workflow_ref(value: str) -> str:
-    if not WORKFLOW_REF.fullmatch(value):
-        raise ValueError(f"'{value}' is not a workflow name, or name@version with 12 hex digits")
+    if len(value.split("@")[0]) > NAME_MAX or not WORKFLOW_REF.fullmatch(value):
+        raise ValueError(f"'{_q(value)}' is not a workflow name, or name@version with 12 hex digits")
     return value
+
+
+def _check_allow_entry(entry: str) -> str:
+    if not is_allow_entry(entry):
+        raise ValueError(
+            f"'{_q(entry)}' is not an allow entry: a host name, '*.' and a host name, or an IP literal"
+        )
+    return entry
 
 
 ServerName = Annotated[str, AfterValidator(_check_ident)]
@@ -62,6 +80,7 @@ HostToolName = Annotated[str, AfterValidator(_check_host_name)]
 ToolsetId = Annotated[str, AfterValidator(_check_toolset_id)]
 WorkflowRef = Annotated[str, AfterValidator(_check_workflow_ref)]
 WorkflowName = Annotated[str, AfterValidator(_check_ident)]
+AllowEntry = Annotated[str, AfterValidator(_check_allow_entry)]
 
 
 class PolicySpec(WireModel):
@@ -121,7 +140,7 @@ class HostToolSpec(WireModel):
 
 
 class HttpSpec(WireModel):
-    allow: list[str]
+    allow: list[AllowEntry] = Field(max_length=1000)
     policy: PolicySpec | None = None
 
 
@@ -256,8 +275,8 @@ class WorkflowPublishReply(WireModel):
 
 
 class WorkflowGetRequest(WireModel):
-    name: str
-    version: str | None = None
+    name: WorkflowName
+    version: WorkflowVersion | None = None
 
 
 class Workflow(WireModel):

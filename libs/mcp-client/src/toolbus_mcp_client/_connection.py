@@ -104,8 +104,10 @@ class McpConnection:
         mode: Mode = "auto",
         open_timeout: float = 30.0,
         fast_calls: bool = True,
+        max_body: int | None = None,
     ) -> None:
         self.url = url
+        self._max_body = max_body
         self.server_name = server_name
         self._headers = dict(headers)
         self._mode: Mode = mode
@@ -119,7 +121,9 @@ class McpConnection:
         self._given_headers: dict[str, tuple[Mapping[str, Any], HeaderMap]] = {}
         self._http: httpx2.AsyncClient = build_http_client(self._headers)
         # The fast path's own HTTP/1.1 connections (None: it posts through httpx2 as well).
-        self._lean = Http1Pool.for_url(url, self._lean_headers(), tls_context()) if fast_calls else None
+        self._lean = (
+            Http1Pool.for_url(url, self._lean_headers(), tls_context(), max_body) if fast_calls else None
+        )
         self._live: _Live | None = None
         self._reopen_lock = asyncio.Lock()
         self._in_flight = 0
@@ -137,16 +141,25 @@ class McpConnection:
         mode: Mode = "auto",
         timeout: float = 30.0,  # noqa: ASYNC109 - bounds the whole opening, enforced inside
         fast_calls: bool = True,
+        max_body: int | None = None,
     ) -> McpConnection:
         """Connect (discover the protocol, or initialize on 2025-era servers) and return the connection.
 
         `fast_calls=False` sends 2026-era tool calls through the SDK client too (the two paths
         give the same results and errors; the fast one costs a fraction of the CPU).
+        `max_body`: answers longer than this many bytes are not read on: `OutputTooLarge` (both
+        fast-path stacks; a 2025-era session's answers go through the SDK, which has no cap).
         Raises `UpstreamUnreachable`, `CredentialsRejected`, `Timeout` or `UpstreamError`, naming
         the server.
         """
         conn = cls(
-            url, headers, server_name=server_name, mode=mode, open_timeout=timeout, fast_calls=fast_calls
+            url,
+            headers,
+            server_name=server_name,
+            mode=mode,
+            open_timeout=timeout,
+            fast_calls=fast_calls,
+            max_body=max_body,
         )
         try:
             conn._live = await conn._start()
@@ -482,7 +495,7 @@ class McpConnection:
                 lean.retire()
             except Unsendable:
                 pass  # a header the lean path does not write: httpx2 validates and sends it
-        return await post_request(self._http, self.url, body, headers, request_id)
+        return await post_request(self._http, self.url, body, headers, request_id, self._max_body)
 
     def _param_headers(self, name: str, input_schema: Mapping[str, Any] | None) -> HeaderMap | None:
         """The `Mcp-Param-*` map for a call: from the caller's schema, else from the last listing."""

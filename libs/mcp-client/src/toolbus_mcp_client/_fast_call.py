@@ -40,6 +40,7 @@ from mcp.shared.inbound import (
     x_mcp_header_map,
 )
 from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR
+from toolbus_contracts.errors import OutputTooLarge
 
 Stamp = Callable[[dict[str, Any], CallOptions], None]
 HeaderMap = dict[tuple[str, ...], str]
@@ -105,10 +106,41 @@ def _build(
     return _dumps(message), headers
 
 
+def too_large(limit: int) -> OutputTooLarge:
+    """The error of an answer longer than the output cap (reading stopped there)."""
+    return OutputTooLarge(
+        f"The MCP server's answer is larger than {limit} bytes (the output cap); it was not read.",
+        details={"limit": limit},
+    )
+
+
+async def read_capped(response: httpx2.Response, limit: int | None) -> bytes:
+    """The body, read no further than `limit` bytes (`OutputTooLarge` past it)."""
+    if limit is None:
+        return await response.aread()
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 async def post_request(
-    http: httpx2.AsyncClient, url: str, body: bytes, headers: Mapping[str, str], request_id: int
+    http: httpx2.AsyncClient,
+    url: str,
+    body: bytes,
+    headers: Mapping[str, str],
+    request_id: int,
+    max_body: int | None = None,
 ) -> dict[str, Any]:
-    """POST one request and return its JSON-RPC `result`; raise `MCPError` as the SDK path would."""
+    """POST one request and return its JSON-RPC `result`; raise `MCPError` as the SDK path would
+    (`OutputTooLarge` for an answer over `max_body` bytes)."""
     request = http.build_request("POST", url, content=body, headers=headers)
     followed = 0
     while True:
@@ -123,12 +155,12 @@ async def post_request(
         request = next_request
         followed += 1
     try:
-        return await _read_answer(response, request_id)
+        return await _read_answer(response, request_id, max_body)
     finally:
         await response.aclose()
 
 
-async def _read_answer(response: httpx2.Response, request_id: int) -> dict[str, Any]:
+async def _read_answer(response: httpx2.Response, request_id: int, max_body: int | None) -> dict[str, Any]:
     status = response.status_code
     if status == 202:
         raise MCPError(INVALID_REQUEST, "server answered a request with 202 Accepted")
@@ -137,27 +169,30 @@ async def _read_answer(response: httpx2.Response, request_id: int) -> dict[str, 
     content_type = response.headers.get("content-type", "").lower()
     if status >= 400:
         if content_type.startswith("application/json"):
-            error = error_of(loads(await response.aread()))
+            error = error_of(loads(await read_capped(response, max_body)))
             if error is not None:
                 raise error
         if status == 404:
             raise MCPError(METHOD_NOT_FOUND, "Not Found")
         raise MCPError(INTERNAL_ERROR, "Server returned an error response")
     if content_type.startswith("application/json"):
-        body = await response.aread()
+        body = await read_capped(response, max_body)
         message = loads(body)
         if not isinstance(message, dict):
             raise MCPError(PARSE_ERROR, "Failed to parse JSON response: not a JSON-RPC message")
         return outcome(message)
     if content_type.startswith("text/event-stream"):
-        return await _read_event_stream(response, request_id)
+        return await _read_event_stream(response, request_id, max_body)
     raise MCPError(INVALID_REQUEST, f"Unexpected content type: {content_type}")
 
 
-async def _read_event_stream(response: httpx2.Response, request_id: int) -> dict[str, Any]:
+async def _read_event_stream(
+    response: httpx2.Response, request_id: int, max_body: int | None
+) -> dict[str, Any]:
     """The answer on an SSE response: skip notifications and other ids, stop at our response."""
+    limit = DEFAULT_MAX_SSE_EVENT_SIZE if max_body is None else max_body
     try:
-        async for event in httpx2.EventSource(response, max_event_size=DEFAULT_MAX_SSE_EVENT_SIZE):
+        async for event in httpx2.EventSource(response, max_event_size=limit):
             if event.event != "message" or not event.data:
                 continue
             message = loads(event.data)
@@ -170,6 +205,8 @@ async def _read_event_stream(response: httpx2.Response, request_id: int) -> dict
                 continue
             return outcome(message)
     except httpx2.SSEError as exc:
+        if max_body is not None and "byte limit" in str(exc):
+            raise too_large(max_body) from None
         raise MCPError(CONNECTION_CLOSED, f"SSE stream failed: {exc}") from None
     raise MCPError(CONNECTION_CLOSED, "SSE stream ended without a response")
 

@@ -37,8 +37,9 @@ import httpx2
 from mcp.client.streamable_http import DEFAULT_MAX_SSE_EVENT_SIZE
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR
+from toolbus_contracts.errors import OutputTooLarge
 
-from toolbus_mcp_client._fast_call import error_of, loads, outcome
+from toolbus_mcp_client._fast_call import error_of, loads, outcome, too_large
 from toolbus_mcp_client._transport import IDEMPOTENCY_HEADER, Attempt
 
 KEEPALIVE: Final = 4.0
@@ -87,11 +88,12 @@ def _connect_reason(exc: BaseException) -> str:
 class _SseReader:
     """An incremental `text/event-stream` reader: bytes in, complete (event, data) pairs out."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_event: int | None) -> None:
         self._pending = b""
         self._event = "message"
         self._data: list[str] = []
         self._size = 0
+        self._max = max_event
 
     def feed(self, chunk: bytes) -> list[tuple[str, str]]:
         buffer = self._pending + chunk
@@ -103,7 +105,9 @@ class _SseReader:
             self._line(buffer[start : match.start()].decode("utf-8", errors="replace"), events)
             start = match.end()
         self._pending = buffer[start:]
-        if self._size + len(self._pending) > DEFAULT_MAX_SSE_EVENT_SIZE:
+        if self._max is not None and self._size + len(self._pending) > self._max:
+            raise too_large(self._max)
+        if self._max is None and self._size + len(self._pending) > DEFAULT_MAX_SSE_EVENT_SIZE:
             raise MCPError(CONNECTION_CLOSED, "SSE stream failed: an event is too large")
         return events
 
@@ -136,8 +140,10 @@ class _Exchange:
     """One request's answer as it arrives: the status and headers, then the body; resolves
     `result` with the JSON-RPC result (or an `MCPError`) as soon as it is known."""
 
-    def __init__(self, request_id: int, attempt: Attempt | None) -> None:
+    def __init__(self, request_id: int, attempt: Attempt | None, max_body: int | None = None) -> None:
         self.request_id = request_id
+        self.max_body = max_body
+        self._received = 0
         self.attempt = attempt
         self.result: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self.headers: dict[str, str] = {}
@@ -179,6 +185,10 @@ class _Exchange:
         if redirect:
             self._settle(Redirected())
             return
+        declared = self.headers.get("content-length", "")
+        if self.max_body is not None and declared.isdigit() and int(declared) > self.max_body:
+            self._settle(too_large(self.max_body))
+            return
         content_type = self.headers.get("content-type", "").lower()
         if status == 202:
             self._settle(MCPError(INVALID_REQUEST, "server answered a request with 202 Accepted"))
@@ -191,19 +201,24 @@ class _Exchange:
             self._kind = "json"
         elif content_type.startswith("text/event-stream"):
             self._kind = "sse"
-            self._sse = _SseReader()
+            self._sse = _SseReader(self.max_body)
         else:
             self._settle(MCPError(INVALID_REQUEST, f"Unexpected content type: {content_type}"))
 
     def body(self, chunk: bytes) -> None:
         if self.result.done():
             return  # settled already (the SSE answer came, or an error): the rest is drained
+        self._received += len(chunk)
         if self._sse is None:
+            if self.max_body is not None and self._received > self.max_body:
+                self._buffer = bytearray()
+                self._settle(too_large(self.max_body))  # the connection is closed, not read on
+                return
             self._buffer += chunk
             return
         try:
             events = self._sse.feed(chunk)
-        except MCPError as exc:
+        except (MCPError, OutputTooLarge) as exc:
             self._settle(exc)
             return
         self._take(events)
@@ -411,7 +426,14 @@ class _Connection(asyncio.Protocol):
 class Http1Pool:
     """Keep-alive connections to one origin; concurrent POSTs each get a connection of their own."""
 
-    def __init__(self, url: str, headers: Mapping[str, str], ssl_context: ssl.SSLContext | None) -> None:
+    def __init__(
+        self,
+        url: str,
+        headers: Mapping[str, str],
+        ssl_context: ssl.SSLContext | None,
+        max_body: int | None = None,
+    ) -> None:
+        self._max_body = max_body
         parsed = httpx2.URL(url)
         self._host = parsed.raw_host.decode("ascii")  # IDNA-encoded; an IPv6 address unbracketed
         default_port = 443 if parsed.scheme == "https" else 80
@@ -432,14 +454,20 @@ class Http1Pool:
         self._closed = False
 
     @classmethod
-    def for_url(cls, url: str, headers: Mapping[str, str], ssl_context: ssl.SSLContext) -> Http1Pool | None:
+    def for_url(
+        cls,
+        url: str,
+        headers: Mapping[str, str],
+        ssl_context: ssl.SSLContext,
+        max_body: int | None = None,
+    ) -> Http1Pool | None:
         """A pool for `url`, or None where httpx2 must carry every request (not plain http(s),
         credentials in the URL, or a connection header that is not plain ASCII text)."""
         try:
             parsed = httpx2.URL(url)
             if parsed.scheme not in ("http", "https") or not parsed.host or parsed.userinfo:
                 return None
-            return cls(url, headers, ssl_context)
+            return cls(url, headers, ssl_context, max_body)
         except (Unsendable, httpx2.InvalidURL, UnicodeError, ValueError):
             return None
 
@@ -465,7 +493,7 @@ class Http1Pool:
         request = self._head + "".join(lines).encode("ascii") + body
         async with self._slots:
             conn = await self._connection(attempt, connect_timeout)
-            exchange = _Exchange(request_id, attempt)
+            exchange = _Exchange(request_id, attempt, self._max_body)
             try:
                 conn.start(exchange, request)
                 return await exchange.result

@@ -32,13 +32,16 @@ class McpPool:
         open_timeout: float = 30.0,
         evict_grace: float = 60.0,
         mode: Mode = "auto",
+        max_body: int | None = None,
     ) -> None:
+        """`max_body`: the longest tool answer read, in bytes (`OutputTooLarge` past it)."""
         if max_size < 1:
             raise ValueError("max_size must be at least 1")
         self.max_size = max_size
         self._open_timeout = open_timeout
         self._evict_grace = evict_grace
         self._mode: Mode = mode
+        self._max_body = max_body
         self._conns: OrderedDict[PoolKey, McpConnection] = OrderedDict()
         self._opening: dict[PoolKey, asyncio.Task[McpConnection]] = {}
         self._order: dict[McpConnection, int] = {}
@@ -68,7 +71,12 @@ class McpPool:
         if task is None:
             task = asyncio.create_task(
                 McpConnection.open(
-                    url, headers, server_name=server_name, mode=self._mode, timeout=self._open_timeout
+                    url,
+                    headers,
+                    server_name=server_name,
+                    mode=self._mode,
+                    timeout=self._open_timeout,
+                    max_body=self._max_body,
                 )
             )
             self._opening[key] = task

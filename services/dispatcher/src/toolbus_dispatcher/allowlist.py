@@ -2,8 +2,11 @@
 
 A URL passes only when its scheme is http or https, it carries no userinfo, and its host, after
 lower-casing, IDNA encoding and dropping one trailing dot, is an exact entry, a subdomain of a
-`*.example.com` entry (not `example.com` itself), or an IP literal listed literally. Everything
-else raises `HostNotAllowed` naming the host.
+`*.example.com` entry (not `example.com` itself), or an IP literal listed literally. A host that a
+URL parser reads as an IPv4 address (`2130706433`, `127.1`, `0x7f.0.0.1`: WHATWG's forms) is that
+address, so it matches only the dotted-quad literal. Everything else raises `HostNotAllowed`
+naming the host. Where the name then leads (its DNS answer) is checked when connecting
+(`executors.safe_connect`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from urllib.parse import SplitResult, urlsplit
 
 import idna
 from toolbus_contracts.errors import HostNotAllowed
+from toolbus_contracts.names import is_allow_entry
 
 
 def normalize_host(host: str) -> str:
@@ -29,10 +33,54 @@ def normalize_host(host: str) -> str:
         return ipaddress.ip_address(host).compressed
     except ValueError:
         pass
+    numeric = whatwg_ipv4(host)
+    if numeric is not None:
+        return numeric
+    last = host.rsplit(".", 1)[-1]
+    if last.isdigit() or last.startswith("0x"):
+        raise ValueError("a host ending in a number is an IPv4 address, and this one is not valid")
     if host.isascii():
         # Plain ASCII labels (including ones IDNA 2008 would refuse, like underscores) compare as is.
         return host
     return idna.encode(host, uts46=True).decode("ascii")
+
+
+def _ipv4_part(part: str) -> int | None:
+    if part.startswith(("0x", "0X")):
+        digits, base = part[2:], 16
+    elif len(part) > 1 and part.startswith("0"):
+        digits, base = part[1:], 8
+    else:
+        digits, base = part, 10
+    if digits == "":
+        return 0 if base == 16 else None
+    try:
+        return int(digits, base)
+    except ValueError:
+        return None
+
+
+def whatwg_ipv4(host: str) -> str | None:
+    """The dotted-quad address of a host written in one of the IPv4 forms URL parsers accept
+    (decimal `2130706433`, short `127.1`, hex or octal parts), or None when it is a name."""
+    parts = host.split(".")
+    if parts and parts[-1] == "":
+        parts.pop()
+    if not parts or len(parts) > 4:
+        return None
+    last = parts[-1]
+    if not (last.isdigit() or last.lower().startswith("0x")):
+        return None
+    numbers = [_ipv4_part(p) for p in parts]
+    if any(n is None for n in numbers):
+        return None
+    values = [n for n in numbers if n is not None]
+    if any(v > 255 for v in values[:-1]) or values[-1] >= 256 ** (5 - len(values)):
+        return None
+    address = values[-1]
+    for i, value in enumerate(values[:-1]):
+        address += value << (8 * (3 - i))
+    return str(ipaddress.IPv4Address(address))
 
 
 def _is_ip(host: str) -> bool:
@@ -51,6 +99,8 @@ class AllowList:
         exact: set[str] = set()
         suffixes: set[str] = set()
         for entry in entries:
+            if not is_allow_entry(entry):
+                continue  # refused at registration; a toolset pinned before that check gets no wildcard
             if entry.startswith("*."):
                 with contextlib.suppress(ValueError, idna.IDNAError):
                     suffixes.add("." + normalize_host(entry[2:]))

@@ -31,13 +31,14 @@ from toolbus_contracts.registry import ToolKind
 
 from toolbus_dispatcher.calls import CallRunner
 from toolbus_dispatcher.credentials import CredentialResolver, NoCredentials, StoreCredentials
-from toolbus_dispatcher.events import CallEvents
+from toolbus_dispatcher.events import EventRelay
 from toolbus_dispatcher.executors.base import Executor
 from toolbus_dispatcher.executors.host import HostExecutor
 from toolbus_dispatcher.executors.http import HttpExecutor
 from toolbus_dispatcher.executors.mcp import McpExecutor, McpPoolLike
 from toolbus_dispatcher.executors.workflow import WorkflowExecutor
 from toolbus_dispatcher.handlers import QUEUE, host_routes, routes
+from toolbus_dispatcher.outputs import ENVELOPE_ROOM, OutputStore
 from toolbus_dispatcher.service import DispatcherService
 from toolbus_dispatcher.settings import DispatcherSettings
 from toolbus_dispatcher.store import CallStore
@@ -79,7 +80,8 @@ class DispatcherApp:
         self.bus = Bus(settings, name="dispatcher", queue=QUEUE)
         self.runner: CallRunner | None = None
         self.service: DispatcherService | None = None
-        self.events: CallEvents | None = None
+        self.relay: EventRelay | None = None
+        self.outputs: OutputStore | None = None
         self._http: HttpExecutor | None = None
         self._pipe: ScriptPipe | None = None
         self._owns_pool = mcp_pool is None
@@ -105,9 +107,11 @@ class DispatcherApp:
         if self._mcp_pool is None:
             from toolbus_mcp_client import McpPool
 
-            self._mcp_pool = McpPool()
+            self._mcp_pool = McpPool(max_body=s.max_output_bytes)
         host = HostExecutor(nc, subjects)
-        self._http = HttpExecutor(max_body=s.http_max_body, max_redirects=s.http_max_redirects)
+        self._http = HttpExecutor(
+            max_body=s.http_max_body or s.max_output_bytes, max_redirects=s.http_max_redirects
+        )
         executors: dict[ToolKind, Executor] = {
             "mcp": McpExecutor(self._mcp_pool, credentials),
             "host": host,
@@ -115,14 +119,26 @@ class DispatcherApp:
             "workflow": WorkflowExecutor(nc, subjects, default_timeout=s.dispatcher_workflow_timeout),
         }
         self._pipe = connect_script_pipe(s, redis)
-        store = CallStore(redis, keys, self.owner, lease=s.dispatcher_lease, pipe=self._pipe)
+        store = CallStore(
+            redis,
+            keys,
+            self.owner,
+            lease=s.dispatcher_lease,
+            pipe=self._pipe,
+            events_prefix=subjects.call_events("", "")[:-1],
+        )
         await store.load_scripts()
-        events = self.events = CallEvents(nc, subjects)
+        self.relay = EventRelay(redis, js, store.outbox, self.owner)
+        inline = s.dispatcher_inline_output_bytes or max(4096, nc.max_payload - ENVELOPE_ROOM)
+        outputs = self.outputs = OutputStore(
+            js, s.js_name("outputs"), ttl=s.dispatcher_output_ttl, inline_limit=inline
+        )
+        await outputs.open()
         runner = self.runner = CallRunner(
             store=store,
             toolsets=toolsets,
             executors=executors,
-            events=events,
+            outputs=outputs,
             nc=nc,
             js=js,
             subjects=subjects,
@@ -133,7 +149,6 @@ class DispatcherApp:
             store=store,
             toolsets=toolsets,
             runner=runner,
-            events=events,
             credentials=credentials,
             js=js,
             subjects=subjects,
@@ -145,6 +160,7 @@ class DispatcherApp:
         self.bus.include(host_routes, host)
         await self.bus.start()
         self._loops = [
+            asyncio.create_task(self.relay.run()),
             asyncio.create_task(self._every(s.dispatcher_lease / 3, runner.renew_leases, "lease renewal")),
             asyncio.create_task(self._every(s.dispatcher_lease / 3, runner.reap, "reaper", jitter=True)),
         ]
@@ -170,8 +186,8 @@ class DispatcherApp:
             await cancel_and_wait(task)
         if self.runner is not None:
             await self.runner.stop(grace)
-        if self.events is not None:
-            await self.events.flush()
+        if self.relay is not None:
+            await self.relay.drain(within=min(grace, 5.0))
         if self._http is not None:
             await self._http.aclose()
         if self._owns_pool and self._mcp_pool is not None:

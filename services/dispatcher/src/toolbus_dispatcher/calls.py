@@ -5,6 +5,11 @@ A call reaches `CallRunner.start` only once a script made it `running` and owned
 (admitted into a slot, or claimed from an expired lease). From then on this module is the only
 writer of that call until its outcome is stored, it is parked, or it is no longer ours (another
 replica claimed it after our lease lapsed, or its run was closed); then its task just stops.
+
+A backing store that does not answer (Redis restarting, JetStream away) is never a call's outcome:
+each store step of a call is retried with backoff until it goes through (`_persist`), and lease
+renewal is retried within the third of a lease it has before the lease could lapse. Events are
+written by the store's scripts with the state change (see `events.py`); nothing here publishes one.
 """
 
 from __future__ import annotations
@@ -13,26 +18,29 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 import orjson
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 from toolbus_common.clock import now_iso
+from toolbus_common.faults import is_backing_store_fault
 from toolbus_common.toolsets import Tool, ToolsetStore
 from toolbus_contracts import Subjects, ToolbusError, duration_seconds
 from toolbus_contracts.errors import Timeout, UpstreamUnreachable
 from toolbus_contracts.internal import CallParked
 from toolbus_contracts.registry import ToolKind
 
-from toolbus_dispatcher.events import CallEvents
 from toolbus_dispatcher.executors.base import Attempt, Executor, Interrupted, NeedsCredentials
 from toolbus_dispatcher.outcomes import after_interruption, backoff, failed, ok
+from toolbus_dispatcher.outputs import OutputStore
 from toolbus_dispatcher.records import CallRecord
 from toolbus_dispatcher.store import CallStore
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class _NoLongerOurs(Exception):
@@ -59,7 +67,7 @@ class CallRunner:
         store: CallStore,
         toolsets: ToolsetStore,
         executors: Mapping[ToolKind, Executor],
-        events: CallEvents,
+        outputs: OutputStore,
         nc: NatsClient,
         js: JetStreamContext,
         subjects: Subjects,
@@ -69,7 +77,7 @@ class CallRunner:
         self._store = store
         self._toolsets = toolsets
         self._executors = executors
-        self._events = events
+        self._outputs = outputs
         self._nc = nc
         self._js = js
         self._subjects = subjects
@@ -77,43 +85,31 @@ class CallRunner:
         self._backoff_max = retry_backoff_max
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._leased: set[str] = set()
-        self._accepting: dict[str, asyncio.Event] = {}
+        self._finishing: set[str] = set()
+        """Calls whose outcome is being stored: still leased, never cancelled by a renewal."""
         self._timeouts: dict[str | None, float | None] = {None: None}
 
     # ---- admission ------------------------------------------------------------------------------
 
-    def accepting(self, call_id: str) -> asyncio.Event:
-        """Mark a call whose `accepted` event is not published yet: its attempt waits for it."""
-        event = self._accepting[call_id] = asyncio.Event()
-        return event
-
-    def accepted(self, call_id: str) -> None:
-        event = self._accepting.pop(call_id, None)
-        if event is not None:
-            event.set()
-
-    def start(self, records: list[CallRecord], *, reaped: bool = False, announced: str = "") -> None:
+    def start(self, records: list[CallRecord], *, reaped: bool = False) -> None:
         """Run calls a script just made ours (admitted, or claimed from a dead owner), each in a
-        task of its own. `announced`: the id of a call whose `attemptStarted` is already out."""
+        task of its own."""
         for rec in records:
             if rec.call_id in self._tasks:
                 continue  # our own lease lapsed and we claimed it back: it is still running here
             self._leased.add(rec.call_id)
-            task = asyncio.create_task(
-                self._drive(rec, reaped, rec.call_id == announced), name=f"call-{rec.call_id}"
-            )
+            task = asyncio.create_task(self._drive(rec, reaped), name=f"call-{rec.call_id}")
             self._tasks[rec.call_id] = task
             task.add_done_callback(self._done_callback(rec.call_id))
 
     async def run_here(self, rec: CallRecord) -> None:
-        """Run a just-admitted call in the current task (a `calls.invoke` handler), whose
-        `attemptStarted` was published with its `accepted`: one task and one write less."""
+        """Run a just-admitted call in the current task (a `calls.invoke` handler): one task less."""
         task = asyncio.current_task()
         assert task is not None
         self._leased.add(rec.call_id)
         self._tasks[rec.call_id] = task
         try:
-            await self._drive(rec, False, True)
+            await self._drive(rec, False)
         finally:
             self._done(rec.call_id)
 
@@ -138,12 +134,9 @@ class CallRunner:
 
     # ---- one call -------------------------------------------------------------------------------
 
-    async def _drive(self, rec: CallRecord, reaped: bool, announced: bool = False) -> None:
-        waiting = self._accepting.get(rec.call_id)
-        if waiting is not None:
-            await waiting.wait()
+    async def _drive(self, rec: CallRecord, reaped: bool) -> None:
         try:
-            outcome = await self._attempts(rec, reaped, announced)
+            outcome = await self._attempts(rec, reaped)
             if outcome is not None:
                 await self.finish(rec, outcome)
         except _NoLongerOurs:
@@ -159,8 +152,25 @@ class CallRunner:
                     rec, failed("internal", "toolbus failed while running this call; it was logged.")
                 )
 
-    async def _attempts(self, rec: CallRecord, reaped: bool, announced: bool) -> dict[str, Any] | None:
-        stored = await self._toolsets.get(rec.toolset_id)
+    async def _persist(self, rec: CallRecord, what: str, step: Callable[[], Awaitable[T]]) -> T:
+        """Run one store step of a call until it goes through: a backing-store fault is waited
+        out with backoff (0.05 s doubling to 2 s), never made the call's outcome."""
+        pause = 0.05
+        while True:
+            try:
+                return await step()
+            except Exception as exc:
+                if not is_backing_store_fault(exc):
+                    raise
+                log.warning(
+                    f"{what}: a backing store did not answer; trying again",
+                    extra={"callId": rec.call_id, "error": type(exc).__name__},
+                )
+            await asyncio.sleep(pause * random.uniform(0.8, 1.2))
+            pause = min(pause * 2, 2.0)
+
+    async def _attempts(self, rec: CallRecord, reaped: bool) -> dict[str, Any] | None:
+        stored = await self._persist(rec, "reading the toolset", lambda: self._toolsets.get(rec.toolset_id))
         tool = stored.table.get(rec.tool) if stored is not None else None
         if stored is None or tool is None:
             return failed("internal", f"The toolset of this call no longer has tool '{rec.tool}'.")
@@ -176,10 +186,6 @@ class CallRunner:
         executor = self._executors[tool.kind]
         call_input = rec.input
         while True:
-            if announced:
-                announced = False
-            else:
-                await self._events.publish("attemptStarted", rec.run_id, rec.call_id, attempt=attempt)
             try:
                 output = await self._run(
                     executor, Attempt(rec, tool, attempt, call_input, timeout, allow, tool.version), tool
@@ -206,47 +212,67 @@ class CallRunner:
 
     @staticmethod
     async def _run(executor: Executor, attempt: Attempt, tool: Tool) -> Any:
-        if attempt.timeout is None:
-            return await executor.execute(attempt)
         try:
+            if attempt.timeout is None:
+                return await executor.execute(attempt)
             async with asyncio.timeout(attempt.timeout):
                 return await executor.execute(attempt)
         except TimeoutError:
             raise Interrupted(
                 Timeout(f"Tool '{tool.name}' gave no answer within {tool.policy.timeout}.")
             ) from None
+        except (ToolbusError, Interrupted, NeedsCredentials):
+            raise
+        except Exception as exc:
+            if not is_backing_store_fault(exc):
+                raise
+            # NATS went away mid-attempt (host tools, workflows): the task may have left.
+            raise Interrupted(
+                UpstreamUnreachable(f"The message bus failed during the attempt of '{tool.name}'.")
+            ) from None
 
     async def _next_attempt(self, rec: CallRecord, attempt: int) -> int:
         await asyncio.sleep(backoff(attempt, self._backoff, self._backoff_max) * random.uniform(0.8, 1.2))
-        number = await self._store.next_attempt(rec.call_id)
+        number = await self._persist(
+            rec, "counting an attempt", lambda: self._store.next_attempt(rec.call_id, now_iso())
+        )
         if number == 0:
             raise _NoLongerOurs
         return number
 
     async def finish(self, rec: CallRecord, outcome: dict[str, Any]) -> None:
-        """Store the outcome, answer waiting invokers, publish `completed`, start the next calls."""
-        self._leased.discard(rec.call_id)
-        outcome_json = orjson.dumps(outcome).decode()
-        result = await self._store.finish(rec.call_id, outcome_json, now_iso())
+        """Store the outcome (its output by reference when too large to travel inline) with its
+        `completed` event, answer waiting invokers, start the next calls."""
+        self._finishing.add(rec.call_id)
+        try:
+            outcome_json, outcome = await self._persist(
+                rec, "storing a large output", lambda: self._outputs.outcome_json(rec.call_id, outcome)
+            )
+            now = now_iso()
+            result = await self._persist(
+                rec, "storing an outcome", lambda: self._store.finish(rec.call_id, outcome_json, now)
+            )
+        finally:
+            self._finishing.discard(rec.call_id)
+            self._leased.discard(rec.call_id)
         if result.status != "done":
             return
         if result.replies:
-            body = reply_body(rec.call_id, rec.idempotency_key, outcome)
+            body = reply_body(rec.call_id, rec.idempotency_key, outcome_json)
             for reply in result.replies:
-                await self._nc.publish(reply, body)
-        await self._events.publish("completed", rec.run_id, rec.call_id, outcome=outcome, now=True)
+                with contextlib.suppress(Exception):  # the invoker can still read calls.get
+                    await self._nc.publish(reply, body)
         if result.admitted:
             self.start(result.admitted)
 
     async def _park(self, rec: CallRecord, exc: NeedsCredentials) -> None:
-        self._leased.discard(rec.call_id)
         now = now_iso()
-        result = await self._store.park(rec.call_id, exc.server, exc.level, now)
+        result = await self._persist(
+            rec, "parking a call", lambda: self._store.park(rec.call_id, exc.server, exc.level, now)
+        )
+        self._leased.discard(rec.call_id)
         if result.status != "parked":
             return
-        await self._events.publish(
-            "parked", rec.run_id, rec.call_id, server=exc.server, level=exc.level, now=True
-        )
         if result.admitted:
             self.start(result.admitted)
         parked = CallParked(
@@ -258,15 +284,34 @@ class CallRunner:
             level=exc.level,
             parked_at=now,
         )
-        await self._js.publish(self._subjects.internal_calls_park, parked.wire_json())
+        await self._persist(
+            rec,
+            "announcing a parked call",
+            lambda: self._js.publish(self._subjects.internal_calls_park, parked.wire_json()),
+        )
 
     # ---- leases ---------------------------------------------------------------------------------
 
     async def renew_leases(self) -> None:
-        """Extend the leases of every call running here; stop the ones that are no longer ours."""
-        lost = await self._store.renew(list(self._leased))
+        """Extend the leases of every call running here; stop the ones that are no longer ours.
+
+        Runs every third of a lease; a failed renewal is retried with backoff within that third,
+        so a short Redis outage never lets a lease lapse. Raises the last error if none went
+        through (the next period tries again, while two thirds of the lease are still left)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._store.lease / 3
+        pause = 0.05
+        while True:
+            try:
+                lost = await self._store.renew(list(self._leased))
+                break
+            except Exception as exc:
+                if not is_backing_store_fault(exc) or loop.time() + pause >= deadline:
+                    raise
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 1.0)
         if lost:
-            self.stop_local([cid for cid in lost if cid in self._leased])
+            self.stop_local([cid for cid in lost if cid in self._leased and cid not in self._finishing])
 
     async def reap(self) -> int:
         """Claim calls whose owner's lease expired and resume them as interrupted."""

@@ -1,64 +1,181 @@
-"""Call events on `events.calls.<runId>.<callId>`: core NATS publishes on the dispatcher's one
-connection (so they leave in order, with no ack wait), captured by the `<P>_EVENTS` stream.
+"""Call events on `events.calls.<runId>.<callId>`, captured by the `<P>_EVENTS` stream, that always
+agree with the calls' state.
 
-Events linger in a buffer for at most `linger` seconds (5 ms by default) or until an event
-published with `now=True` (a call's `completed`) flushes them all, in order. On this hot path a
-socket write costs more than everything else the dispatcher does for a call, and a short call's
-`accepted`, `attemptStarted`, `completed` and its invoke reply then leave in one write. The
-call's state in Redis, not the event stream, is the source of truth; a dispatcher killed within
-the linger loses at most those few milliseconds of events.
+The Lua script that changes a call writes the change's event into a Redis stream, the outbox
+(`Keys.call_events_outbox`), in the same atomic step (see `lua/admit.lua`). This relay moves
+events from there to JetStream: it publishes each with `Nats-Msg-Id: <callId>:<n>` and waits for
+JetStream's ack before it acknowledges and deletes the outbox entry. A crash or a NATS or Redis
+outage between the two only means the entry is published again, and JetStream's duplicate window
+(2 minutes by default) drops the second copy. So after any crash or restart each call's events
+are in the stream exactly once, ending with the outcome `calls.get` shows.
+
+Every replica runs a relay in the consumer group `relay`; an entry is read by one of them, and the
+entries of a replica that died unacknowledged are claimed by another after `CLAIM_IDLE` seconds.
+Events of one batch are published in order, pipelined; an entry is deleted only once its ack came.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any
 
-import orjson
-from nats.aio.client import Client as NatsClient
-from toolbus_common.clock import now_iso
-from toolbus_contracts import Subjects
+from nats.js import JetStreamContext
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 log = logging.getLogger(__name__)
 
+GROUP = "relay"
+BATCH = 512
+CLAIM_IDLE = 10.0
+"""Seconds an entry read by another replica may stay unacknowledged before this one takes it."""
 
-class CallEvents:
-    """Publishes `CallEvent` bodies (`{"type", "callId", "runId", "at", ...}`) in order."""
 
-    def __init__(self, nc: NatsClient, subjects: Subjects, *, linger: float = 0.005) -> None:
-        self._nc = nc
-        self._subjects = subjects
-        self._linger = linger
-        self._buffer: list[tuple[str, bytes]] = []
-        self._timer: asyncio.TimerHandle | None = None
-        self._flushing: set[asyncio.Task[None]] = set()
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
-    async def publish(self, kind: str, run_id: str, call_id: str, *, now: bool = False, **extra: Any) -> None:
-        """Queue one event; with `now`, send it and everything queued before it at once."""
-        body: dict[str, Any] = {"type": kind, "callId": call_id, "runId": run_id, "at": now_iso()}
-        for key, value in extra.items():
-            if value is not None:
-                body[key] = value
-        self._buffer.append((self._subjects.call_events(run_id, call_id), orjson.dumps(body)))
-        if now or self._linger <= 0:
-            await self.flush()
-        elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self._linger, self._flush_later)
 
-    def _flush_later(self) -> None:
-        self._timer = None
-        task = asyncio.get_running_loop().create_task(self.flush())
-        self._flushing.add(task)
-        task.add_done_callback(self._flushing.discard)
+class EventRelay:
+    """Publishes outbox entries to JetStream, once each (per message id), in order per batch."""
 
-    async def flush(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        buffer, self._buffer = self._buffer, []
-        for subject, body in buffer:
+    def __init__(
+        self,
+        redis: Redis[bytes],
+        js: JetStreamContext,
+        outbox: str,
+        consumer: str,
+        *,
+        block_ms: int = 1000,
+        retry_pause: float = 0.2,
+    ) -> None:
+        self._r = redis
+        self._js = js
+        self._outbox = outbox
+        self._consumer = consumer
+        self._block = block_ms
+        self._pause = retry_pause
+        self.relayed = 0
+
+    async def _ensure_group(self) -> None:
+        try:
+            await self._r.xgroup_create(self._outbox, GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    async def run(self) -> None:
+        """Relay until cancelled; outages are waited out (entries stay in the outbox meanwhile)."""
+        backlog = True  # start with entries this consumer read before and never acknowledged
+        pause = self._pause
+        claim_at = 0.0
+        loop = asyncio.get_running_loop()
+        grouped = False
+        while True:
             try:
-                await self._nc.publish(subject, body)
-            except Exception:
-                log.exception("could not publish a call event", extra={"subject": subject})
+                if not grouped:
+                    await self._ensure_group()
+                    grouped = True
+                if loop.time() >= claim_at:
+                    claim_at = loop.time() + CLAIM_IDLE / 2
+                    if await self._claim_stale():
+                        backlog = True
+                entries = await self._read(backlog)
+                if backlog and not entries:
+                    backlog = False
+                    continue
+                if entries and not await self._publish(entries):
+                    backlog = True
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, 5.0)
+                    continue
+                pause = self._pause
+            except asyncio.CancelledError:
+                raise
+            except ResponseError as exc:
+                if "NOGROUP" in str(exc):  # Redis lost the group (restarted without its data)
+                    grouped = False
+                    continue
+                log.warning("event relay: Redis refused a command", extra={"error": str(exc)[:200]})
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 5.0)
+            except Exception as exc:
+                log.warning("event relay: waiting for Redis", extra={"error": type(exc).__name__})
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 5.0)
+
+    async def _read(self, backlog: bool, *, block: bool = True) -> list[tuple[bytes, dict[bytes, bytes]]]:
+        res = await self._r.xreadgroup(
+            GROUP,
+            self._consumer,
+            {self._outbox: "0" if backlog else ">"},
+            count=BATCH,
+            block=None if backlog or not block else self._block,
+        )
+        if not res:
+            return []
+        _, entries = res[0]
+        return [(eid, fields) for eid, fields in entries if fields]
+
+    async def _claim_stale(self) -> bool:
+        """Take over entries another (dead) replica read and never acknowledged."""
+        res = await self._r.xautoclaim(
+            self._outbox, GROUP, self._consumer, int(CLAIM_IDLE * 1000), start_id="0-0", count=BATCH
+        )
+        claimed = res[1] if len(res) > 1 else []
+        return bool(claimed)
+
+    async def _publish(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> bool:
+        """Publish a batch in order; acknowledge and delete what JetStream acked. False when some
+        entry failed (it stays pending and is published again)."""
+        sends = [
+            asyncio.ensure_future(
+                self._js.publish(_s(fields[b"s"]), fields[b"b"], headers={"Nats-Msg-Id": _s(fields[b"i"])})
+            )
+            for _, fields in entries
+        ]
+        results = await asyncio.gather(*sends, return_exceptions=True)
+        done = [
+            eid
+            for (eid, _), result in zip(entries, results, strict=True)
+            if not isinstance(result, BaseException)
+        ]
+        if done:
+            async with self._r.pipeline(transaction=False) as pipe:
+                pipe.xack(self._outbox, GROUP, *done)
+                pipe.xdel(self._outbox, *done)
+                await pipe.execute()
+            self.relayed += len(done)
+        failed = len(entries) - len(done)
+        if failed:
+            first = next(r for r in results if isinstance(r, BaseException))
+            log.warning(
+                "event relay: JetStream did not take some events; they are sent again",
+                extra={"failed": failed, "error": type(first).__name__},
+            )
+        return failed == 0
+
+    async def drain(self, within: float) -> None:
+        """On shutdown (the relay loop stopped): relay what the outbox holds, for up to `within`
+        seconds; what is left waits for the next relay (another replica, or this one restarted)."""
+        try:
+            async with asyncio.timeout(within):
+                backlog = True
+                while True:
+                    entries = await self._read(backlog, block=False)
+                    if not entries:
+                        if not backlog:
+                            return
+                        backlog = False
+                        continue
+                    if not await self._publish(entries):
+                        return
+        except Exception:
+            log.warning("event relay: events left in the outbox at shutdown; the next relay sends them")
+
+    async def pending(self) -> int:
+        """Entries in the outbox not yet in JetStream (for tests and health)."""
+        with contextlib.suppress(ResponseError):
+            return int(await self._r.xlen(self._outbox))
+        return 0

@@ -13,8 +13,12 @@ def ok(output: Any) -> dict[str, Any]:
     return {"status": "ok", "output": output}
 
 
+MAX_MESSAGE = 4000
+"""An error outcome's message is cut here, so an error outcome always travels inline."""
+
+
 def failed(code: str, message: str) -> dict[str, Any]:
-    return {"status": "error", "error": {"code": code, "message": message}}
+    return {"status": "error", "error": {"code": code, "message": message[:MAX_MESSAGE]}}
 
 
 def after_interruption(

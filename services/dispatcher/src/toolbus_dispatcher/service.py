@@ -29,7 +29,6 @@ from toolbus_contracts.internal import ApprovalDecided, ApprovalNeeded, CallsRes
 
 from toolbus_dispatcher.calls import CallRunner, reply_body
 from toolbus_dispatcher.credentials import CredentialResolver
-from toolbus_dispatcher.events import CallEvents
 from toolbus_dispatcher.outcomes import failed
 from toolbus_dispatcher.store import CallStore
 from toolbus_dispatcher.validation import SchemaCache
@@ -60,7 +59,6 @@ class DispatcherService:
         store: CallStore,
         toolsets: ToolsetStore,
         runner: CallRunner,
-        events: CallEvents,
         credentials: CredentialResolver,
         js: JetStreamContext,
         subjects: Subjects,
@@ -70,7 +68,6 @@ class DispatcherService:
         self._store = store
         self._toolsets = toolsets
         self._runner = runner
-        self._events = events
         self._credentials = credentials
         self._js = js
         self._subjects = subjects
@@ -100,11 +97,9 @@ class DispatcherService:
             raise NotFound(f"Run '{req.run_id}' does not exist.", details={"runId": req.run_id})
         self._runs.pop(req.run_id, None)
         self._runner.stop_local([cid for cid, _, _ in closed.cancelled])
-        outcome = orjson.loads(CANCELLED_JSON)
         for cid, replies, key in closed.cancelled:
             for reply in replies:
                 await self._publish_reply(reply, reply_body(cid, key, CANCELLED_JSON))
-            await self._events.publish("completed", req.run_id, cid, outcome=outcome, now=True)
         if closed.status == "closed":
             await self._credentials.delete_run(req.run_id)
             message = RunClosed(run_id=req.run_id, toolset_id=closed.toolset_id, call_ids=closed.call_ids)
@@ -142,54 +137,43 @@ class DispatcherService:
         approval_id = digest = ""
         if policy.approval:
             approval_id, digest = f"apr_{uuid.uuid4().hex}", sha256_hex(req.input)
-        self._runner.accepting(call_id)
-        try:
-            created = await self._store.create_call(
-                call_id=call_id,
-                run_id=req.run_id,
-                idempotency_key=key,
-                tool=tool.name,
-                input_json=orjson.dumps(req.input).decode(),
-                toolset_id=toolset_id,
-                namespace=namespace,
-                concurrency=policy.concurrency,
-                on_interruption=policy.on_interruption,
-                reply=reply,
-                now=now_iso(),
-                approval_id=approval_id,
-                digest=digest,
+        created = await self._store.create_call(
+            call_id=call_id,
+            run_id=req.run_id,
+            idempotency_key=key,
+            tool=tool.name,
+            input_json=orjson.dumps(req.input).decode(),
+            toolset_id=toolset_id,
+            namespace=namespace,
+            concurrency=policy.concurrency,
+            on_interruption=policy.on_interruption,
+            reply=reply,
+            now=now_iso(),
+            approval_id=approval_id,
+            digest=digest,
+        )
+        self._credentials.observe_version(created.cred_version)
+        if created.status == "exists":
+            return Started(created.call_id, key, created.outcome_json if created.state == "done" else None)
+        if created.status != "created":
+            self._runs.pop(req.run_id, None)
+            raise NotFound(
+                f"Run '{req.run_id}' is not open; open it with runs.open.", details={"runId": req.run_id}
             )
-            self._credentials.observe_version(created.cred_version)
-            if created.status == "exists":
-                return Started(
-                    created.call_id, key, created.outcome_json if created.state == "done" else None
-                )
-            if created.status != "created":
-                self._runs.pop(req.run_id, None)
-                raise NotFound(
-                    f"Run '{req.run_id}' is not open; open it with runs.open.", details={"runId": req.run_id}
-                )
-            await self._events.publish("accepted", req.run_id, call_id)
-            mine = next((r for r in created.admitted if r.call_id == call_id), None)
-            if mine is not None:
-                # Both events leave in one write; the runner does not announce this attempt again.
-                await self._events.publish("attemptStarted", req.run_id, call_id, attempt=mine.attempts)
-        finally:
-            self._runner.accepted(call_id)
+        mine = next((r for r in created.admitted if r.call_id == call_id), None)
         if created.state == "awaitingApproval":
             await self._request_approval(req, call_id, toolset_id, tool.name, approval_id, digest)
         if mine is not None and run_here:
             self._runner.start([r for r in created.admitted if r is not mine])
             await self._runner.run_here(mine)
         elif created.admitted:
-            self._runner.start(created.admitted, announced=call_id)
+            self._runner.start(created.admitted)
         return Started(call_id, key)
 
     async def _request_approval(
         self, req: CallStartRequest, call_id: str, toolset_id: str, tool: str, approval_id: str, digest: str
     ) -> None:
         _, namespace = await self._run(req.run_id)
-        await self._events.publish("approvalRequested", req.run_id, call_id, approvalId=approval_id, now=True)
         needed = ApprovalNeeded.model_construct(  # every field is already checked (the input by its schema)
             approval_id=approval_id,
             call_id=call_id,
@@ -226,9 +210,6 @@ class DispatcherService:
                 decision.call_id, "awaitingApproval", now=now, approval=match
             )
             if result.status == "queued":
-                await self._events.publish(
-                    "approved", result.run_id, decision.call_id, approvalId=decision.approval_id
-                )
                 self._runner.start(result.admitted)
             return
         outcome = failed("denied", decision.reason or "The call was denied.")
@@ -238,15 +219,9 @@ class DispatcherService:
             outcome_json=orjson.dumps(outcome).decode(),
             now=now,
             approval=match,
+            reason=decision.reason or "",
         )
         if result.status == "done":
-            await self._events.publish(
-                "denied",
-                result.run_id,
-                decision.call_id,
-                approvalId=decision.approval_id,
-                reason=decision.reason,
-            )
             await self._end_held(decision.call_id, result.run_id, result.replies, result.key, outcome)
 
     async def apply_resume(self, resume: CallsResume) -> None:
@@ -267,7 +242,6 @@ class DispatcherService:
                 continue
             result = await self._store.release_waiting(call_id, "parked", now=now)
             if result.status == "queued":
-                await self._events.publish("resumed", result.run_id, call_id)
                 self._runner.start(result.admitted)
 
     async def _end_held(
@@ -275,4 +249,3 @@ class DispatcherService:
     ) -> None:
         for reply in replies:
             await self._publish_reply(reply, reply_body(call_id, key, outcome))
-        await self._events.publish("completed", run_id, call_id, outcome=outcome, now=True)

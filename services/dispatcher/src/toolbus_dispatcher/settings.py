@@ -20,6 +20,16 @@ class DispatcherSettings(Settings):
     """How long a closed run and its calls stay readable in Redis."""
     dispatcher_consumer: str = "dispatcher"
     """Durable consumer names on the INTERNAL stream start with this (shared by all replicas)."""
-    http_max_body: int = Field(default=10 * 1024 * 1024, gt=0)
-    """Largest response body the http tool reads; larger is `upstreamError`."""
+    max_output_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    """`TOOLBUS_MAX_OUTPUT_BYTES`: the most a tool may answer (an MCP body, an http.fetch body);
+    reading stops there and the call ends with `outputTooLarge`."""
+    dispatcher_inline_output_bytes: int | None = Field(default=None, gt=0)
+    """Largest outcome sent inline; larger ones keep their output in the `‹P›_outputs` object
+    store. Default: what fits in one NATS message (the server's max_payload) less 16 KiB."""
+    dispatcher_output_ttl: float = Field(default=30 * 86400.0, gt=0)
+    """How long stored outputs are kept (at least a call's retention: `dispatcher_run_retention`
+    after its run closed, and as long as call events)."""
+    http_max_body: int | None = Field(default=None, gt=0)
+    """Largest response body the http tool reads (default: `max_output_bytes`); larger is
+    `outputTooLarge`."""
     http_max_redirects: int = Field(default=10, ge=0)

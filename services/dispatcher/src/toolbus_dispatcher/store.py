@@ -94,10 +94,20 @@ class CallStore:
     """Runs, calls, slots, queues and leases of one deployment (`Keys` prefix), for one owner."""
 
     def __init__(
-        self, redis: Redis[bytes], keys: Keys, owner: str, *, lease: float, pipe: ScriptPipe
+        self,
+        redis: Redis[bytes],
+        keys: Keys,
+        owner: str,
+        *,
+        lease: float,
+        pipe: ScriptPipe,
+        events_prefix: str,
     ) -> None:
         self._r = redis
         self.keys = keys
+        self.outbox = keys.call_events_outbox
+        self.events_prefix = events_prefix
+        """Subject prefix of call events, `<P>.events.calls.`: an event goes to prefix + run.call."""
         self.owner = owner
         self.lease = lease
         self._call_prefix = keys.call("")
@@ -106,7 +116,7 @@ class CallStore:
         self._finish = Lua.register(redis, _load("finish_call.lua"))
         self._park: AsyncScript = redis.register_script(_load("park_call.lua"))
         self._release: AsyncScript = redis.register_script(_load("release_waiting.lua"))
-        self._next: AsyncScript = redis.register_script(_load("next_attempt.lua", with_admit=False))
+        self._next: AsyncScript = redis.register_script(_load("next_attempt.lua"))
         self._renew: AsyncScript = redis.register_script(_load("renew_leases.lua", with_admit=False))
         self._reap: AsyncScript = redis.register_script(_load("reap_leases.lua"))
         self._open: AsyncScript = redis.register_script(_load("open_run.lua", with_admit=False))
@@ -144,8 +154,18 @@ class CallStore:
                 k.run_waiting(run_id),
                 k.run_slots(run_id),
                 k.call_leases,
+                self.outbox,
             ],
-            args=[now, cancelled_json, self._call_prefix, self._replies_prefix, int(retention)],
+            args=[
+                now,
+                cancelled_json,
+                self._call_prefix,
+                self._replies_prefix,
+                int(retention),
+                run_id,
+                now,
+                self.events_prefix,
+            ],
         )
         status = _s(res[0])
         if status == "notFound":
@@ -189,6 +209,7 @@ class CallStore:
                 k.run_slots(run_id),
                 k.call_leases,
                 k.credentials_version,
+                self.outbox,
             ],
             [
                 call_id,
@@ -210,6 +231,8 @@ class CallStore:
                 MAX_SCAN,
                 self._replies_prefix,
                 run_id,
+                now,
+                self.events_prefix,
             ],
         )
         status = _s(res[0])
@@ -247,7 +270,7 @@ class CallStore:
         k = self.keys
         res = await self._batch.run(
             self._finish,
-            [k.call(call_id), k.call_replies(call_id), k.call_leases],
+            [k.call(call_id), k.call_replies(call_id), k.call_leases, self.outbox],
             [
                 call_id,
                 self.owner,
@@ -257,6 +280,8 @@ class CallStore:
                 self._call_prefix,
                 RUN_LIMIT,
                 MAX_SCAN,
+                now,
+                self.events_prefix,
             ],
         )
         return Finished(_s(res[0]), [_s(r) for r in res[1]], [CallRecord.from_script(i) for i in res[2]])
@@ -264,7 +289,7 @@ class CallStore:
     async def park(self, call_id: str, server: str, level: str, now: str) -> Finished:
         k = self.keys
         res = await self._park(
-            keys=[k.call(call_id), k.call_leases],
+            keys=[k.call(call_id), k.call_leases, self.outbox],
             args=[
                 call_id,
                 self.owner,
@@ -275,6 +300,8 @@ class CallStore:
                 self._call_prefix,
                 RUN_LIMIT,
                 MAX_SCAN,
+                now,
+                self.events_prefix,
             ],
         )
         return Finished(_s(res[0]), [], [CallRecord.from_script(i) for i in res[1]])
@@ -287,6 +314,7 @@ class CallStore:
         outcome_json: str = "",
         now: str,
         approval: tuple[str, str, str, str] | None = None,
+        reason: str = "",
     ) -> Finished:
         """Queue a call held in `from_state` for a slot, or end it with `outcome_json`.
 
@@ -294,7 +322,7 @@ class CallStore:
         """
         k = self.keys
         res = await self._release(
-            keys=[k.call(call_id), k.call_replies(call_id), k.call_leases],
+            keys=[k.call(call_id), k.call_replies(call_id), k.call_leases, self.outbox],
             args=[
                 call_id,
                 from_state,
@@ -306,6 +334,9 @@ class CallStore:
                 RUN_LIMIT,
                 MAX_SCAN,
                 *(approval or ("", "", "", "")),
+                reason,
+                now,
+                self.events_prefix,
             ],
         )
         return Finished(
@@ -316,9 +347,15 @@ class CallStore:
             _s(res[4]),
         )
 
-    async def next_attempt(self, call_id: str) -> int:
-        """The number of the attempt that starts now, or 0 when the call is no longer ours."""
-        return int(await self._next(keys=[self.keys.call(call_id)], args=[self.owner]))
+    async def next_attempt(self, call_id: str, now: str) -> int:
+        """The number of the attempt that starts now (its `attemptStarted` written), or 0 when
+        the call is no longer ours."""
+        return int(
+            await self._next(
+                keys=[self.keys.call(call_id), self.outbox],
+                args=[self.owner, call_id, now, self.events_prefix],
+            )
+        )
 
     async def renew(self, call_ids: list[str]) -> list[str]:
         """Extend the leases of our running calls; returns the ones that are no longer ours."""
@@ -332,8 +369,8 @@ class CallStore:
     async def reap(self, limit: int = 100) -> list[CallRecord]:
         """Claim running calls whose lease expired; each had its attempt interrupted."""
         res = await self._reap(
-            keys=[self.keys.call_leases],
-            args=[repr(time.time()), self.owner, self._expiry(), self._call_prefix, limit],
+            keys=[self.keys.call_leases, self.outbox],
+            args=[repr(time.time()), self.owner, self._expiry(), self._call_prefix, limit, "", ""],
         )
         return [CallRecord.from_script(i) for i in res]
 

@@ -1,19 +1,29 @@
 """The built-in `http.fetch` tool: one pooled httpx client, redirects followed here so that every
-hop is checked against the toolset's allow-list, bodies read with a size limit."""
+hop is checked against the toolset's allow-list (and never from https down to http), every
+connection made to an address checked by `guard` (no private address behind a public name),
+headers checked before anything is sent, bodies read up to the output cap (`outputTooLarge`)."""
 
 from __future__ import annotations
 
 import base64
 import codecs
+import re
 from collections import OrderedDict
 from typing import Any
 from urllib.parse import urljoin, urlunsplit
 
 import httpx
-from toolbus_contracts.errors import UpstreamError, UpstreamUnreachable
+from toolbus_contracts.errors import (
+    HostNotAllowed,
+    InvalidInput,
+    OutputTooLarge,
+    UpstreamError,
+    UpstreamUnreachable,
+)
 
 from toolbus_dispatcher.allowlist import AllowList
 from toolbus_dispatcher.executors.base import Attempt, Interrupted
+from toolbus_dispatcher.executors.guard import GuardedBackend, Resolver
 
 REDIRECTS = frozenset({301, 302, 303, 307, 308})
 INTERRUPTING = frozenset({502, 503, 504})
@@ -25,6 +35,40 @@ _TEXT_TYPES = (
 )
 _DROP_HEADERS = frozenset({"host", "idempotency-key", "content-length", "transfer-encoding", "connection"})
 _CROSS_HOST_DROP = frozenset({"authorization", "cookie", "proxy-authorization"})
+_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # every control character but HTAB
+
+
+def checked_headers(given: Any) -> dict[str, str]:
+    """The request headers of an `http.fetch` input, or `InvalidInput` naming the bad one: names
+    must be HTTP tokens, values Latin-1 text without control characters (no CR/LF injection)."""
+    if given is None:
+        return {}
+    if not isinstance(given, dict):
+        raise InvalidInput("Input 'headers' must be an object of strings.", details={"path": "$.headers"})
+    out: dict[str, str] = {}
+    for name, value in given.items():
+        path = f"$.headers.{str(name)[:64]}"
+        if not isinstance(name, str) or not _TOKEN.fullmatch(name):
+            raise InvalidInput(
+                "A header name must be an HTTP token (letters, digits, !#$%&'*+-.^_`|~).",
+                details={"path": path},
+            )
+        if not isinstance(value, str) or _CONTROL.search(value):
+            raise InvalidInput(
+                f"Header '{name[:64]}' has a control character (CR, LF, NUL...) or is not a string.",
+                details={"path": path},
+            )
+        try:
+            value.encode("latin-1")
+        except UnicodeEncodeError:
+            raise InvalidInput(
+                f"Header '{name[:64]}' has characters outside Latin-1; encode them first.",
+                details={"path": path},
+            ) from None
+        if name.lower() not in _DROP_HEADERS:
+            out[name] = value
+    return out
 
 
 def _charset(content_type: str) -> str | None:
@@ -61,10 +105,26 @@ def encode_body(data: bytes, content_type: str) -> tuple[str, str]:
 class HttpExecutor:
     """Runs `http.fetch` attempts."""
 
-    def __init__(self, *, max_body: int, max_redirects: int, client: httpx.AsyncClient | None = None) -> None:
-        self._client = client or httpx.AsyncClient(
-            follow_redirects=False, timeout=httpx.Timeout(None, connect=10.0), trust_env=False
-        )
+    def __init__(
+        self,
+        *,
+        max_body: int,
+        max_redirects: int,
+        client: httpx.AsyncClient | None = None,
+        resolver: Resolver | None = None,
+    ) -> None:
+        if client is None:
+            transport = httpx.AsyncHTTPTransport()
+            # httpx takes no network backend argument; its pool's is the one place to check
+            # addresses at connect time (see guard.py).
+            transport._pool._network_backend = GuardedBackend(resolver)
+            client = httpx.AsyncClient(
+                transport=transport,
+                follow_redirects=False,
+                timeout=httpx.Timeout(None, connect=10.0),
+                trust_env=False,
+            )
+        self._client = client
         self._max_body = max_body
         self._max_redirects = max_redirects
         self._allow: OrderedDict[str, AllowList] = OrderedDict()
@@ -85,7 +145,7 @@ class HttpExecutor:
         inp = attempt.input
         method = str(inp.get("method") or "GET").upper()
         body: str | None = inp.get("body")
-        headers = {k: v for k, v in (inp.get("headers") or {}).items() if k.lower() not in _DROP_HEADERS}
+        headers = checked_headers(inp.get("headers"))
         headers["Idempotency-Key"] = attempt.call.idempotency_key
         url = str(inp["url"])
         parts = allow.check(url)
@@ -114,6 +174,12 @@ class HttpExecutor:
                 location = response.headers.get("location")
                 if status in REDIRECTS and location:
                     target = allow.check(urljoin(urlunsplit(parts), location))
+                    if parts.scheme == "https" and target.scheme == "http":
+                        raise HostNotAllowed(
+                            f"'{parts.hostname}' redirected from https to http ('{target.hostname}'): "
+                            "refused, the answer would travel unencrypted.",
+                            details={"host": target.hostname or ""},
+                        )
                     if target.netloc != parts.netloc:
                         headers = {k: v for k, v in headers.items() if k.lower() not in _CROSS_HOST_DROP}
                     if status == 303 or (status in (301, 302) and method == "POST"):
@@ -133,17 +199,23 @@ class HttpExecutor:
             return {"status": status, "headers": out_headers, "body": text, "bodyEncoding": encoding}
         raise UpstreamError(f"More than {self._max_redirects} redirects starting at '{url[:200]}'.")
 
+    def _too_large(self, host: str) -> OutputTooLarge:
+        return OutputTooLarge(
+            f"The response of '{host}' is larger than {self._max_body} bytes (the output cap).",
+            details={"limit": self._max_body},
+        )
+
     async def _read(self, response: httpx.Response, host: str) -> bytes:
         declared = response.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > self._max_body:
-            raise UpstreamError(f"The response of '{host}' is larger than {self._max_body} bytes.")
+            raise self._too_large(host)
         chunks: list[bytes] = []
         size = 0
         try:
             async for chunk in response.aiter_bytes():
                 size += len(chunk)
                 if size > self._max_body:
-                    raise UpstreamError(f"The response of '{host}' is larger than {self._max_body} bytes.")
+                    raise self._too_large(host)
                 chunks.append(chunk)
         except httpx.TransportError as exc:
             raise Interrupted(

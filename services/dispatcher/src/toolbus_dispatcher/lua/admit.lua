@@ -1,3 +1,19 @@
+-- Every script that changes a call writes the event of that change in the same script, into the
+-- outbox stream (the last KEY); the relay (events.py) publishes it to JetStream with the message id
+-- `<callId>:<n>`, so the stream's events always agree with the state, each once. The last two ARGV
+-- of such a script are the event time and the call-events subject prefix (`<P>.events.calls.`).
+local OUTBOX = KEYS[#KEYS]
+local NOW = ARGV[#ARGV - 1]
+local EVENTS = ARGV[#ARGV]
+
+-- Queue the event `typ` of a call; `extra` is more JSON members (',"attempt":2') or nil.
+local function emit(ck, run, cid, typ, extra)
+  local seq = redis.call('HINCRBY', ck, 'evseq', 1)
+  local body = '{"type":"' .. typ .. '","callId":"' .. cid .. '","runId":"' .. run .. '","at":"' .. NOW .. '"'
+    .. (extra or '') .. '}'
+  redis.call('XADD', OUTBOX, '*', 's', EVENTS .. run .. '.' .. cid, 'i', cid .. ':' .. seq, 'b', body)
+end
+
 -- The fields a dispatcher needs to run a call (CallRecord), in this order.
 local function call_fields(ck)
   return redis.call('HMGET', ck, 'run', 'tool', 'input', 'key', 'ts', 'ns', 'onint', 'attempts', 'state')
@@ -39,7 +55,9 @@ local function admit(waiting_key, slots_key, leases_key, call_prefix, owner, exp
         redis.call('HSET', ck, 'state', 'running', 'owner', owner)
         redis.call('HINCRBY', ck, 'attempts', 1)
         running = running + 1
-        admitted[#admitted + 1] = {cid, call_fields(ck)}
+        local fields = call_fields(ck)
+        emit(ck, fields[1], cid, 'attemptStarted', ',"attempt":' .. fields[8])
+        admitted[#admitted + 1] = {cid, fields}
       end
     end
   end

@@ -1,9 +1,11 @@
 -- Store a new call durably and try to give it a slot, in one round trip; or, for a repeated
 -- idempotency key, return the existing call (registering the invoker's reply subject if the call
 -- is not done yet).
--- KEYS: run, run_keys, run_calls, call, call_replies, run_waiting, run_slots, leases, cred_version
+-- KEYS: run, run_keys, run_calls, call, call_replies, run_waiting, run_slots, leases, cred_version,
+--       outbox
 -- ARGV: callId, idemKey, tool, inputJson, toolsetId, conc, onInterruption, reply, now, expiry,
---       owner, approvalId, digest, callPrefix, toolSlotsKey, runLimit, maxScan, repliesPrefix, runId
+--       owner, approvalId, digest, callPrefix, toolSlotsKey, runLimit, maxScan, repliesPrefix, runId,
+--       now, eventsPrefix
 local run = redis.call('HMGET', KEYS[1], 'state', 'toolsetId', 'namespace')
 local credv = redis.call('GET', KEYS[9]) or '0'
 if run[1] ~= 'open' then return {'notFound', credv} end
@@ -26,8 +28,10 @@ redis.call('HSET', ck, 'run', ARGV[19], 'tool', ARGV[3], 'input', ARGV[4],
 redis.call('HSET', KEYS[2], ARGV[2], cid)
 redis.call('SADD', KEYS[3], cid)
 if ARGV[8] ~= '' then redis.call('RPUSH', KEYS[5], ARGV[8]) end
+emit(ck, ARGV[19], cid, 'accepted')
 if ARGV[12] ~= '' then
   redis.call('HSET', ck, 'state', 'awaitingApproval')
+  emit(ck, ARGV[19], cid, 'approvalRequested', ',"approvalId":' .. cjson.encode(ARGV[12]))
   return {'created', credv, cid, 'awaitingApproval', {}}
 end
 enqueue(ck, cid)

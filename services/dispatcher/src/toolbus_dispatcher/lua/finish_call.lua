@@ -1,14 +1,21 @@
 -- Finish a running call this dispatcher owns: store its outcome, free its slots and lease, hand
 -- them to the next waiting calls of the run. A call no longer ours (reaped, cancelled) is left
 -- alone: the result of an attempt that is no longer current is dropped.
--- KEYS: call, call_replies, leases
--- ARGV: callId, owner, outcomeJson, now, expiry, callPrefix, runLimit, maxScan
+-- KEYS: call, call_replies, leases, outbox
+-- ARGV: callId, owner, outcomeJson, now, expiry, callPrefix, runLimit, maxScan, now, eventsPrefix
 local ck = KEYS[1]
 local cid = ARGV[1]
-local c = redis.call('HMGET', ck, 'state', 'owner')
+local c = redis.call('HMGET', ck, 'state', 'owner', 'run', 'finisher')
+if c[1] == 'done' and c[4] == ARGV[2] then
+  -- This owner finished it already: a retry after the reply was lost. Same answer, nothing moves.
+  return {'done', redis.call('LRANGE', KEYS[2], 0, -1), {}}
+end
 if c[1] ~= 'running' or c[2] ~= ARGV[2] then return {'stale', {}, {}} end
 release(ck, cid, KEYS[3])
-redis.call('HSET', ck, 'state', 'done', 'outcome', ARGV[3], 'finished', ARGV[4])
-local replies = pop_replies(KEYS[2])
+redis.call('HSET', ck, 'state', 'done', 'outcome', ARGV[3], 'finished', ARGV[4], 'finisher', ARGV[2])
+emit(ck, c[3], cid, 'completed', ',"outcome":' .. ARGV[3])
+-- Kept a little while (not deleted) so that a retry of this script still finds who waits.
+local replies = redis.call('LRANGE', KEYS[2], 0, -1)
+redis.call('EXPIRE', KEYS[2], 300)
 local admitted = admit_for(ck, KEYS[3], ARGV[6], ARGV[2], ARGV[5], tonumber(ARGV[7]), tonumber(ARGV[8]))
 return {'done', replies, admitted}

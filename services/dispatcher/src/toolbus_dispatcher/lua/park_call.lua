@@ -1,13 +1,14 @@
 -- Park a running call this dispatcher owns (its server answered 401): it holds no slot, and the
 -- attempt that met the 401 is given back. Its slots go to the next waiting calls.
--- KEYS: call, leases
--- ARGV: callId, owner, server, level, now, expiry, callPrefix, runLimit, maxScan
+-- KEYS: call, leases, outbox
+-- ARGV: callId, owner, server, level, now, expiry, callPrefix, runLimit, maxScan, now, eventsPrefix
 local ck = KEYS[1]
 local cid = ARGV[1]
-local c = redis.call('HMGET', ck, 'state', 'owner')
+local c = redis.call('HMGET', ck, 'state', 'owner', 'run')
 if c[1] ~= 'running' or c[2] ~= ARGV[2] then return {'stale', {}} end
 release(ck, cid, KEYS[2])
 redis.call('HINCRBY', ck, 'attempts', -1)
 redis.call('HSET', ck, 'state', 'parked', 'server', ARGV[3], 'level', ARGV[4], 'parkedAt', ARGV[5])
+emit(ck, c[3], cid, 'parked', ',"server":' .. cjson.encode(ARGV[3]) .. ',"level":' .. cjson.encode(ARGV[4]))
 local admitted = admit_for(ck, KEYS[2], ARGV[7], ARGV[2], ARGV[6], tonumber(ARGV[8]), tonumber(ARGV[9]))
 return {'parked', admitted}

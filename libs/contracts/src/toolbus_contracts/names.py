@@ -1,0 +1,72 @@
+"""Names that become part of a Redis key, a KV key or a NATS subject: one charset and length each,
+checked at the edge so a bad one is `invalidRequest` naming the field, never a store error.
+
+| name                          | charset                         | length |
+|-------------------------------|---------------------------------|--------|
+| `namespace`                   | `[A-Za-z0-9_.@-]` (an email fits) | 1–128 |
+| `runId`                       | `[A-Za-z0-9_-]` (a subject token) | 1–128 |
+| `callId`                      | `[A-Za-z0-9_-]`                 | 1–128  |
+| server, workflow names        | `[A-Za-z_][A-Za-z0-9_]*`        | 1–64   |
+| host tool names               | one or two such parts, `a.b`    | 1–129  |
+| workflow versions             | 12 lowercase hex digits         | 12     |
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Annotated
+
+from pydantic import Field
+
+NAME_MAX = 64
+"""Longest server, workflow or host-tool part name."""
+
+NAMESPACE_PATTERN = r"^[A-Za-z0-9_.@-]+$"
+TOKEN_PATTERN = r"^[A-Za-z0-9_-]+$"
+
+Namespace = Annotated[str, Field(min_length=1, max_length=128, pattern=NAMESPACE_PATTERN)]
+RunId = Annotated[str, Field(min_length=1, max_length=128, pattern=TOKEN_PATTERN)]
+CallId = Annotated[str, Field(min_length=1, max_length=128, pattern=TOKEN_PATTERN)]
+WorkflowVersion = Annotated[str, Field(pattern=r"^[0-9a-f]{12}$")]
+
+_LABEL = re.compile(r"^[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?$")
+
+
+def is_ip_literal(host: str) -> bool:
+    """An IPv4 address in dotted-quad form, or an IPv6 address (bare or in brackets)."""
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def is_host_name(host: str) -> bool:
+    """A DNS host name (ASCII, or IDNA-encodable) whose last label is not numeric: a name ending
+    in a number (`1`, `127.1`, `0x7f`) is an IPv4 address to a URL parser, not a name."""
+    host = host.lower().removesuffix(".")
+    if not host or len(host) > 253:
+        return False
+    if not host.isascii():
+        try:
+            host = host.encode("idna").decode("ascii")
+        except UnicodeError:
+            return False
+    labels = host.split(".")
+    if not all(_LABEL.fullmatch(label) for label in labels):
+        return False
+    last = labels[-1]
+    return not (last.isdigit() or re.fullmatch(r"0x[0-9a-f]*", last))
+
+
+def is_allow_entry(entry: str) -> bool:
+    """An http allow entry: a host name, `*.` and a host name, or an IP literal. A numeric
+    wildcard (`*.1`) is refused: it would match dotted numbers that are loopback addresses."""
+    if len(entry) > 260:
+        return False
+    if entry.startswith("*."):
+        return is_host_name(entry[2:])
+    return is_ip_literal(entry) or is_host_name(entry)

@@ -1,0 +1,63 @@
+"""Outputs by reference: an outcome whose reply would not fit in one NATS message keeps its output
+in the JetStream object store `‹P›_outputs` (one object per call, named by its callId, the JSON
+text of the output) and carries `outputRef` instead: `{"bucket", "name", "size", "sha256"}`.
+
+The reply of `calls.invoke`, `calls.get` and the `completed` event then all carry the same small
+outcome, whatever the tool returned; any JetStream object-store client reads the output back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import orjson
+from nats.js import JetStreamContext
+from nats.js.api import ObjectStoreConfig, StorageType
+from nats.js.errors import BucketNotFoundError, NotFoundError
+from nats.js.object_store import ObjectStore
+
+ENVELOPE_ROOM = 16 * 1024
+"""Bytes of a NATS message kept for what surrounds an outcome (reply envelope, event fields)."""
+
+
+class OutputStore:
+    """Writes outputs too large to travel inline; `inline_limit` is the largest inline outcome."""
+
+    def __init__(self, js: JetStreamContext, bucket: str, *, ttl: float, inline_limit: int) -> None:
+        self._js = js
+        self.bucket = bucket
+        self._ttl = ttl
+        self.inline_limit = inline_limit
+        self._store: ObjectStore | None = None
+
+    async def open(self) -> None:
+        try:
+            self._store = await self._js.object_store(self.bucket)
+        except (BucketNotFoundError, NotFoundError):
+            config = ObjectStoreConfig(ttl=self._ttl, storage=StorageType.FILE)
+            self._store = await self._js.create_object_store(self.bucket, config=config)
+
+    async def outcome_json(self, call_id: str, outcome: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """(stored JSON, wire dict) of an outcome: as it is when it fits, else with its output
+        written to the object store and `outputRef` in its place. Raises what JetStream raises
+        when the store does not answer (the caller retries: nothing is final yet)."""
+        text = orjson.dumps(outcome)
+        if len(text) <= self.inline_limit or outcome.get("status") != "ok":
+            return text.decode(), outcome
+        data = orjson.dumps(outcome.get("output"))
+        ref = await self.put(call_id, data)
+        small = {"status": "ok", "outputRef": ref}
+        return orjson.dumps(small).decode(), small
+
+    async def put(self, name: str, data: bytes) -> dict[str, Any]:
+        if self._store is None:
+            await self.open()
+        assert self._store is not None
+        await self._store.put(name, data)
+        return {
+            "bucket": self.bucket,
+            "name": name,
+            "size": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+        }
