@@ -84,9 +84,9 @@ class Harness:
         self.redis = Redis.from_url(self.redis_url)
 
     async def dispatcher(
-        self, credentials: CredentialResolver | None = None, **overrides: Any
+        self, credentials: CredentialResolver | None = None, resolver: Any = None, **overrides: Any
     ) -> DispatcherApp:
-        app = DispatcherApp(self.settings(**overrides), credentials=credentials)
+        app = DispatcherApp(self.settings(**overrides), credentials=credentials, http_resolver=resolver)
         await app.start()
         self.apps.append(app)
         return app
@@ -97,7 +97,12 @@ class Harness:
                 await app.stop(grace=1.0)
         if self.nc is not None:
             js = self.nc.jetstream()
-            for name in ("EVENTS", "INTERNAL", "OBJ_" + js_name(self.prefix, "toolsets")):
+            for name in (
+                "EVENTS",
+                "INTERNAL",
+                "OBJ_" + js_name(self.prefix, "toolsets"),
+                "OBJ_" + js_name(self.prefix, "outputs"),
+            ):
                 with contextlib.suppress(Exception):
                     await js.delete_stream(name if name.startswith("OBJ_") else js_name(self.prefix, name))
             await self.nc.drain()

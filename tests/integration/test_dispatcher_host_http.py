@@ -209,7 +209,9 @@ async def test_fetch_refuses_hosts_off_the_allow_list(
     assert host in outcome["error"]["message"]
 
 
-async def test_fetch_of_a_body_over_the_limit_is_output_too_large(h: Harness, http_run: str, web: str) -> None:
+async def test_fetch_of_a_body_over_the_limit_is_output_too_large(
+    h: Harness, http_run: str, web: str
+) -> None:
     outcome = await fetch(h, http_run, f"{web}/big")
     assert outcome["error"]["code"] == "outputTooLarge"
 

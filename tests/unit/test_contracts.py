@@ -127,6 +127,7 @@ def test_public_names_are_pinned() -> None:
         "credentials",
         "errors",
         "internal",
+        "names",
         "registry",
         "subjects",
     }

@@ -33,6 +33,7 @@ from toolbus_dispatcher.calls import CallRunner
 from toolbus_dispatcher.credentials import CredentialResolver, NoCredentials, StoreCredentials
 from toolbus_dispatcher.events import EventRelay
 from toolbus_dispatcher.executors.base import Executor
+from toolbus_dispatcher.executors.guard import Resolver
 from toolbus_dispatcher.executors.host import HostExecutor
 from toolbus_dispatcher.executors.http import HttpExecutor
 from toolbus_dispatcher.executors.mcp import McpExecutor, McpPoolLike
@@ -68,8 +69,11 @@ class DispatcherApp:
         *,
         mcp_pool: McpPoolLike | None = None,
         credentials: CredentialResolver | None = None,
+        http_resolver: Resolver | None = None,
     ) -> None:
+        """`http_resolver`: how http.fetch resolves names (tests give a stub; default: the system)."""
         self.settings = settings
+        self._http_resolver = http_resolver
         self.owner = f"d_{uuid.uuid4().hex[:16]}"
         self._mcp_pool = mcp_pool
         self._credentials = credentials
@@ -110,7 +114,9 @@ class DispatcherApp:
             self._mcp_pool = McpPool(max_body=s.max_output_bytes)
         host = HostExecutor(nc, subjects)
         self._http = HttpExecutor(
-            max_body=s.http_max_body or s.max_output_bytes, max_redirects=s.http_max_redirects
+            max_body=s.http_max_body or s.max_output_bytes,
+            max_redirects=s.http_max_redirects,
+            resolver=self._http_resolver,
         )
         executors: dict[ToolKind, Executor] = {
             "mcp": McpExecutor(self._mcp_pool, credentials),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import codecs
 import re
+import ssl
 from collections import OrderedDict
 from typing import Any
 from urllib.parse import urljoin, urlunsplit
@@ -112,9 +113,10 @@ class HttpExecutor:
         max_redirects: int,
         client: httpx.AsyncClient | None = None,
         resolver: Resolver | None = None,
+        verify: ssl.SSLContext | bool = True,
     ) -> None:
         if client is None:
-            transport = httpx.AsyncHTTPTransport()
+            transport = httpx.AsyncHTTPTransport(verify=verify)
             # httpx takes no network backend argument; its pool's is the one place to check
             # addresses at connect time (see guard.py).
             transport._pool._network_backend = GuardedBackend(resolver)

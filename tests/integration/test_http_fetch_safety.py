@@ -1,0 +1,223 @@
+"""http.fetch's SSRF defences against real local HTTP(S) servers, with an injected resolver in
+place of DNS: a listed name that resolves to 127.0.0.1 is refused, and so are decimal and short
+IPv4 forms, `::ffff:127.0.0.1`, a redirect to a private address and a redirect from https to
+http; a listed IP literal is reached as asked; bad headers are refused before anything is sent.
+One case goes through a real dispatcher (the resolver injected into the app)."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import ssl
+import threading
+from collections.abc import AsyncIterator, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from toolbus_contracts import ToolbusError
+from toolbus_contracts.errors import HostNotAllowed, InvalidInput
+from toolbus_dispatcher.executors.base import Attempt
+from toolbus_dispatcher.executors.http import HttpExecutor
+from toolbus_dispatcher.records import CallRecord
+
+from tests.integration.test_dispatcher_helpers import Harness
+
+pytestmark = pytest.mark.integration
+
+PUBLIC_NAME = "api.public.test"  # resolves to 127.0.0.1 in the stub, as a rebinding DNS would
+
+
+class _Handler(BaseHTTPRequestHandler):
+    hits: list[str] = []
+
+    def log_message(self, *args: Any) -> None:
+        return None
+
+    def do_GET(self) -> None:
+        self.hits.append(self.path)
+        if self.path.startswith("/to/"):
+            self.send_response(302)
+            self.send_header("Location", self.path.removeprefix("/to/"))
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        body = b"inside"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def _serve(server: ThreadingHTTPServer) -> Iterator[int]:
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+@pytest.fixture(scope="module")
+def plain() -> Iterator[int]:
+    yield from _serve(ThreadingHTTPServer(("127.0.0.1", 0), _Handler))
+
+
+def _self_signed(dir: Path) -> tuple[Path, Path]:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False
+        )
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = dir / "cert.pem", dir / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return cert_path, key_path
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, ssl.SSLContext]]:
+    cert, key = _self_signed(tmp_path_factory.mktemp("tls"))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    client = ssl.create_default_context(cafile=str(cert))
+    for port in _serve(server):
+        yield port, client
+
+
+async def stub_resolver(host: str, port: int) -> list[str]:
+    table = {
+        PUBLIC_NAME: ["127.0.0.1"],
+        "mapped.public.test": ["::ffff:127.0.0.1"],
+        "localhost": ["127.0.0.1"],
+    }
+    if host not in table:
+        raise OSError("no such name in the stub")
+    return table[host]
+
+
+def _attempt(url: str, allow: list[str], headers: dict[str, Any] | None = None) -> Attempt:
+    toolset = "ts_" + "_".join(allow)  # the executor caches compiled allow-lists by toolset id
+    call = CallRecord("call_x", "run_x", "http.fetch", "{}", "key-1", toolset, None, "retry", 1, "running")
+    inp: dict[str, Any] = {"url": url}
+    if headers is not None:
+        inp["headers"] = headers
+    return Attempt(call, None, 1, inp, 10.0, tuple(allow))  # type: ignore[arg-type]  # the http tool reads no Tool field
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def fetcher(tls: tuple[int, ssl.SSLContext]) -> AsyncIterator[HttpExecutor]:
+    executor = HttpExecutor(max_body=1 << 20, max_redirects=5, resolver=stub_resolver, verify=tls[1])
+    try:
+        yield executor
+    finally:
+        await executor.aclose()
+
+
+async def _refused(fetcher: HttpExecutor, url: str, allow: list[str]) -> ToolbusError:
+    with pytest.raises(HostNotAllowed) as err:
+        await fetcher.execute(_attempt(url, allow))
+    return err.value
+
+
+async def test_a_listed_name_that_resolves_to_loopback_is_refused_before_connecting(
+    fetcher: HttpExecutor, plain: int
+) -> None:
+    before = len(_Handler.hits)
+    err = await _refused(fetcher, f"http://{PUBLIC_NAME}:{plain}/secret", [PUBLIC_NAME])
+    assert "not public" in err.message and err.details["host"] == PUBLIC_NAME
+    assert len(_Handler.hits) == before  # nothing reached the server
+    await _refused(fetcher, f"http://mapped.public.test:{plain}/", ["*.public.test"])
+
+
+@pytest.mark.parametrize("host", ["2130706433", "127.1", "0x7f.0.0.1", "[::ffff:127.0.0.1]"])
+async def test_loopback_in_number_forms_is_refused_by_a_list_of_names(
+    fetcher: HttpExecutor, plain: int, host: str
+) -> None:
+    await _refused(fetcher, f"http://{host}:{plain}/", ["*.public.test", PUBLIC_NAME])
+
+
+async def test_a_listed_ip_literal_and_listed_localhost_are_reached(
+    fetcher: HttpExecutor, plain: int
+) -> None:
+    out = await fetcher.execute(_attempt(f"http://127.0.0.1:{plain}/ok", ["127.0.0.1"]))
+    assert out["body"] == "inside"
+    # the decimal form spells the listed literal: it is that address, so it is reached too
+    assert (await fetcher.execute(_attempt(f"http://2130706433:{plain}/ok", ["127.0.0.1"])))["status"] == 200
+    assert (await fetcher.execute(_attempt(f"http://localhost:{plain}/ok", ["localhost"])))["status"] == 200
+
+
+async def test_a_redirect_to_a_private_address_is_refused(fetcher: HttpExecutor, plain: int) -> None:
+    # the first hop is listed (an IP literal); the redirect leads to 10.0.0.1, which is not
+    await _refused(fetcher, f"http://127.0.0.1:{plain}/to/http://10.0.0.1/", ["127.0.0.1", "*.public.test"])
+    # ...nor to a listed name resolving to loopback
+    await _refused(
+        fetcher, f"http://127.0.0.1:{plain}/to/http://{PUBLIC_NAME}:{plain}/", ["127.0.0.1", PUBLIC_NAME]
+    )
+
+
+async def test_a_redirect_from_https_to_http_is_refused(
+    fetcher: HttpExecutor, plain: int, tls: tuple[int, ssl.SSLContext]
+) -> None:
+    port = tls[0]
+    ok = await fetcher.execute(_attempt(f"https://127.0.0.1:{port}/ok", ["127.0.0.1"]))
+    assert ok["body"] == "inside"  # https itself works here
+    err = await _refused(fetcher, f"https://127.0.0.1:{port}/to/http://127.0.0.1:{plain}/ok", ["127.0.0.1"])
+    assert "https to http" in err.message
+
+
+async def test_header_injection_is_invalid_input_and_nothing_is_sent(
+    fetcher: HttpExecutor, plain: int
+) -> None:
+    before = len(_Handler.hits)
+    for headers in ({"X-A": "a\r\nX-Injected: 1"}, {"X-A": "😀"}):
+        with pytest.raises(InvalidInput):
+            await fetcher.execute(_attempt(f"http://127.0.0.1:{plain}/ok", ["127.0.0.1"], headers))
+    assert len(_Handler.hits) == before
+
+
+async def test_through_a_dispatcher_a_name_resolving_to_loopback_ends_host_not_allowed(
+    nats_url: str, redis_url: str, plain: int
+) -> None:
+    h = Harness(nats_url, redis_url)
+    await h.connect()
+    try:
+        await h.dispatcher(resolver=stub_resolver)
+        ts = await h.toolset({"http": {"allow": [PUBLIC_NAME]}})
+        run = await h.open_run(ts)
+        data = await h.invoke(run, "http.fetch", {"url": f"http://{PUBLIC_NAME}:{plain}/secret"})
+        assert data["outcome"]["status"] == "error"
+        assert data["outcome"]["error"]["code"] == "hostNotAllowed"
+        bad = await h.invoke(run, "http.fetch", {"url": f"http://{PUBLIC_NAME}/", "headers": {"X": "a\nb"}})
+        assert bad["outcome"]["error"]["code"] == "invalidInput"
+        got = await h.ok(h.subjects.calls_get, {"callId": bad["callId"]})
+        assert got["attempts"] == 1  # not retried as a network fault
+    finally:
+        await h.close()
