@@ -5,7 +5,9 @@ toolbus_dispatcher`), each in its own process, on a fresh prefix of the local NA
 the server's tools straight into the toolset store (no registry needed); then times `echo` calls
 (a) directly with a bare `mcp.Client` on one reused HTTP client (the baseline), (a2) directly
 with toolbus's own MCP client, and (b) through `calls.invoke`,
-sequentially and with 16 in flight, and prints p50/p99 latency and calls/s side by side.
+sequentially and with 16 in flight, and prints p50/p99 latency and calls/s side by side; then how
+long after its invoke reply a call's `completed` event arrives (events leave through the outbox
+relay since v1.1: this is what that costs a harness that follows events).
 Bounded loops; cleans up its streams and keys; stops by itself.
 
     uv run python bench/dispatch.py [--calls 1000] [--rounds 2]
@@ -129,6 +131,11 @@ async def main(calls: int, rounds: int) -> None:
                 f"\ncalls.invoke vs {base.strip()}: adds {added:+.3f} ms at p50 sequential; "
                 f"{ratio:.2f}x its throughput with 16 in flight"
             )
+        lags = await event_lag(nc, subjects, run_id, invoke_body, min(calls, 500))
+        print(
+            f"\ncompleted event after the invoke reply ({len(lags)} sequential calls): "
+            f"p50 {percentile(lags, 0.5) * 1e3:.3f} ms, p99 {percentile(lags, 0.99) * 1e3:.3f} ms"
+        )
         await nc.request(subjects.runs_close, orjson.dumps({"runId": run_id}), 10)
     finally:
         await bare.__aexit__(None, None, None)
@@ -142,13 +149,42 @@ async def main(calls: int, rounds: int) -> None:
         for name in ("EVENTS", "INTERNAL"):
             with contextlib.suppress(Exception):
                 await js.delete_stream(js_name(prefix, name))
-        with contextlib.suppress(Exception):
-            await js.delete_stream("OBJ_" + js_name(prefix, "toolsets"))
+        for bucket in ("toolsets", "outputs"):
+            with contextlib.suppress(Exception):
+                await js.delete_stream("OBJ_" + js_name(prefix, bucket))
         keys = [k async for k in redis.scan_iter(match=f"{prefix}:*", count=1000)]
         for i in range(0, len(keys), 1000):
             await redis.unlink(*keys[i : i + 1000])
         await redis.aclose()
         await nc.close()
+
+
+async def event_lag(nc: Any, subjects: Subjects, run_id: str, body: bytes, n: int) -> list[float]:
+    """Seconds from each invoke reply to its `completed` event (core subscription)."""
+    loop = asyncio.get_running_loop()
+    arrived: dict[str, float] = {}
+
+    async def on_event(msg: Any) -> None:
+        event = orjson.loads(msg.data)
+        if event["type"] == "completed":
+            arrived[event["callId"]] = loop.time()
+
+    sub = await nc.subscribe(subjects.run_events(run_id), cb=on_event)
+    lags: list[float] = []
+    try:
+        for _ in range(n):
+            msg = await nc.request(subjects.calls_invoke, body, timeout=30)
+            replied = loop.time()
+            call_id = orjson.loads(msg.data)["data"]["callId"]
+            for _ in range(2000):
+                if call_id in arrived:
+                    break
+                await asyncio.sleep(0.0005)
+            if call_id in arrived:
+                lags.append(max(0.0, arrived[call_id] - replied))
+    finally:
+        await sub.unsubscribe()
+    return lags
 
 
 if __name__ == "__main__":

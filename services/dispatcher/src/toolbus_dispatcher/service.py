@@ -154,6 +154,10 @@ class DispatcherService:
         )
         self._credentials.observe_version(created.cred_version)
         if created.status == "exists":
+            if created.state == "awaitingApproval":
+                # The first request's approval command may not have reached JetStream (the caller
+                # retried after `unavailable`): send it again; the approval service dedups by id.
+                await self._resend_approval(created.call_id)
             return Started(created.call_id, key, created.outcome_json if created.state == "done" else None)
         if created.status != "created":
             self._runs.pop(req.run_id, None)
@@ -174,18 +178,46 @@ class DispatcherService:
         self, req: CallStartRequest, call_id: str, toolset_id: str, tool: str, approval_id: str, digest: str
     ) -> None:
         _, namespace = await self._run(req.run_id)
-        needed = ApprovalNeeded.model_construct(  # every field is already checked (the input by its schema)
-            approval_id=approval_id,
-            call_id=call_id,
-            run_id=req.run_id,
-            namespace=namespace,
-            toolset_id=toolset_id,
-            tool=tool,
-            input=req.input,
-            input_digest=digest,
-            requested_at=now_iso(),
+        await self._send_approval_request(
+            ApprovalNeeded.model_construct(  # every field is already checked (the input by its schema)
+                approval_id=approval_id,
+                call_id=call_id,
+                run_id=req.run_id,
+                namespace=namespace,
+                toolset_id=toolset_id,
+                tool=tool,
+                input=req.input,
+                input_digest=digest,
+                requested_at=now_iso(),
+            )
         )
-        await self._js.publish(self._subjects.internal_approval_requests, needed.wire_json())
+
+    async def _resend_approval(self, call_id: str) -> None:
+        held = await self._store.approval_of(call_id)
+        if held is None:
+            return
+        rec, approval_id, digest, requested_at = held
+        await self._send_approval_request(
+            ApprovalNeeded.model_construct(
+                approval_id=approval_id,
+                call_id=call_id,
+                run_id=rec.run_id,
+                namespace=rec.namespace,
+                toolset_id=rec.toolset_id,
+                tool=rec.tool,
+                input=rec.input,
+                input_digest=digest,
+                requested_at=requested_at,
+            )
+        )
+
+    async def _send_approval_request(self, needed: ApprovalNeeded) -> None:
+        """The approval command, once per approval id in JetStream's duplicate window."""
+        await self._js.publish(
+            self._subjects.internal_approval_requests,
+            needed.wire_json(),
+            headers={"Nats-Msg-Id": f"approval:{needed.approval_id}"},
+        )
 
     async def get_call(self, req: CallGetRequest) -> CallGetReply:
         found = await self._store.get_call(req.call_id)

@@ -383,6 +383,18 @@ class CallStore:
             return None
         return _s(state), int(attempts or 0), _s(outcome) if outcome else None
 
+    async def approval_of(self, call_id: str) -> tuple[CallRecord, str, str, str] | None:
+        """(call, approvalId, inputDigest, createdAt) of a call awaiting approval, else None."""
+        rec = await self.call_fields(call_id)
+        if rec is None or rec.state != "awaitingApproval":
+            return None
+        approval, digest, created = await self._r.hmget(
+            self.keys.call(call_id), ["approval", "digest", "created"]
+        )
+        if not approval:
+            return None
+        return rec, _s(approval), _s(digest or b""), _s(created or b"")
+
     async def call_fields(self, call_id: str) -> CallRecord | None:
         raw = await self._r.hgetall(self.keys.call(call_id))
         if not raw:
