@@ -295,3 +295,13 @@ def test_every_subject_answers_bad_input_once_without_internal(
 
     one()
     assert all(p.proc.poll() is None for p in procs), [p.log() for p in procs if p.proc.poll() is not None]
+
+
+@pytest.mark.parametrize("name", ["", "a b", "a*", ">", "a.>", "\u0000", "😀", "x" * 65])
+def test_workflows_get_with_a_name_the_kv_store_refuses_is_invalid_request(
+    deployment: tuple[Loop, Probe, list[Any]], name: str
+) -> None:
+    loop, probe, _ = deployment
+    reply = loop.run(probe.send(Subjects(probe.prefix).workflows_get, json.dumps({"name": name}).encode()))
+    assert reply["ok"] is False and reply["error"]["code"] == "invalidRequest"
+    assert reply["error"]["details"]["field"] == "name"

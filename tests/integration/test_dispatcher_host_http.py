@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from collections.abc import AsyncIterator, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -17,6 +16,7 @@ from nats.aio.msg import Msg
 from toolbus_contracts import WORKER_QUEUE
 
 from tests.integration.test_dispatcher_helpers import Harness, host_tool
+from tests.support.http_servers import serve_in_thread
 
 pytestmark = pytest.mark.integration
 
@@ -147,15 +147,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def web() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    with serve_in_thread(ThreadingHTTPServer(("127.0.0.1", 0), _Handler)) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")

@@ -13,7 +13,6 @@ import hashlib
 import io
 import json
 import os
-import threading
 from collections.abc import AsyncIterator, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -24,6 +23,7 @@ import pytest
 import pytest_asyncio
 
 from tests.integration.test_dispatcher_helpers import Harness
+from tests.support.http_servers import serve_in_thread
 from tests.support.infra import js_name
 from tests.support.mcp_servers import McpTestServer
 
@@ -80,15 +80,8 @@ class _Files(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def files() -> Iterator[int]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Files)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    with serve_in_thread(ThreadingHTTPServer(("127.0.0.1", 0), _Files)) as port:
+        yield port
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")

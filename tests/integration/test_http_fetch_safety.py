@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import ssl
-import threading
 from collections.abc import AsyncIterator, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -24,6 +23,7 @@ from toolbus_dispatcher.executors.http import HttpExecutor
 from toolbus_dispatcher.records import CallRecord
 
 from tests.integration.test_dispatcher_helpers import Harness
+from tests.support.http_servers import serve_in_thread
 
 pytestmark = pytest.mark.integration
 
@@ -52,20 +52,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
-def _serve(server: ThreadingHTTPServer) -> Iterator[int]:
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
-
-
 @pytest.fixture(scope="module")
 def plain() -> Iterator[int]:
-    yield from _serve(ThreadingHTTPServer(("127.0.0.1", 0), _Handler))
+    with serve_in_thread(ThreadingHTTPServer(("127.0.0.1", 0), _Handler)) as port:
+        yield port
 
 
 def _self_signed(dir: Path) -> tuple[Path, Path]:
@@ -108,7 +98,7 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, ssl.SSL
     context.load_cert_chain(cert, key)
     server.socket = context.wrap_socket(server.socket, server_side=True)
     client = ssl.create_default_context(cafile=str(cert))
-    for port in _serve(server):
+    with serve_in_thread(server) as port:
         yield port, client
 
 

@@ -165,3 +165,13 @@ def test_plain_headers_pass_and_hop_headers_are_dropped() -> None:
         "Accept": "text/plain",
         "X-Latin": "café",
     }
+
+
+def test_redis_not_now_replies_through_the_script_pipe_are_backing_store_faults() -> None:
+    from toolbus_common.faults import is_backing_store_fault, unavailable
+    from toolbus_common.script_pipe import ScriptReplyError
+
+    loading = ScriptReplyError("LOADING Redis is loading the dataset in memory")
+    assert is_backing_store_fault(loading) and unavailable(loading).details == {"store": "Redis"}
+    assert is_backing_store_fault(ScriptReplyError("READONLY You can't write against a read only replica."))
+    assert not is_backing_store_fault(ScriptReplyError("ERR user_script:1: Script attempted to access key"))

@@ -134,7 +134,7 @@ class DispatcherApp:
             events_prefix=subjects.call_events("", "")[:-1],
         )
         await store.load_scripts()
-        self.relay = EventRelay(redis, js, store.outbox, self.owner)
+        self.relay = EventRelay(redis, nc, store.outbox, self.owner)
         inline = s.dispatcher_inline_output_bytes or max(4096, nc.max_payload - ENVELOPE_ROOM)
         outputs = self.outputs = OutputStore(
             js, s.js_name("outputs"), ttl=s.dispatcher_output_ttl, inline_limit=inline
