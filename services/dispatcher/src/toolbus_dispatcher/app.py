@@ -137,7 +137,11 @@ class DispatcherApp:
         self.relay = EventRelay(redis, nc, store.outbox, self.owner)
         inline = s.dispatcher_inline_output_bytes or max(4096, nc.max_payload - ENVELOPE_ROOM)
         outputs = self.outputs = OutputStore(
-            js, s.js_name("outputs"), ttl=s.dispatcher_output_ttl, inline_limit=inline
+            js,
+            s.js_name("outputs"),
+            ttl=s.dispatcher_output_ttl,
+            inline_limit=inline,
+            placement=JsPlacement.of(s),
         )
         await outputs.open()
         runner = self.runner = CallRunner(

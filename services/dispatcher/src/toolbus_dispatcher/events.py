@@ -60,7 +60,7 @@ class EventRelay:
         self._r = redis
         self._nc = nc
         self._outbox = outbox
-        self._inbox = f"_TBRELAY.{consumer}"
+        self._inbox = nc.new_inbox()  # under TOOLBUS_NATS_INBOX_PREFIX, which its user may subscribe to
         self._acks: dict[str, asyncio.Future[bool]] = {}
         self._seq = itertools.count()
         self._sub: Subscription | None = None

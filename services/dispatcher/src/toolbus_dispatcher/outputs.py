@@ -13,9 +13,10 @@ from typing import Any
 
 import orjson
 from nats.js import JetStreamContext
-from nats.js.api import ObjectStoreConfig, StorageType
+from nats.js.api import ObjectStoreConfig
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.object_store import ObjectStore
+from toolbus_common.connections import DEFAULT_PLACEMENT, JsPlacement
 
 ENVELOPE_ROOM = 16 * 1024
 """Bytes of a NATS message kept for what surrounds an outcome (reply envelope, event fields)."""
@@ -24,8 +25,17 @@ ENVELOPE_ROOM = 16 * 1024
 class OutputStore:
     """Writes outputs too large to travel inline; `inline_limit` is the largest inline outcome."""
 
-    def __init__(self, js: JetStreamContext, bucket: str, *, ttl: float, inline_limit: int) -> None:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        bucket: str,
+        *,
+        ttl: float,
+        inline_limit: int,
+        placement: JsPlacement = DEFAULT_PLACEMENT,
+    ) -> None:
         self._js = js
+        self._placement = placement
         self.bucket = bucket
         self._ttl = ttl
         self.inline_limit = inline_limit
@@ -35,7 +45,10 @@ class OutputStore:
         try:
             self._store = await self._js.object_store(self.bucket)
         except (BucketNotFoundError, NotFoundError):
-            config = ObjectStoreConfig(ttl=self._ttl, storage=StorageType.FILE)
+            p = self._placement
+            config = ObjectStoreConfig(
+                ttl=self._ttl, storage=p.storage, replicas=p.replicas, max_bytes=p.max_bytes
+            )
             self._store = await self._js.create_object_store(self.bucket, config=config)
 
     async def outcome_json(self, call_id: str, outcome: dict[str, Any]) -> tuple[str, dict[str, Any]]:
