@@ -27,8 +27,8 @@ class DispatcherSettings(Settings):
     """Largest outcome sent inline; larger ones keep their output in the `‹P›_outputs` object
     store. Default: what fits in one NATS message (the server's max_payload) less 16 KiB."""
     dispatcher_output_ttl: float = Field(default=30 * 86400.0, gt=0)
-    """How long stored outputs are kept (at least a call's retention: `dispatcher_run_retention`
-    after its run closed, and as long as call events)."""
+    """How long a stored output is kept from when it was stored: longer than a closed run's calls
+    (`dispatcher_run_retention`); a run left open longer than this outlives its outputs."""
     http_max_body: int | None = Field(default=None, gt=0)
     """Largest response body the http tool reads (default: `max_output_bytes`); larger is
     `outputTooLarge`."""
