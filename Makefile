@@ -6,10 +6,10 @@ UV ?= uv
 PYTHON ?= .venv/bin/python
 N ?= 50
 
-.PHONY: help install up down logs status test lint docs bench images compose-env charts helm-lint
+.PHONY: help install up down logs status test lint docs bench bench-peers bench-alternatives bench-profile bench-memory images compose-env charts helm-lint
 
 help: ## list the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 install: ## install the workspace and dev tools from uv.lock (uv sync --frozen, dev group)
 	$(UV) sync --frozen --group dev
@@ -46,10 +46,20 @@ lint: ## ruff check, ruff format --check, and mypy --strict on libs/ and service
 docs: ## regenerate docs/asyncapi.yaml (AsyncAPI 3, every subject) from the code
 	$(UV) run --frozen python scripts/asyncapi.py
 
-bench: ## run every bench/*.py, each printing its figures
-	@shopt -s nullglob; files=(bench/*.py); \
-	if [ $${#files[@]} -eq 0 ]; then echo "no benchmarks in bench/ yet"; exit 0; fi; \
-	for f in "$${files[@]}"; do echo "== $$f"; $(UV) run --frozen python "$$f" || exit $$?; done
+bench: ## one table of every figure beside its baseline (ARGS="--json out.json", "--calls 10" for a short run)
+	$(UV) run --frozen python bench/table.py $(ARGS)
+
+bench-peers: ## the same call through IBM ContextForge (own venv under .cache/), direct and toolbus; optional
+	$(UV) run --frozen python bench/peers.py $(ARGS)
+
+bench-alternatives: ## own HTTP/1.1 and Redis clients vs aiohttp, httpx2, redis-py, coredis, valkey-glide (own venv)
+	UV_PROJECT_ENVIRONMENT=.cache/bench-venv $(UV) run --frozen --group bench-alternatives python bench/alternatives.py $(ARGS)
+
+bench-profile: ## where the dispatcher's time goes per call (py-spy on a live dispatcher)
+	$(UV) run --frozen python bench/profile.py $(ARGS)
+
+bench-memory: ## what holds each service's memory (RSS by import, tracemalloc by package)
+	$(UV) run --frozen python bench/memory.py $(ARGS)
 
 SERVICES := registry dispatcher approval credentials
 IMAGE_PREFIX ?= toolbus-

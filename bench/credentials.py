@@ -15,8 +15,9 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
-import statistics
+import sys
 import time
+from pathlib import Path
 
 from cryptography.fernet import Fernet
 from redis.asyncio import Redis
@@ -24,6 +25,12 @@ from toolbus_common.credential_store import CredentialStore
 from toolbus_common.keys import Keys
 from toolbus_common.secrets import Cipher
 from toolbus_contracts.credentials import Credentials
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.harness import Figure, print_table
+
+SECTION = "credential resolution"
 
 N = 3000
 TS = "ts_" + "b" * 64
@@ -33,7 +40,9 @@ def pct(samples: list[float], q: float) -> float:
     return sorted(samples)[int(q * (len(samples) - 1))] * 1e6
 
 
-async def main() -> None:
+async def measure(n: int = N) -> list[Figure]:
+    """Resolution figures (p50, µs) beside the version round trip alone."""
+    N = n  # noqa: N806 - the module default, overridden per run
     redis: Redis[bytes] = Redis.from_url(os.environ.get("TOOLBUS_REDIS_URL", "redis://127.0.0.1:6379/0"))
     keys = Keys(f"bench{secrets.token_hex(4)}")
     store = CredentialStore(redis, keys, Cipher(Fernet.generate_key().decode()))
@@ -62,29 +71,57 @@ async def main() -> None:
             t = time.perf_counter()
             await store.resolve(**args, version=v)
             only.append(time.perf_counter() - t)
-        for _ in range(N // 3):
+        for _ in range(max(1, N // 3)):
             await store.set("run", toolset_id=TS, run_id="r1", credentials=creds)
             t = time.perf_counter()
             v = int(await redis.get(store.version_key) or 0)
             await store.resolve(**args, version=v)
             after.append(time.perf_counter() - t)
-        print(f"{'what':<40}{'p50 µs':>10}{'p99 µs':>10}")
-        for name, xs in (
-            ("baseline: version GET only", base),
-            ("GET + resolve, cached (unchanged)", cached),
-            ("GET + resolve, right after a set", after),
-            ("resolve only, cached", only),
-        ):
-            print(f"{name:<40}{pct(xs, 0.5):>10.1f}{pct(xs, 0.99):>10.1f}")
-        print(
-            f"added by resolution, p50: cached {statistics.median(cached) * 1e6 - statistics.median(base) * 1e6:+.1f} µs,"
-            f" after a set {statistics.median(after) * 1e6 - statistics.median(base) * 1e6:+.1f} µs"
-        )
+        b50, b99 = pct(base, 0.5), pct(base, 0.99)
+        return [
+            Figure(
+                SECTION,
+                "version GET + resolve, cached: p50",
+                pct(cached, 0.5),
+                "µs",
+                "version GET only p50",
+                b50,
+            ),
+            Figure(
+                SECTION,
+                "version GET + resolve, cached: p99",
+                pct(cached, 0.99),
+                "µs",
+                "version GET only p99",
+                b99,
+            ),
+            Figure(
+                SECTION,
+                "version GET + resolve after a set: p50",
+                pct(after, 0.5),
+                "µs",
+                "version GET only p50",
+                b50,
+            ),
+            Figure(
+                SECTION,
+                "version GET + resolve after a set: p99",
+                pct(after, 0.99),
+                "µs",
+                "version GET only p99",
+                b99,
+            ),
+            Figure(SECTION, "resolve only, cached: p50", pct(only, 0.5), "µs", "version GET only p50", b50),
+        ]
     finally:
         found = [k async for k in redis.scan_iter(match=f"{keys.prefix}:*")]
         if found:
             await redis.delete(*found)
         await redis.aclose()  # type: ignore[attr-defined]
+
+
+async def main() -> None:
+    print_table(await measure(), f"credential resolution, {N} samples")
 
 
 if __name__ == "__main__":

@@ -17,9 +17,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from toolbus_contracts import ToolInfo
 from toolbus_registry.declarations import render_dts, render_prompt
 
+from bench.harness import Figure, not_measured
 from tests.catalogues.fetch import last_skipped, load_catalogues
 from tests.tsc.edge_cases import edge_tools
 from tests.tsc.gate import find_tsc, run_gate, tools_from_catalogue
+
+SECTION = "declarations"
 
 
 def _schema_bytes(tools: list[ToolInfo]) -> int:
@@ -92,6 +95,39 @@ def main() -> None:
         print(
             f"{n:6} tools: dts {dts_t * 1000:7.0f} ms ({size / 1e6:.1f} MB), prompt {prompt_t * 1000:6.0f} ms"
         )
+
+
+def measure(n: int = 10_000, repeat: int = 2) -> list[Figure]:
+    """Rendering both declarations of `n` tools (synthesized from the real catalogues) beside
+    serialising the same tools to JSON with orjson (the floor of any rendering)."""
+    import orjson
+
+    base = [t for name, listed in load_catalogues().items() for t in tools_from_catalogue(name, listed)]
+    if not base:
+        why = "no real MCP catalogue could be loaded (npm and .cache/catalogues both missing)"
+        return [not_measured(SECTION, f"{kind} of {n:,} tools", "ms", why) for kind in ("dts", "prompt")]
+    tools = _synthesize(base, n)
+    dumped = [t.model_dump(mode="json", by_alias=True) for t in tools]
+    json_ms = _best(lambda: orjson.dumps(dumped), repeat) * 1e3
+    label = f"orjson.dumps of the {n:,} tools"
+    return [
+        Figure(
+            SECTION,
+            f"render .d.ts of {n:,} tools",
+            _best(lambda: render_dts(tools, "rewind:tools"), repeat) * 1e3,
+            "ms",
+            label,
+            json_ms,
+        ),
+        Figure(
+            SECTION,
+            f"render prompt of {n:,} tools",
+            _best(lambda: render_prompt(tools), repeat) * 1e3,
+            "ms",
+            label,
+            json_ms,
+        ),
+    ]
 
 
 if __name__ == "__main__":

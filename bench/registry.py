@@ -36,14 +36,16 @@ from toolbus_common.runtime import tune_gc
 from toolbus_mcp_client import McpConnection
 from toolbus_registry.app import RegistryApp
 
-from bench.harness import start_mcp_server, stop_processes
+from bench.harness import Figure, print_table, start_mcp_servers, stop_processes
+
+SECTION = "registration"
 
 SERVERS, TOOLS = 10, 100
 
 
-def serve(count: int, prefix: str) -> tuple[list[subprocess.Popen[str]], list[str]]:
-    """`count` MCP servers of TOOLS synthetic tools each, in their own processes."""
-    started = [start_mcp_server(TOOLS, f"{prefix}{i}") for i in range(count)]
+def serve(count: int, prefix: str, tools: int = TOOLS) -> tuple[list[subprocess.Popen[str]], list[str]]:
+    """`count` MCP servers of `tools` synthetic tools each, in their own processes."""
+    started = start_mcp_servers([(tools, f"{prefix}{i}") for i in range(count)])
     return [proc for proc, _ in started], [url for _, url in started]
 
 
@@ -77,12 +79,14 @@ async def list_all(urls: list[str]) -> int:
     return sum(await asyncio.gather(*(one(i, u) for i, u in enumerate(urls))))
 
 
-async def main(rounds: int) -> None:
+async def measure(rounds: int, servers: int = SERVERS, tools: int = TOOLS) -> list[Figure]:
+    """Registration figures (medians of `rounds`) beside listing with toolbus's client, for a
+    toolset of `servers` MCP servers of `tools` tools each (plus each server's echo tools)."""
     prefix = f"tbbench{uuid.uuid4().hex[:8]}"
     settings = Settings(
         subject_prefix=prefix, nats_url=os.environ.get("TOOLBUS_NATS_URL", "nats://127.0.0.1:4222")
     )
-    servers, urls = serve(SERVERS, "s")
+    procs, urls = serve(servers, "s", tools)
     app = RegistryApp(settings)
     await app.start()
     tune_gc()  # as `python -m toolbus_registry` does once started
@@ -126,7 +130,7 @@ async def main(rounds: int) -> None:
         for http in https:
             await http.aclose()
         await app.stop()
-        stop_processes(servers)
+        stop_processes(procs)
         js = nc.jetstream()
         for bucket in ("toolsets", "workflows"):
             for kind in ("OBJ_", "KV_"):
@@ -134,16 +138,29 @@ async def main(rounds: int) -> None:
                     await js.delete_stream(kind + settings.js_name(bucket))
         await nc.close()
 
-    base = statistics.median(sdk_listing)
-    print(f"toolset: {SERVERS} servers x {TOOLS} tools = {count} tools, {rounds} rounds, medians")
-    print(f"{'list tools directly: bare mcp.Client (baseline)':<54} {base * 1000:8.1f} ms")
-    for label, times in (
-        ("list tools directly: toolbus McpConnection", listing),
-        ("toolsets.create over NATS, same toolset again", again),
-        ("toolsets.create over NATS, a toolset not seen before", new),
-    ):
-        m = statistics.median(times)
-        print(f"{label:<54} {m * 1000:8.1f} ms   {(m / base - 1) * 100:+6.1f}%")
+    ours = statistics.median(listing) * 1e3
+    what = f"{servers} servers x {tools} tools ({count} tools)"
+    base = "list them directly: toolbus McpConnection"
+    return [
+        Figure(
+            SECTION, f"list {what}: bare mcp.Client", statistics.median(sdk_listing) * 1e3, "ms", base, ours
+        ),
+        Figure(
+            SECTION, f"toolsets.create {what}, seen before", statistics.median(again) * 1e3, "ms", base, ours
+        ),
+        Figure(
+            SECTION,
+            f"toolsets.create {what}, not seen before",
+            statistics.median(new) * 1e3,
+            "ms",
+            base,
+            ours,
+        ),
+    ]
+
+
+async def main(rounds: int) -> None:
+    print_table(await measure(rounds), f"registration, medians of {rounds} rounds")
 
 
 if __name__ == "__main__":

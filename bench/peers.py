@@ -1,0 +1,296 @@
+"""`make bench-peers`: the same MCP echo call through IBM ContextForge (`mcp-contextforge-gateway`,
+a Python MCP gateway) beside the direct call and toolbus's `calls.invoke`, in one run.
+
+ContextForge is installed in its own virtual environment under `.cache/contextforge-venv` (not the
+project's: it pins its own FastAPI, SQLAlchemy, mcp, ...), started by this bench on a free
+loopback port with a fresh SQLite database, once with its defaults (stateless streamable HTTP:
+a new upstream session per call) and once with `USE_STATEFUL_SESSIONS=true`, and stopped after.
+The echo server is registered as a gateway (`POST /gateways`, streamable HTTP), its tool put in a
+virtual server (`POST /servers`), and called through `/servers/<id>/mcp` with a bare `mcp.Client`
+(Bearer JWT made with ContextForge's own `create_jwt_token`). Its settings beyond the defaults
+are only what a loopback bench needs: `SSRF_ALLOW_LOCALHOST=true` (the echo server is on
+127.0.0.1), the admin API on and the UI off, random secrets.
+
+Optional, not in CI: when ContextForge cannot be installed or started, it prints why and exits 0.
+
+    uv run python bench/peers.py [--calls 300] [--version 1.0.7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any, cast
+
+import httpx2
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp_types import RequestParamsMeta
+from toolbus_mcp_client import IDEMPOTENCY_META_KEY, McpConnection
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.harness import (
+    Call,
+    Figure,
+    Row,
+    in_flight,
+    latency_figures,
+    merge,
+    print_table,
+    rss_mib,
+    sequential,
+)
+from bench.stack import BenchStack
+from tests.support.infra import free_port
+
+VENV = ROOT / ".cache" / "contextforge-venv"
+VERSION = "1.0.7"  # the version FACTS.md measured
+SECTION = "peer gateway: IBM ContextForge"
+
+
+def install(version: str) -> str | None:
+    """Install ContextForge into its own venv (once); the reason when it cannot be."""
+    python = VENV / "bin" / "python"
+    check = [str(python), "-c", "import mcpgateway; print(mcpgateway.__version__)"]
+    if python.exists():
+        got = subprocess.run(check, capture_output=True, text=True, check=False)
+        if got.returncode == 0 and got.stdout.strip() == version:
+            return None
+    steps = [
+        ["uv", "venv", "-q", "--allow-existing", "-p", sys.executable, str(VENV)],
+        ["uv", "pip", "install", "-q", "-p", str(python), f"mcp-contextforge-gateway=={version}"],
+    ]
+    for step in steps:
+        done = subprocess.run(step, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            return f"`{' '.join(step)}` failed: {(done.stderr or done.stdout).strip()[-600:]}"
+    return None
+
+
+class ContextForge:
+    """One ContextForge process on a free loopback port, with its own SQLite database."""
+
+    def __init__(self, stateful: bool) -> None:
+        self.stateful = stateful
+        self.tool = ""
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.dir = Path(tempfile.mkdtemp(prefix="contextforge-"))
+        self.secret = secrets.token_hex(32)
+        self.env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith(("TOOLBUS_", "VIRTUAL_ENV"))},
+            "HOST": "127.0.0.1",
+            "PORT": str(self.port),
+            "DATABASE_URL": f"sqlite:///{self.dir}/mcp.db",
+            "JWT_SECRET_KEY": self.secret,
+            "AUTH_ENCRYPTION_SECRET": secrets.token_hex(32),
+            "BASIC_AUTH_PASSWORD": "B!" + secrets.token_hex(16),
+            "PLATFORM_ADMIN_EMAIL": "admin@example.com",
+            "PLATFORM_ADMIN_PASSWORD": "P!" + secrets.token_hex(16) + "aA1",
+            "MCPGATEWAY_UI_ENABLED": "false",
+            "MCPGATEWAY_ADMIN_API_ENABLED": "true",
+            "SSRF_ALLOW_LOCALHOST": "true",
+            "USE_STATEFUL_SESSIONS": "true" if stateful else "false",
+            "LOG_LEVEL": "ERROR",
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.token = ""
+
+    def start(self) -> None:
+        log = (self.dir / "gateway.log").open("wb")
+        self.proc = subprocess.Popen(
+            [str(VENV / "bin" / "mcpgateway"), "--host", "127.0.0.1", "--port", str(self.port)],
+            cwd=self.dir,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ContextForge exited: {self.log()}")
+            try:
+                if httpx2.get(f"{self.base}/health", timeout=1).status_code == 200:
+                    break
+            except httpx2.HTTPError:
+                pass
+            time.sleep(0.3)
+        else:
+            raise RuntimeError(f"ContextForge did not answer /health in 300 s: {self.log()}")
+        made = subprocess.run(
+            [str(VENV / "bin" / "python"), "-m", "mcpgateway.utils.create_jwt_token", "-u", "admin@example.com",
+             "--exp", "120", "--secret", self.secret],
+            cwd=self.dir, env=self.env, capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        self.token = made.stdout.strip().splitlines()[-1]
+
+    def log(self) -> str:
+        path = self.dir / "gateway.log"
+        return path.read_text(errors="replace")[-1500:] if path.exists() else ""
+
+    def api(self, method: str, path: str, body: Any = None) -> Any:
+        r = httpx2.request(
+            method,
+            f"{self.base}{path}",
+            json=body,
+            headers={"Authorization": f"Bearer {self.token}"},
+            timeout=60,
+        )
+        if r.status_code >= 300:
+            raise RuntimeError(f"{method} {path}: {r.status_code} {r.text[:500]}")
+        return r.json()
+
+    def serve_echo(self, url: str) -> str:
+        """Register the echo server and a virtual server with its echo tool; its MCP URL."""
+        self.api(
+            "POST",
+            "/gateways",
+            {"name": f"echo{uuid.uuid4().hex[:6]}", "url": url, "transport": "STREAMABLEHTTP"},
+        )
+        tools = self.api("GET", "/tools")
+        tools = tools.get("items", tools) if isinstance(tools, dict) else tools
+        echo = next(t for t in tools if t.get("originalName", t.get("original_name")) == "echo")
+        server = self.api("POST", "/servers", {"server": {"name": "bench", "associated_tools": [echo["id"]]}})
+        self.tool = echo["name"]
+        return f"{self.base}/servers/{server['id']}/mcp"
+
+    def start_serving(self, url: str) -> str:
+        self.start()
+        return self.serve_echo(url)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+async def main(calls: int, version: str) -> None:
+    why = install(version)
+    if why is not None:
+        print(f"bench-peers: ContextForge {version} could not be installed, nothing measured: {why}")
+        return
+    from bench.harness import commit
+
+    info = commit()
+    async with BenchStack(("registry", "dispatcher")) as stack:
+        conn = await McpConnection.open(stack.url, {}, server_name="echo")
+        http = create_mcp_http_client()
+        bare = Client(streamable_http_client(stack.url, http_client=http), mode="auto")
+        await http.__aenter__()
+        await bare.__aenter__()
+
+        async def direct() -> object:
+            return await conn.call_tool("echo", {"text": "hi"}, idempotency_key=uuid.uuid4().hex, timeout=30)
+
+        async def sdk() -> object:
+            meta = cast(RequestParamsMeta, {IDEMPOTENCY_META_KEY: uuid.uuid4().hex})
+            return await bare.call_tool("echo", {"text": "hi"}, meta=meta)
+
+        paths: dict[str, Call] = {
+            "direct McpConnection": direct,
+            "direct bare mcp.Client": sdk,
+            "toolbus calls.invoke": stack.invoke,
+        }
+        gateways: list[ContextForge] = []
+        closers: list[Any] = []
+        rss: dict[str, float] = {}
+        errors: dict[str, dict[str, int]] = {}
+        try:
+            gateways = [ContextForge(stateful) for stateful in (False, True)]
+            started = await asyncio.gather(
+                *(asyncio.to_thread(gw.start_serving, stack.url) for gw in gateways), return_exceptions=True
+            )
+            for gw, mcp_url in zip(gateways, started, strict=True):
+                label = f"ContextForge {version}, {'stateful sessions' if gw.stateful else 'defaults'}"
+                if isinstance(mcp_url, BaseException):  # report and go on: the peer is optional
+                    print(f"{label}: could not be started or configured: {mcp_url}")
+                    continue
+                gw_http = create_mcp_http_client(headers={"Authorization": f"Bearer {gw.token}"})
+                gw_client = Client(streamable_http_client(mcp_url, http_client=gw_http), mode="auto")
+                await gw_http.__aenter__()
+                await gw_client.__aenter__()
+                closers += [gw_client, gw_http]
+
+                async def through(client: Any = gw_client, tool: str = gw.tool, label: str = label) -> object:
+                    try:
+                        async with asyncio.timeout(60):
+                            result = await client.call_tool(tool, {"text": "hi"})
+                        if result.is_error:
+                            raise RuntimeError(str(result.content)[:200])
+                        return result
+                    except Exception as exc:  # counted and reported: a gateway that fails under load
+                        failed = errors.setdefault(label, {})
+                        key = f"{type(exc).__name__}: {str(exc)[:120]}"
+                        failed[key] = failed.get(key, 0) + 1
+                        return None
+
+                paths[label] = through
+            got: dict[tuple[str, str], list[Row]] = {}
+            for name, fn in paths.items():
+                print(f"warming up: {name}", file=sys.stderr)
+                await sequential(fn, 20)
+            for _ in range(2):
+                for name, fn in paths.items():
+                    got.setdefault((name, "sequential"), []).append(await sequential(fn, calls))
+                    got.setdefault((name, "16 in flight"), []).append(await in_flight(fn, calls))
+            for gw in gateways:
+                if gw.proc is not None and gw.proc.poll() is None:
+                    rss[
+                        f"ContextForge {'stateful' if gw.env['USE_STATEFUL_SESSIONS'] == 'true' else 'defaults'}"
+                    ] = rss_mib(gw.proc.pid)
+        finally:
+            for closer in closers:
+                try:  # a gateway session may already be gone; closing is cleanup only
+                    await closer.__aexit__(None, None, None)
+                except BaseException as exc:
+                    print(f"closing a ContextForge client: {type(exc).__name__}", file=sys.stderr)
+            for gw in gateways:
+                await asyncio.to_thread(gw.stop)
+            await bare.__aexit__(None, None, None)
+            await http.__aexit__(None, None, None)
+            await conn.aclose()
+    figures: list[Figure] = []
+    for name in paths:
+        if name.startswith("direct McpConnection"):
+            continue
+        for mode in ("sequential", "16 in flight"):
+            figures += latency_figures(
+                SECTION,
+                f"{name}, {mode}:",
+                merge(got[(name, mode)]),
+                "direct McpConnection",
+                merge(got[("direct McpConnection", mode)]),
+            )
+    for name, value in rss.items():
+        figures.append(Figure(SECTION, f"{name} RSS after the calls", value, "MiB"))
+    for name, failed in errors.items():
+        for what, count in failed.items():
+            figures.append(Figure(SECTION, f"{name}: calls that failed", count, "calls", note=what))
+    print_table(
+        figures,
+        f"bench-peers on commit {info['commit']}{' (dirty)' if info['dirty'] else ''}; {calls} calls per row and round,"
+        " 2 rounds; a shared 2-core machine, loopback only",
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--version", default=VERSION)
+    args = parser.parse_args()
+    asyncio.run(main(args.calls, args.version))
