@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any, cast
 
 import orjson
-
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
