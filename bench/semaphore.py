@@ -23,6 +23,7 @@ from redis.asyncio import Redis
 from toolbus_common.clock import now_iso
 from toolbus_common.keys import Keys
 from toolbus_common.script_pipe import ScriptPipe
+from toolbus_contracts import Subjects
 from toolbus_dispatcher.store import CallStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -44,7 +45,10 @@ class ScriptStack:
         self.prefix = unique_prefix("tbbench")
         self.redis = redis
         self.pipe = pipe
-        self.store = CallStore(redis, Keys(self.prefix), "d_bench", lease=60.0, pipe=pipe)
+        events_prefix = Subjects(self.prefix).call_events("", "")[:-1]  # as the dispatcher's app does
+        self.store = CallStore(
+            redis, Keys(self.prefix), "d_bench", lease=60.0, pipe=pipe, events_prefix=events_prefix
+        )
         self.run_id = f"run_{uuid.uuid4().hex}"
 
     async def open(self) -> ScriptStack:
