@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any, cast
@@ -148,20 +149,19 @@ async def measure(stack: BenchStack, calls: int, rounds: int, *, warmup: int = 2
 
 async def event_lag(stack: BenchStack, n: int) -> list[float]:
     """Seconds from each invoke reply to its `completed` event (core subscription)."""
-    loop = asyncio.get_running_loop()
     arrived: dict[str, float] = {}
 
     async def on_event(msg: Any) -> None:
         event = orjson.loads(msg.data)
         if event["type"] == "completed":
-            arrived[event["callId"]] = loop.time()
+            arrived[event["callId"]] = time.perf_counter()  # uvloop's loop.time() is in whole ms
 
     sub = await stack.nc.subscribe(stack.subjects.run_events(stack.run_id), cb=on_event)
     lags: list[float] = []
     try:
         for _ in range(n):
             msg = await stack.invoke()
-            replied = loop.time()
+            replied = time.perf_counter()
             call_id = orjson.loads(msg.data)["data"]["callId"]  # type: ignore[attr-defined]
             for _ in range(2000):
                 if call_id in arrived:
