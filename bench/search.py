@@ -1,101 +1,294 @@
-"""Tool search: accuracy on the labelled set over real MCP catalogues, and latency.
+"""Tool search through NATS on two labelled corpora, beside plain BM25 over the same tool texts.
 
-    uv run python bench/search.py [--synthetic N]
+    uv run python bench/search.py [--rounds 2] [--corpus small|large|both] [--registry-python PY]
 
-Prints top-1 and recall@5 lexical-only and re-ranked; p50/p99 search latency on the real
-catalogues; index build time, first (cold) and warm search latency on a synthesized N-tool
-toolset (default 10,000) made from the real tools renamed across many namespaces.
+Corpora: `small`, the 112 tools of six npm MCP servers with 116 labelled queries
+(tests/search/queries.json); `large`, Twilio's REST API as 1,239 MCP tools (from the
+`@twilio-alpha/mcp` npm package) plus those 112, with 178 labelled tasks
+(tests/search/twilio_tasks.json). Each corpus's servers are served by real MCP servers over
+streamable HTTP; a registry runs as its own process (`python -m toolbus_registry`, from
+`--registry-python`: point it at another checkout's venv to measure that code) on a fresh subject
+prefix against NATS at TOOLBUS_NATS_URL (default 127.0.0.1:4222); its buckets are deleted after.
+
+Printed per corpus: top-1, recall@5, p50 and p99 of `toolsets.search` through NATS (warm: the last
+of `--rounds` passes), registration time of a toolset not seen before, the first search right
+after it (lexical while the tools are embedded in the background), how long the background
+embedding took, then the same registration and first search after a registry restart (vectors
+read back from the KV bucket), and the registry's RSS. The baseline is plain BM25 (Okapi, k1 1.2,
+b 0.75: no fields, stemming or synonyms) over the same words, in-process, in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import asyncio
+import json
+import os
 import sys
 import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import nats
 from toolbus_contracts import ToolInfo
-from toolbus_registry.search import EmbeddingCache, SearchIndex, default_encoder
+from toolbus_devstack.services import start_service, stop_process
+from toolbus_registry.search.lexical import Bm25Params, Field, LexicalIndex
+from toolbus_registry.search.text import split_identifier
 
-from tests.search.labelled import evaluate, load_queries, load_tools
+from bench.harness import percentile
+from tests.search.labelled import LabelledQuery, evaluate, load_queries, load_tools, load_twilio_tasks
+from tests.search.openapi_corpus import load_large_corpus
+from tests.support.mcp_servers import McpTestServer
 
-
-def pct(samples: list[float], p: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
-
-
-def timed(fn: object, *args: object, **kwargs: object) -> float:
-    start = time.perf_counter()
-    fn(*args, **kwargs)  # type: ignore[operator]
-    return (time.perf_counter() - start) * 1000
+NATS_URL = os.environ.get("TOOLBUS_NATS_URL", "nats://127.0.0.1:4222")
+REDIS_URL = os.environ.get("TOOLBUS_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
-def synthesize(tools: list[ToolInfo], n: int) -> list[ToolInfo]:
-    out: list[ToolInfo] = []
-    i = 0
-    while len(out) < n:
-        base = tools[len(out) % len(tools)]
-        server, _, local = base.name.partition(".")
-        out.append(base.model_copy(update={"name": f"{server}{i // len(tools)}.{local}"}))
-        i += 1
+class PlainBm25:
+    """The baseline: Okapi BM25 over one bag of words per tool (name split, description,
+    parameter names), lowercased, nothing else."""
+
+    def __init__(self, tools: Sequence[ToolInfo]) -> None:
+        self.tools = list(tools)
+        docs = []
+        for t in tools:
+            params = " ".join((t.input_schema.get("properties") or {}).keys())
+            docs.append({"all": split_identifier(f"{t.name} {t.description} {params}")})
+        self.index = LexicalIndex(docs, Bm25Params(fields={"all": Field(weight=1.0, b=0.75)}))
+
+    def search(self, query: str, k: int) -> list[str]:
+        groups = [{w: 1.0} for w in dict.fromkeys(split_identifier(query))]
+        scores = self.index.scores(groups, coordination=0.0)
+        order = sorted(range(len(self.tools)), key=lambda i: (-float(scores[i]), self.tools[i].name))
+        return [self.tools[i].name for i in order[:k] if scores[i] > 0]
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
+
+
+def rss_mib(pid: int) -> tuple[float, float]:
+    """(VmRSS, VmHWM) of a process, MiB."""
+    fields = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line
+    )
+    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+
+def metric(base_url: str, name: str) -> float | None:
+    try:
+        with urllib.request.urlopen(f"{base_url}/metrics", timeout=2) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+async def serve(tools: Sequence[ToolInfo]) -> list[McpTestServer]:
+    by_server: dict[str, list[dict[str, Any]]] = {}
+    for t in tools:
+        server, _, local = t.name.partition(".")
+        by_server.setdefault(server, []).append(
+            {"name": local, "description": t.description, "inputSchema": t.input_schema}
+        )
+    servers = [McpTestServer(ts, name=name) for name, ts in by_server.items()]
+    await asyncio.gather(*(s.start() for s in servers))
+    return servers
+
+
+async def bench_corpus(
+    label: str, tools: list[ToolInfo], queries: list[LabelledQuery], rounds: int, python: str | None
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"corpus": label, "tools": len(tools), "queries": len(queries)}
+    bm25 = PlainBm25(tools)
+    acc = evaluate(bm25.search, queries)
+    lat = []
+    for q in queries:
+        t0 = time.perf_counter()
+        bm25.search(q.query, 5)
+        lat.append(time.perf_counter() - t0)
+    out["bm25"] = {
+        "top1": acc.top1,
+        "recall5": acc.recall5,
+        "p50": percentile(lat, 0.5),
+        "p99": percentile(lat, 0.99),
+    }
+
+    servers = await serve(tools)
+    prefix = f"tbbench{uuid.uuid4().hex[:8]}"
+    env = {
+        "TOOLBUS_NATS_URL": NATS_URL,
+        "TOOLBUS_REDIS_URL": REDIS_URL,
+        "TOOLBUS_SUBJECT_PREFIX": prefix,
+        "TOOLBUS_LOG_LEVEL": "WARNING",
+    }
+    body = json.dumps({"mcp": [{"name": s.name, "url": s.url} for s in servers]}).encode()
+    nc = await nats.connect(NATS_URL)
+
+    async def ask(subject: str, payload: bytes, wait: float = 60) -> dict[str, Any]:
+        reply: dict[str, Any] = json.loads(
+            (await nc.request(f"{prefix}.{subject}", payload, timeout=wait)).data
+        )
+        if not reply.get("ok"):
+            raise RuntimeError(reply)
+        return reply["data"]  # type: ignore[no-any-return]
+
+    async def register_and_first_search() -> tuple[str, float, float]:
+        t0 = time.perf_counter()
+        created = await ask("toolsets.create", body)
+        registered = time.perf_counter() - t0
+        q = json.dumps({"id": created["id"], "query": queries[0].query, "limit": 5}).encode()
+        t0 = time.perf_counter()
+        await ask("toolsets.search", q)
+        return created["id"], registered, time.perf_counter() - t0
+
+    async def wait_embedded(base_url: str) -> float:
+        t0 = time.perf_counter()
+        await asyncio.sleep(0.2)
+        while metric(base_url, "toolbus_search_toolsets_embedding") not in (0.0, None):  # noqa: ASYNC110 - polls another process
+            await asyncio.sleep(0.1)
+        return time.perf_counter() - t0
+
+    try:
+        registry = start_service("registry", env, python=python)
+        try:
+            idle = rss_mib(registry.proc.pid)
+            toolset_id, registered, first = await register_and_first_search()
+            embedded = await wait_embedded(registry.base_url)
+            out["cold"] = {
+                "register": registered,
+                "first_search": first,
+                "embedding": embedded,
+                "encoded": metric(registry.base_url, "toolbus_search_texts_encoded_total"),
+            }
+
+            names: dict[str, list[str]] = {}
+            lat = []
+            for _ in range(rounds):
+                lat = []
+                for q in queries:
+                    payload = json.dumps({"id": toolset_id, "query": q.query, "limit": 5}).encode()
+                    t0 = time.perf_counter()
+                    data = await ask("toolsets.search", payload)
+                    lat.append(time.perf_counter() - t0)
+                    names[q.query] = [t["name"] for t in data["tools"]]
+            acc = evaluate(lambda q, k: names[q][:k], queries)
+            out["toolbus"] = {
+                "top1": acc.top1,
+                "recall5": acc.recall5,
+                "p50": percentile(lat, 0.5),
+                "p99": percentile(lat, 0.99),
+                "misses": acc.misses,
+            }
+            out["rss"] = {
+                "idle": idle[0],
+                "after": rss_mib(registry.proc.pid)[0],
+                "peak": rss_mib(registry.proc.pid)[1],
+            }
+        finally:
+            stop_process(registry.proc)
+        registry = start_service("registry", env, python=python)
+        try:
+            _, registered, first = await register_and_first_search()
+            embedded = await wait_embedded(registry.base_url)
+            out["restart"] = {
+                "register": registered,
+                "first_search": first,
+                "embedding": embedded,
+                "encoded": metric(registry.base_url, "toolbus_search_texts_encoded_total"),
+                "loaded": metric(registry.base_url, "toolbus_search_texts_loaded_total"),
+            }
+            out["rss"]["restart_peak"] = rss_mib(registry.proc.pid)[1]
+        finally:
+            stop_process(registry.proc)
+    finally:
+        await asyncio.gather(*(s.stop() for s in servers))
+        js = nc.jetstream()
+        for info in await js.streams_info():
+            name = info.config.name
+            if prefix.upper() in name.upper():
+                await js.delete_stream(name)
+        await nc.close()
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--synthetic", type=int, default=10_000)
-    args = parser.parse_args()
+def report(results: list[dict[str, Any]]) -> None:
+    def row(what: str, get: Callable[[dict[str, Any]], str]) -> None:
+        print(f"| {what} | " + " | ".join(get(r) for r in results) + " |")
 
-    t0 = time.perf_counter()
-    default_encoder()
-    print(f"model load: {(time.perf_counter() - t0) * 1000:.0f} ms")
-
-    tools = load_tools()
-    queries = load_queries()
-    t0 = time.perf_counter()
-    index = SearchIndex.build(tools)
-    build_ms = (time.perf_counter() - t0) * 1000
-    t0 = time.perf_counter()
-    index.warm()
-    warm_ms = (time.perf_counter() - t0) * 1000
-    print(f"\nreal catalogues: {len(tools)} tools, {len(queries)} labelled queries")
-    print(f"  lexical index build {build_ms:.1f} ms; embedding all tools {warm_ms:.0f} ms (once per content)")
-    for rerank in (False, True):
-        acc = evaluate(lambda q, k, r=rerank: [s.tool.name for s in index.search(q, k, rerank=r)], queries)
-        label = "re-ranked   " if rerank else "lexical only"
-        print(f"  {label}: top-1 {acc.top1:.1%}  recall@5 {acc.recall5:.1%}")
-        for query, got in acc.misses:
-            print(f"      miss: {query!r} -> {', '.join(got)}")
-    for rerank in (False, True):
-        lat = [timed(index.search, q.query, 5, rerank=rerank) for q in queries for _ in range(3)]
-        label = "re-ranked   " if rerank else "lexical only"
-        print(f"  latency {label}: p50 {pct(lat, 50):.2f} ms  p99 {pct(lat, 99):.2f} ms")
-
-    n = args.synthetic
-    big = synthesize(tools, n)
-    cache = EmbeddingCache(default_encoder)
-    t0 = time.perf_counter()
-    big_index = SearchIndex.build(big, embeddings=cache)
-    print(f"\nsynthetic toolset: {n} tools (lexical candidates re-ranked: {big_index.options.candidates})")
-    print(f"  index build {(time.perf_counter() - t0) * 1000:.0f} ms")
-    cold = [timed(big_index.search, q.query, 5) for q in queries[:20]]
     print(
-        f"  first searches (candidates not yet embedded): p50 {pct(cold, 50):.0f} ms  max {max(cold):.0f} ms"
+        "\n| | "
+        + " | ".join(f"{r['corpus']} ({r['tools']} tools, {r['queries']} tasks)" for r in results)
+        + " |"
     )
-    for q in queries:
-        big_index.search(q.query, 5)
-    for rerank in (False, True):
-        lat = [timed(big_index.search, q.query, 5, rerank=rerank) for q in queries for _ in range(3)]
-        label = "re-ranked   " if rerank else "lexical only"
-        print(f"  warm latency {label}: p50 {pct(lat, 50):.2f} ms  p99 {pct(lat, 99):.2f} ms")
-    q_lat = [timed(default_encoder().encode, [q.query]) for q in queries]
-    print(f"\nquery embedding alone: p50 {statistics.median(q_lat):.2f} ms")
+    print("|---|" + "---|" * len(results))
+    row("top-1: toolbus / plain BM25", lambda r: f"{r['toolbus']['top1']:.3f} / {r['bm25']['top1']:.3f}")
+    row(
+        "recall@5: toolbus / plain BM25",
+        lambda r: f"{r['toolbus']['recall5']:.3f} / {r['bm25']['recall5']:.3f}",
+    )
+    row(
+        "p50: toolbus (NATS) / BM25 (in-process)",
+        lambda r: f"{ms(r['toolbus']['p50'])} / {ms(r['bm25']['p50'])}",
+    )
+    row(
+        "p99: toolbus (NATS) / BM25 (in-process)",
+        lambda r: f"{ms(r['toolbus']['p99'])} / {ms(r['bm25']['p99'])}",
+    )
+    row("registration, toolset not seen before", lambda r: ms(r["cold"]["register"]))
+    row("first search after it", lambda r: ms(r["cold"]["first_search"]))
+    row(
+        "background embedding (texts encoded)",
+        lambda r: f"{r['cold']['embedding']:.1f} s ({r['cold']['encoded']})",
+    )
+    row(
+        "after a restart: registration / first search",
+        lambda r: f"{ms(r['restart']['register'])} / {ms(r['restart']['first_search'])}",
+    )
+    row(
+        "after a restart: texts encoded / loaded",
+        lambda r: f"{r['restart']['encoded']} / {r['restart']['loaded']}",
+    )
+    row(
+        "registry RSS idle / after / peak (MiB)",
+        lambda r: f"{r['rss']['idle']:.0f} / {r['rss']['after']:.0f} / {r['rss']['peak']:.0f}",
+    )
+    for r in results:
+        print(f"\n{r['corpus']}: toolbus misses at top-1 ({len(r['toolbus']['misses'])}):")
+        for query, got in r["toolbus"]["misses"]:
+            print(f"    {query!r} -> {', '.join(got)}")
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--corpus", choices=("small", "large", "both"), default="both")
+    parser.add_argument("--registry-python", default=None, help="the Python whose toolbus_registry runs")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    results = []
+    if args.corpus in ("small", "both"):
+        results.append(
+            await bench_corpus("small", load_tools(), load_queries(), args.rounds, args.registry_python)
+        )
+    if args.corpus in ("large", "both"):
+        results.append(
+            await bench_corpus(
+                "large", load_large_corpus(), load_twilio_tasks(), args.rounds, args.registry_python
+            )
+        )
+    if args.json:
+        print(json.dumps(results, default=str))
+    report(results)
 
 
 if __name__ == "__main__":
-    main()
+    asyncio.run(main())

@@ -34,6 +34,12 @@ def load_queries() -> list[LabelledQuery]:
     ]
 
 
+def load_twilio_tasks() -> list[LabelledQuery]:
+    """The labelled tasks over the large corpus (`openapi_corpus.load_large_corpus`)."""
+    data = json.loads((HERE / "twilio_tasks.json").read_text())
+    return [LabelledQuery(q["query"], frozenset(q["accept"]), False) for q in data["queries"]]
+
+
 def _raw_catalogues() -> Mapping[str, list[dict[str, Any]]]:
     from tests.catalogues.fetch import load_catalogues
 

@@ -1,51 +1,75 @@
-"""Search accuracy on the labelled query set over real MCP catalogues (github, filesystem, memory,
-everything, playwright, notion from npm). Floors sit below the measured figures (printed by
-`bench/search.py`) with headroom; the test skips when the catalogues cannot be fetched."""
+"""Search accuracy on the two labelled corpora: the 112 tools of six npm MCP servers (github,
+filesystem, memory, everything, playwright, notion) and 1,350 tools (Twilio's REST API as MCP
+tools, from the `@twilio-alpha/mcp` npm package, plus those 112). Floors sit below the figures
+`bench/search.py` prints, with headroom; a corpus whose npm package cannot be had is skipped
+(`.ci/run` installs npm, so CI runs both). Vectors are cached across runs (tests/search/support.py).
+"""
 
 from __future__ import annotations
 
 import pytest
-from toolbus_registry.search import SearchIndex
+from toolbus_registry.search import Embedder, SearchIndex
 
-from tests.search.labelled import Accuracy, evaluate, load_queries, load_tools
+from tests.search.labelled import Accuracy, evaluate, load_queries, load_tools, load_twilio_tasks
+from tests.search.openapi_corpus import load_large_corpus
+from tests.search.support import cached_embedder, embedded_index, searcher
 
 
 @pytest.fixture(scope="module")
-def index() -> SearchIndex:
+def embedder() -> Embedder:
+    return cached_embedder()
+
+
+@pytest.fixture(scope="module")
+def small(embedder: Embedder) -> SearchIndex:
     try:
         tools = load_tools()
     except LookupError as exc:
-        pytest.skip(f"real catalogues unavailable: {exc}")
-    return SearchIndex.build(tools)
+        pytest.skip(f"npm MCP catalogues unavailable: {exc}")
+    return embedded_index(tools, embedder)
 
 
-def run(index: SearchIndex, rerank: bool) -> Accuracy:
-    return evaluate(lambda q, k: [r.tool.name for r in index.search(q, k, rerank=rerank)], load_queries())
+@pytest.fixture(scope="module")
+def large(embedder: Embedder) -> SearchIndex:
+    try:
+        tools = load_large_corpus()
+    except LookupError as exc:
+        pytest.skip(f"Twilio's API description (npm @twilio-alpha/mcp) unavailable: {exc}")
+    return embedded_index(tools, embedder)
 
 
-def test_labelled_set_is_over_tools_that_exist(index: SearchIndex) -> None:
-    known = {t.name for t in index.tools}
-    queries = load_queries()
-    assert len(queries) >= 100
-    unknown = sorted(name for q in queries for name in q.accept if name not in known)
-    assert unknown == []
+def run(index: SearchIndex, embedder: Embedder, queries: object, dense: bool = True) -> Accuracy:
+    return evaluate(searcher(index, embedder, dense=dense), queries)  # type: ignore[arg-type]
 
 
-def test_reranked_search_reaches_the_accuracy_floor(index: SearchIndex) -> None:
-    # Measured: top-1 0.914, recall@5 0.991 on 116 queries.
-    accuracy = run(index, rerank=True)
-    assert accuracy.top1 >= 0.87, accuracy.misses
-    assert accuracy.recall5 >= 0.97, accuracy.misses
+def test_labelled_sets_are_over_tools_that_exist(small: SearchIndex, large: SearchIndex) -> None:
+    for index, queries, at_least in ((small, load_queries(), 100), (large, load_twilio_tasks(), 150)):
+        known = {t.name for t in index.tools}
+        assert len(queries) >= at_least
+        assert sorted(name for q in queries for name in q.accept if name not in known) == []
+    assert len(large) >= 1000
 
 
-def test_lexical_search_alone_reaches_its_floor(index: SearchIndex) -> None:
-    # Measured: top-1 0.810, recall@5 0.974.
-    accuracy = run(index, rerank=False)
+def test_small_corpus_reaches_the_accuracy_floor(small: SearchIndex, embedder: Embedder) -> None:
+    # Measured (bench/search.py): see the floors in docs/design.md; the issue's bar is 0.93 / 0.99.
+    accuracy = run(small, embedder, load_queries())
+    assert accuracy.top1 >= 0.93, accuracy.misses
+    assert accuracy.recall5 >= 0.98, accuracy.misses
+
+
+def test_large_corpus_reaches_the_accuracy_floor(large: SearchIndex, embedder: Embedder) -> None:
+    # The issue's targets: top-1 >= 0.75, recall@5 >= 0.92.
+    accuracy = run(large, embedder, load_twilio_tasks())
+    assert accuracy.top1 >= 0.75, accuracy.misses
+    assert accuracy.recall5 >= 0.92, accuracy.misses
+
+
+def test_lexical_search_alone_reaches_its_floor(small: SearchIndex, embedder: Embedder) -> None:
+    accuracy = run(small, embedder, load_queries(), dense=False)
     assert accuracy.top1 >= 0.75, accuracy.misses
     assert accuracy.recall5 >= 0.93, accuracy.misses
 
 
-def test_close_an_issue_is_not_a_browser_close(index: SearchIndex) -> None:
-    for rerank in (False, True):
-        first = index.search("close an issue", 1, rerank=rerank)[0].tool.name
-        assert first == "github.update_issue", rerank
+def test_close_an_issue_is_not_a_browser_close(small: SearchIndex, embedder: Embedder) -> None:
+    for dense in (False, True):
+        assert searcher(small, embedder, dense=dense)("close an issue", 1) == ["github.update_issue"], dense

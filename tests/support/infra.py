@@ -92,7 +92,7 @@ async def drop_deployment_state(nc: Any, redis_url: str, prefix: str) -> None:
     from redis.asyncio import Redis
 
     js = nc.jetstream()
-    for name in ("EVENTS", "INTERNAL", "toolsets", "workflows", "outputs"):
+    for name in ("EVENTS", "INTERNAL", "toolsets", "workflows", "outputs", "embeddings"):
         for stream in (js_name(prefix, name), f"OBJ_{js_name(prefix, name)}", f"KV_{js_name(prefix, name)}"):
             with contextlib.suppress(Exception):
                 await js.delete_stream(stream)

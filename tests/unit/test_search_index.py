@@ -1,23 +1,24 @@
-"""SearchIndex ranking, the large-toolset path, the caches and the contract's hits."""
+"""SearchIndex ranking (lexical alone, and fused with dense retrieval), the embedder with its
+persisted store, shared description openings, and the contract's hits."""
 
 from __future__ import annotations
 
-import threading
+import asyncio
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from toolbus_contracts import EffectivePolicy, ToolInfo
 from toolbus_registry.search import (
-    EmbeddingCache,
+    Embedder,
     Encoder,
-    IndexCache,
+    FileVectorStore,
     SearchIndex,
-    SearchOptions,
     default_encoder,
     to_hits,
 )
 from toolbus_registry.search.encoder import Vectors
-from toolbus_registry.search.index import embedding_text
+from toolbus_registry.search.index import shared_description_prefixes
 
 
 def tool(name: str, description: str = "", properties: dict[str, Any] | None = None) -> ToolInfo:
@@ -50,32 +51,54 @@ def names(results: Sequence[Any]) -> list[str]:
     return [r.tool.name for r in results]
 
 
+def dense(tools: Sequence[ToolInfo], embedder: Embedder | None = None) -> tuple[SearchIndex, Embedder]:
+    embedder = embedder or Embedder(default_encoder)
+    index = SearchIndex.build(tools)
+    index.attach(asyncio.run(embedder.embed(index.texts)))
+    return index, embedder
+
+
+def fused(index: SearchIndex, embedder: Embedder, query: str, limit: int) -> list[str]:
+    return names(index.search(query, limit, query_vector=embedder.encode_query(query)))
+
+
 def test_lexical_search_matches_split_stemmed_names_and_synonyms() -> None:
     index = SearchIndex.build(TOOLS)
-    assert names(index.search("make a new folder", 1, rerank=False)) == ["filesystem.create_directory"]
-    assert names(index.search("listing issues", 1, rerank=False)) == ["github.list_issues"]
+    assert not index.dense
+    assert names(index.search("make a new folder", 1)) == ["filesystem.create_directory"]
+    assert names(index.search("listing issues", 1)) == ["github.list_issues"]
     # Tools that share no term with the query are left out of lexical results.
-    assert names(index.search("zebra", 5, rerank=False)) == []
+    assert names(index.search("zebra", 5)) == []
 
 
 def test_close_an_issue_ranks_the_issue_tool_above_a_browser_close_lexically() -> None:
     # `state: open|closed` is indexed, and the issue tool matches both query words where the
-    # browser's close matches one. (With the re-ranker this is measured on the real catalogues.)
+    # browser's close matches one. (Fused with dense retrieval this is measured on the real catalogues.)
     index = SearchIndex.build(TOOLS)
-    results = names(index.search("close an issue", 3, rerank=False))
+    results = names(index.search("close an issue", 3))
     assert results[0] == "github.update_issue"
     assert "playwright.browser_close" in results
 
 
-def test_rerank_finds_a_tool_that_shares_no_word_with_the_query() -> None:
-    index = SearchIndex.build(TOOLS)
-    assert names(index.search("add 2 and 3 together", 1)) == ["everything.get-sum"]
-    assert names(index.search("open example.com", 1)) == ["playwright.browser_navigate"]
+def test_dense_retrieval_finds_a_tool_that_shares_no_word_with_the_query() -> None:
+    index, embedder = dense(TOOLS)
+    assert index.dense
+    assert fused(index, embedder, "add 2 and 3 together", 1) == ["everything.get-sum"]
+    assert fused(index, embedder, "open example.com", 1) == ["playwright.browser_navigate"]
+
+
+def test_dense_retrieval_ranks_every_tool_of_a_large_toolset() -> None:
+    # Every tool is ranked, not only lexical survivors: no tool shares a word with this query.
+    codes = [f"{chr(97 + i % 26)}{chr(97 + i // 26)}" for i in range(80)]
+    filler = [tool(f"filler.widget_{c}", f"Frobnicate the widget {c}") for c in codes]
+    index, embedder = dense(TOOLS + filler)
+    assert not index.search("compute 7 + 11", 3)  # nothing lexical
+    assert fused(index, embedder, "compute 7 + 11", 3)[0] == "everything.get-sum"
 
 
 def test_results_are_best_first_limited_and_scored() -> None:
-    index = SearchIndex.build(TOOLS)
-    results = index.search("issue", 2)
+    index, embedder = dense(TOOLS)
+    results = index.search("issue", 2, query_vector=embedder.encode_query("issue"))
     assert len(results) == 2
     assert results[0].score >= results[1].score
     assert all(r.tool.name.startswith("github.") for r in results)
@@ -83,17 +106,28 @@ def test_results_are_best_first_limited_and_scored() -> None:
     assert SearchIndex.build([]).search("issue", 5) == []
 
 
-def test_large_toolsets_rerank_only_the_lexical_candidates() -> None:
-    filler = [tool(f"filler.widget_{i}", f"Frobnicate widget number {i}") for i in range(60)]
-    options = SearchOptions(candidates=5, dense_all_max=10)
-    cache = EmbeddingCache(default_encoder)
-    index = SearchIndex.build(TOOLS + filler, options, embeddings=cache)
-    results = index.search("rename a file", 3)
-    assert names(results)[0] == "filesystem.move_file"
-    # Only the candidates were embedded, not the 68 tools.
-    assert 0 < len(cache) <= options.candidates
-    # A query with no lexical match has no candidates on the large path.
-    assert index.search("qwertyuiop", 3) == []
+def test_attach_refuses_vectors_of_another_size() -> None:
+    index, embedder = dense(TOOLS)
+    other = SearchIndex.build(TOOLS[:3])
+    try:
+        other.attach(asyncio.run(embedder.embed(index.texts)))
+    except ValueError as exc:
+        assert "8 vectors for 3 tools" in str(exc)
+    else:
+        raise AssertionError("attach took vectors of another toolset")
+
+
+def test_descriptions_lose_the_opening_their_whole_namespace_shares() -> None:
+    boiler = "Twilio - Api: This is the public Twilio REST API. "
+    api = [
+        tool(f"api.op{i}", boiler + text)
+        for i, text in enumerate(["Send a message", "Fetch a call", "Buy a number"])
+    ]
+    assert shared_description_prefixes(api + TOOLS) == {"api": boiler}
+    index = SearchIndex.build(api + TOOLS)
+    assert index.texts[0] == "api op 0: Send a message"
+    # Namespaces with varied openings, or too few tools, keep their descriptions whole.
+    assert index.texts[len(api)] == "github update issue: Update an existing issue in a GitHub repository"
 
 
 class CountingEncoder(Encoder):
@@ -108,43 +142,23 @@ class CountingEncoder(Encoder):
         return super().encode(texts, batch_size)
 
 
-def test_embedding_cache_encodes_each_tool_text_once_and_stays_bounded() -> None:
+def test_embedder_encodes_each_text_once_and_reuses_a_persisted_store(tmp_path: Path) -> None:
     counting = CountingEncoder(default_encoder())
-    cache = EmbeddingCache(lambda: counting, max_entries=6)
-    texts = [embedding_text(t) for t in TOOLS[:4]]
-    first = cache.embed(texts)
-    again = cache.embed(texts)
-    assert counting.encoded == 4
+    store = FileVectorStore(tmp_path / "vectors.npz")
+    embedder = Embedder(lambda: counting, store, max_entries=6)
+    texts = list(SearchIndex.build(TOOLS).texts)
+    first = asyncio.run(embedder.embed(texts[:4]))
+    again = asyncio.run(embedder.embed(texts[:4]))
+    assert counting.encoded == 4 and embedder.encoded == 4
     assert (first == again).all()
-    cache.embed([embedding_text(t) for t in TOOLS[4:]])
-    assert len(cache) == 6
+    asyncio.run(embedder.embed(texts))
+    assert counting.encoded == 8
 
-
-def test_index_cache_builds_once_per_toolset_and_evicts_least_recent() -> None:
-    cache = IndexCache(max_entries=2)
-    calls: list[str] = []
-
-    def loader(tag: str) -> Any:
-        def load() -> list[ToolInfo]:
-            calls.append(tag)
-            return TOOLS
-
-        return load
-
-    threads = [threading.Thread(target=cache.get_or_build, args=("ts_a", loader("a"))) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert calls == ["a"]
-    first = cache.get_or_build("ts_a", loader("a"))
-    assert cache.get_or_build("ts_a", loader("a")) is first
-    cache.get_or_build("ts_b", loader("b"))
-    cache.get("ts_a")  # a is now the most recent
-    cache.get_or_build("ts_c", loader("c"))
-    assert "ts_a" in cache
-    assert "ts_b" not in cache
-    assert len(cache) == 2
+    # Another process (a restart, a replica) over the same store encodes nothing.
+    fresh = Embedder(lambda: counting, FileVectorStore(tmp_path / "vectors.npz"))
+    vectors = asyncio.run(fresh.embed(texts))
+    assert fresh.encoded == 0 and fresh.loaded == len(texts)
+    assert abs(vectors - asyncio.run(embedder.embed(texts))).max() < 1e-2  # stored as float16
 
 
 def test_to_hits_carries_prompt_and_dts_from_the_declarations_functions() -> None:

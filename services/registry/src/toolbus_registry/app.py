@@ -12,6 +12,7 @@ from toolbus_common.toolsets import ToolsetStore
 from toolbus_registry.credentials import CredentialsServiceSink
 from toolbus_registry.handlers import routes
 from toolbus_registry.listing import list_server_tools
+from toolbus_registry.searching import open_searcher
 from toolbus_registry.service import RegistryService, ToolsetCredentialSink
 from toolbus_registry.workflows import WorkflowStore
 
@@ -44,6 +45,7 @@ class RegistryApp:
             credentials=credentials,
             module_name=s.module_name,
             max_payload=nc.max_payload,
+            searcher=await open_searcher(js, s.js_name("embeddings"), placement=JsPlacement.of(s)),
         )
         self.bus.include(routes, self.service)
         await self.bus.start()

@@ -1,33 +1,119 @@
 """Glue between the registry and the search package: one index per content-addressed toolset
-(built once, cached: an id never changes content), hits with their prompt line and dts fragment."""
+(an id never changes content), its tools embedded in the background, hits with their prompt line
+and dts fragment.
+
+A toolset is searchable lexically as soon as its index is built (milliseconds); its vectors come
+from the `Embedder` (memory, then the persisted store, then the model) in a background task
+started when it is registered or first searched. A search never waits for that task: until the
+vectors are attached it answers from the lexical ranking alone.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+
+from nats.js import JetStreamContext
+from prometheus_client import Counter, Gauge
+from toolbus_common.connections import DEFAULT_PLACEMENT, JsPlacement, ensure_kv
+from toolbus_common.lru import Lru
 from toolbus_common.toolsets import StoredToolset
 from toolbus_contracts import ToolsetSearchReply
 
 from toolbus_registry.declarations import tool_dts_fragment, tool_prompt_line
-from toolbus_registry.search import IndexCache, SearchOptions, to_hits
+from toolbus_registry.search import Embedder, KvVectorStore, SearchIndex, default_encoder, to_hits
+from toolbus_registry.search.encoder import MODEL_ID
 
-DENSE_ALL_MAX = 200
-"""Toolsets up to this size are re-ranked over every tool, embedded once in the background when
-registered (~20 ms a tool on 2 cores); larger ones re-rank their lexical top 40, so no search
-ever waits for more than 40 tools to be embedded."""
+log = logging.getLogger("toolbus.registry.search")
+
+INDEX_CACHE_SIZE = 32
+"""Toolsets whose built index (and attached vectors) are kept in memory."""
+
+TEXTS_ENCODED = Counter("toolbus_search_texts_encoded_total", "Tool texts run through the embedding model.")
+TEXTS_LOADED = Counter(
+    "toolbus_search_texts_loaded_total", "Tool texts whose vectors were read from the persisted store."
+)
+EMBEDDING = Gauge("toolbus_search_toolsets_embedding", "Toolsets whose tools are being embedded now.")
 
 
 class Searcher:
-    """Synchronous and CPU-bound: the registry runs it off the event loop."""
+    """Search indexes by toolset id with their background embedding. Runs on the event loop;
+    CPU-bound work goes to worker threads."""
 
-    def __init__(self, cache_size: int = 32) -> None:
-        self._cache = IndexCache(cache_size, SearchOptions(dense_all_max=DENSE_ALL_MAX))
+    def __init__(self, embedder: Embedder | None = None, cache_size: int = INDEX_CACHE_SIZE) -> None:
+        self.embedder = embedder or Embedder(default_encoder)
+        self._indexes: Lru[str, SearchIndex] = Lru(cache_size)
+        self._building: dict[str, asyncio.Future[SearchIndex]] = {}
+        self._embedding: dict[str, asyncio.Task[None]] = {}
 
-    def warm(self, stored: StoredToolset) -> None:
-        """Build the index and embed its tools now, so the first search does not pay for it."""
-        index = self._cache.get_or_build(stored.id, stored.table.infos)
-        if len(index) <= index.options.dense_all_max:
-            index.warm()
+    async def index(self, stored: StoredToolset) -> SearchIndex:
+        """The toolset's index, built once (in a thread) however many ask at the same time."""
+        index = self._indexes.get(stored.id)
+        if index is not None:
+            return index
+        pending = self._building.get(stored.id)
+        if pending is None:
+            pending = asyncio.ensure_future(asyncio.to_thread(SearchIndex.build, stored.table.infos()))
+            self._building[stored.id] = pending
+            try:
+                index = await pending
+            finally:
+                self._building.pop(stored.id, None)
+            self._indexes.put(stored.id, index)
+            return index
+        return await asyncio.shield(pending)
 
-    def search(self, stored: StoredToolset, query: str, limit: int) -> ToolsetSearchReply:
-        index = self._cache.get_or_build(stored.id, stored.table.infos)
-        hits = to_hits(index.search(query, limit), tool_prompt_line, tool_dts_fragment)
-        return ToolsetSearchReply(tools=hits)
+    async def warm(self, stored: StoredToolset) -> None:
+        """Build the index now and start embedding its tools (not waiting for that)."""
+        self._start_embedding(stored.id, await self.index(stored))
+
+    def _start_embedding(self, toolset_id: str, index: SearchIndex) -> None:
+        if index.dense or toolset_id in self._embedding:
+            return
+        task = asyncio.create_task(self._embed(toolset_id, index))
+        self._embedding[toolset_id] = task
+        task.add_done_callback(lambda _: self._embedding.pop(toolset_id, None))
+
+    async def _embed(self, toolset_id: str, index: SearchIndex) -> None:
+        EMBEDDING.inc()
+        encoded, loaded = self.embedder.encoded, self.embedder.loaded
+        try:
+            index.attach(await self.embedder.embed(index.texts))
+        except Exception:
+            # Search stays lexical for this toolset; the next search or registration tries again.
+            log.exception("embedding toolset %s failed", toolset_id)
+        finally:
+            EMBEDDING.dec()
+            TEXTS_ENCODED.inc(self.embedder.encoded - encoded)
+            TEXTS_LOADED.inc(self.embedder.loaded - loaded)
+
+    async def wait_embedded(self, toolset_id: str) -> None:
+        """Until the toolset's background embedding (if one runs) has finished."""
+        task = self._embedding.get(toolset_id)
+        if task is not None:
+            await asyncio.shield(task)
+
+    def embedding(self, toolset_id: str) -> bool:
+        """Whether the toolset's tools are being embedded now."""
+        return toolset_id in self._embedding
+
+    def dense(self, toolset_id: str) -> bool:
+        """Whether the toolset's searches rank by its vectors (they are attached)."""
+        index = self._indexes.get(toolset_id)
+        return index is not None and index.dense
+
+    async def search(self, stored: StoredToolset, query: str, limit: int) -> ToolsetSearchReply:
+        index = await self.index(stored)
+        if not index.dense:
+            self._start_embedding(stored.id, index)
+        return await asyncio.to_thread(self._search, index, query, limit)
+
+    def _search(self, index: SearchIndex, query: str, limit: int) -> ToolsetSearchReply:
+        vector = self.embedder.encode_query(query) if index.dense else None
+        hits = index.search(query, limit, query_vector=vector)
+        return ToolsetSearchReply(tools=to_hits(hits, tool_prompt_line, tool_dts_fragment))
+
+
+async def open_searcher(js: JetStreamContext, bucket: str) -> Searcher:
+    """A searcher whose vectors persist in the JetStream KV bucket `bucket` (shared by replicas)."""
+    return Searcher(Embedder(default_encoder, KvVectorStore(await ensure_kv(js, bucket), MODEL_ID)))

@@ -83,6 +83,10 @@ class RegistryService:
         self._warming: dict[str, asyncio.Task[None]] = {}
         self._warmed: Lru[str, bool] = Lru(WARMED_SIZE)
 
+    @property
+    def searcher(self) -> Searcher:
+        return self._searcher
+
     async def _pinned(self, toolset_id_: str) -> Any:
         stored = await self._toolsets.get(toolset_id_)
         return stored.pinned if stored else None
@@ -142,13 +146,10 @@ class RegistryService:
         if stored.id in self._warming or stored.id in self._warmed:
             return
 
-        def warm() -> None:
-            self._render(stored)
-            self._searcher.warm(stored)
-
         async def later() -> None:
             await asyncio.sleep(_WARM_DELAY)
-            await asyncio.to_thread(warm)
+            await self._searcher.warm(stored)  # the lexical index now, the embedding in background
+            await asyncio.to_thread(self._render, stored)
             self._warmed.put(stored.id, True)
 
         task = asyncio.create_task(later())
@@ -174,7 +175,7 @@ class RegistryService:
 
     async def search(self, req: ToolsetSearchRequest) -> ToolsetSearchReply:
         stored = await self._stored(req.id)
-        return await asyncio.to_thread(self._searcher.search, stored, req.query, req.limit)
+        return await self._searcher.search(stored, req.query, req.limit)
 
     # ---- workflows --------------------------------------------------------------------------
 

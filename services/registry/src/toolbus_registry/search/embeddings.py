@@ -1,62 +1,93 @@
-"""Tool-text embeddings cached by content hash, shared by every index of the process.
+"""Tool-text embeddings: from memory, else from the persisted store, else encoded (and stored).
 
-Two toolsets that hold the same tool (same embedding text) share its vector, and a toolset built
-again after eviction costs nothing to re-embed while its tools are still cached. Bounded LRU,
-thread-safe.
+`Embedder.embed(texts)` is async: store reads and writes run on the event loop, encoding runs in
+a worker thread. Texts are keyed by content hash, so a tool shared by two toolsets, a toolset
+registered again, a restarted registry and a second replica all reuse the same vectors;
+`encoded` counts the texts this process actually ran through the model. Bounded LRU in memory.
 """
 
 from __future__ import annotations
 
-import hashlib
+import asyncio
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from toolbus_common.lru import Lru
 
 from toolbus_registry.search.encoder import Encoder, Vectors
+from toolbus_registry.search.store import VectorStore, text_key
+
+ENCODE_CHUNK = 64
+"""Texts encoded per worker-thread call: between chunks the GIL is free for the event loop (a
+search during a background embedding answers in milliseconds, not after the whole toolset)."""
 
 
-def content_key(text: str) -> bytes:
-    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+class Embedder:
+    """Embeddings of texts of one model, shared by every index of a registry process."""
 
-
-class EmbeddingCache:
-    """Embeddings of texts by content hash, at most `max_entries` kept (least recently used go)."""
-
-    def __init__(self, encoder: Callable[[], Encoder], max_entries: int = 50_000) -> None:
+    def __init__(
+        self,
+        encoder: Callable[[], Encoder],
+        store: VectorStore | None = None,
+        max_entries: int = 50_000,
+    ) -> None:
         self._encoder = encoder
-        self._max = max_entries
-        self._vectors: OrderedDict[bytes, Vectors] = OrderedDict()
+        self._store = store
+        self._memory: Lru[str, Vectors] = Lru(max_entries)
         self._lock = threading.Lock()
+        self.encoded = 0
+        """Texts encoded by the model in this process (the rest came from memory or the store)."""
+        self.loaded = 0
+        """Texts whose vectors came from the persisted store."""
 
-    def __len__(self) -> int:
-        return len(self._vectors)
+    def cached(self, texts: Sequence[str]) -> Vectors | None:
+        """The vectors of `texts` if every one is in memory, else None (no I/O, no encoding)."""
+        rows = []
+        for t in texts:
+            v = self._memory.get(text_key(t))
+            if v is None:
+                return None
+            rows.append(v)
+        return np.stack(rows) if rows else np.zeros((0, 0), dtype=np.float32)
 
-    def embed(self, texts: Sequence[str]) -> Vectors:
-        """Unit vectors of the texts, shape (len(texts), dim); only the uncached ones are encoded."""
-        keys = [content_key(t) for t in texts]
-        found: dict[bytes, Vectors] = {}
-        with self._lock:
-            for k in keys:
-                v = self._vectors.get(k)
-                if v is not None:
-                    self._vectors.move_to_end(k)
-                    found[k] = v
-        missing: dict[bytes, str] = {}
-        for k, t in zip(keys, texts, strict=True):
-            if k not in found:
-                missing.setdefault(k, t)
-        encoder = self._encoder()
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        """Unit vectors of `texts`, shape (len(texts), dim), in order."""
+        keys = [text_key(t) for t in texts]
+        found: dict[str, Vectors] = {}
+        for k in keys:
+            v = self._memory.get(k)
+            if v is not None:
+                found[k] = v
+        missing = [k for k in dict.fromkeys(keys) if k not in found]
+        if missing and self._store is not None:
+            stored = await self._store.get_many(missing)
+            self.loaded += len(stored)
+            found.update(stored)
+            missing = [k for k in missing if k not in found]
         if missing:
-            fresh = encoder.encode(list(missing.values()))
-            with self._lock:
-                for k, v in zip(missing, fresh, strict=True):
-                    found[k] = v
-                    self._vectors[k] = v
-                    self._vectors.move_to_end(k)
-                while len(self._vectors) > self._max:
-                    self._vectors.popitem(last=False)
+            by_key = dict(zip(keys, texts, strict=True))
+            fresh: dict[str, Vectors] = {}
+            for start in range(0, len(missing), ENCODE_CHUNK):
+                chunk = missing[start : start + ENCODE_CHUNK]
+                vectors = await asyncio.to_thread(self._encode, [by_key[k] for k in chunk])
+                fresh.update(zip(chunk, vectors, strict=True))
+            found.update(fresh)
+            if self._store is not None:
+                await self._store.put_many(fresh)
+        for k, v in found.items():
+            self._memory.put(k, v)
         if not keys:
-            return np.zeros((0, encoder.dim), dtype=np.float32)
+            return np.zeros((0, self._encoder().dim), dtype=np.float32)
         return np.stack([found[k] for k in keys])
+
+    def _encode(self, texts: list[str]) -> Vectors:
+        vectors = self._encoder().encode(texts)
+        with self._lock:
+            self.encoded += len(texts)
+        return vectors
+
+    def encode_query(self, query: str) -> Vectors:
+        """The vector of a search query (synchronous: callers are already off the event loop)."""
+        vector: Vectors = self._encoder().encode([query])[0]
+        return vector

@@ -25,6 +25,8 @@ _LAYER_NORM_EPS = 1e-12
 _HEADS = 12
 # Tool texts are short; 128 word pieces hold a name and the useful head of any description.
 DEFAULT_MAX_TOKENS = 128
+MODEL_ID = "all-minilm-l6-v2"
+"""Names the vectors of the bundled model in the persisted store (vectors of two models never mix)."""
 
 
 def _layer_norm(x: Vectors, weight: Vectors, bias: Vectors) -> Vectors:

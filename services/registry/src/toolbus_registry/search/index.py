@@ -1,17 +1,16 @@
-"""Search over the tools of one toolset: BM25F candidates, re-ranked by a sentence encoder.
+"""Search over the tools of one toolset: BM25F and dense retrieval, fused, the head re-ranked.
 
-`SearchIndex.build(tools)` does the lexical part only (milliseconds per thousand tools). A search
-with `rerank=True` fuses the normalised BM25F score with the cosine similarity between the query
-and each candidate tool under all-MiniLM-L6-v2. Candidates are the lexical top `candidates`; on
-toolsets of at most `dense_all_max` tools they are every tool, so a query that shares no word with
-the right tool still finds it. Tool embeddings come from a process-wide cache keyed by content
-hash, so each tool is encoded once; `warm()` encodes them ahead of the first search.
+`SearchIndex.build(tools)` does the lexical part only (milliseconds per thousand tools), so a
+toolset is searchable as soon as it is registered. Its tools' vectors (computed in the background
+by the registry's `Embedder`, from a persisted store when they were embedded before) are attached
+later with `attach`; from then on every search ranks every tool by cosine similarity to the query
+as well, fused with the lexical ranking by reciprocal rank fusion, and re-ranks the fused head.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Mapping, Sequence
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -19,8 +18,7 @@ import numpy as np
 import numpy.typing as npt
 from toolbus_contracts import ToolInfo
 
-from toolbus_registry.search.embeddings import EmbeddingCache
-from toolbus_registry.search.encoder import Encoder, Vectors, default_encoder
+from toolbus_registry.search.encoder import Vectors
 from toolbus_registry.search.lexical import Bm25Params, LexicalIndex
 from toolbus_registry.search.text import expand, split_identifier, terms
 
@@ -29,16 +27,17 @@ from toolbus_registry.search.text import expand, split_identifier, terms
 class SearchOptions:
     """How a search ranks. The defaults are the ones measured by `bench/search.py`."""
 
-    candidates: int = 40
-    """Lexical top-K that the encoder re-ranks on toolsets larger than `dense_all_max`."""
-    dense_all_max: int = 1000
-    """Toolsets up to this size are scored densely over every tool (all embedded once)."""
+    rrf_k: int = 60
+    """Reciprocal rank fusion constant: a tool scores 1/(k + rank) in each ranking it is in."""
+    head: int = 30
+    """Tools taken from the top of the fused ranking and re-ranked by their blended score."""
     synonym_weight: float = 0.35
     coordination: float = 1.0
     """Exponent of the share of query words a tool matches, multiplied into its BM25F score."""
     dense_weight: float = 1.0
     lexical_weight: float = 0.3
-    """Weight of the BM25F score divided by the best BM25F score of the query."""
+    """Weight of the BM25F score divided by the best BM25F score of the query, in the head's
+    blended score `dense_weight * cosine + lexical_weight * bm25 / best_bm25`."""
     params_text_chars: int = 2000
     """Parameter text (names and descriptions) indexed per tool, at most."""
     bm25: Bm25Params = field(default_factory=Bm25Params)
@@ -47,20 +46,6 @@ class SearchOptions:
 class ScoredTool(NamedTuple):
     tool: ToolInfo
     score: float
-
-
-_default_cache: EmbeddingCache | None = None
-_default_cache_lock = threading.Lock()
-
-
-def default_embedding_cache() -> EmbeddingCache:
-    """The process-wide tool-embedding cache over the bundled encoder."""
-    global _default_cache
-    if _default_cache is None:
-        with _default_cache_lock:
-            if _default_cache is None:
-                _default_cache = EmbeddingCache(default_encoder)
-    return _default_cache
 
 
 def split_qualified_name(name: str) -> tuple[str, str]:
@@ -105,46 +90,67 @@ def _schema_text(schema: Mapping[str, Any], limit: int) -> str:
     return " ".join(parts)[:limit]
 
 
-def embedding_text(tool: ToolInfo) -> str:
-    """What the encoder reads for a tool: its namespace and name as words, then its description.
-    (Adding parameter names and enum values was measured: recall@5 rose, top-1 fell, and encoding
-    took longer, so parameters stay lexical-only.)"""
+SHARED_PREFIX_MIN_TOOLS = 3
+SHARED_PREFIX_MIN_CHARS = 16
+
+
+def shared_description_prefixes(tools: Sequence[ToolInfo]) -> dict[str, str]:
+    """{namespace: the opening words every description of that namespace shares}, for namespaces
+    of at least 3 tools whose shared opening is 16+ characters. Generated API servers open every
+    description with the same boilerplate ("Twilio - Api: This is the public Twilio REST API."):
+    it tells one tool from another not at all, and it dilutes what the encoder reads."""
+    by_namespace: dict[str, list[str]] = {}
+    for tool in tools:
+        by_namespace.setdefault(split_qualified_name(tool.name)[0], []).append(tool.description)
+    out: dict[str, str] = {}
+    for namespace, descriptions in by_namespace.items():
+        if len(descriptions) < SHARED_PREFIX_MIN_TOOLS:
+            continue
+        prefix = os.path.commonprefix(descriptions)  # noqa: RUF071 - text, not paths: by character
+        cut = prefix.rfind(" ")
+        prefix = prefix[: cut + 1] if cut > 0 and not all(d == prefix for d in descriptions) else ""
+        if len(prefix) >= SHARED_PREFIX_MIN_CHARS:
+            out[namespace] = prefix
+    return out
+
+
+def embedding_text(tool: ToolInfo, shared_prefix: str = "") -> str:
+    """What the encoder reads for a tool: its namespace and name as words, then its description
+    without the opening its whole namespace shares. (Adding parameter names and enum values was
+    measured: recall@5 rose, top-1 fell, and encoding took longer, so parameters stay
+    lexical-only.)"""
     namespace, local = split_qualified_name(tool.name)
     words = " ".join(split_identifier(local))
     head = f"{' '.join(split_identifier(namespace))} {words}".strip()
-    return f"{head}: {tool.description.strip()}" if tool.description.strip() else head
+    description = tool.description.strip()
+    if shared_prefix and description.startswith(shared_prefix):
+        description = description[len(shared_prefix) :].strip()
+    return f"{head}: {description}" if description else head
 
 
 class SearchIndex:
-    """A ranked search over one toolset's tools. Immutable once built; safe to share across threads."""
+    """A ranked search over one toolset's tools: lexical from the start, dense once the tools'
+    vectors are attached. Safe to share across threads (attaching swaps one reference)."""
 
     def __init__(
         self,
         tools: Sequence[ToolInfo],
         lexical: LexicalIndex,
         options: SearchOptions,
-        embeddings: EmbeddingCache | None,
-        encoder: Callable[[], Encoder],
     ) -> None:
         self.tools: tuple[ToolInfo, ...] = tuple(tools)
         self.options = options
         self._lexical = lexical
-        self._embeddings = embeddings
-        self._encoder = encoder
-        self._texts = [embedding_text(t) for t in self.tools]
-        self._all_vectors: Vectors | None = None
-        self._warm_lock = threading.Lock()
+        prefixes = shared_description_prefixes(self.tools)
+        self.texts: tuple[str, ...] = tuple(
+            embedding_text(t, prefixes.get(split_qualified_name(t.name)[0], "")) for t in self.tools
+        )
+        """What the encoder reads for each tool, in `tools` order."""
+        self._vectors: Vectors | None = None
 
     @classmethod
-    def build(
-        cls,
-        tools: Sequence[ToolInfo],
-        options: SearchOptions | None = None,
-        *,
-        embeddings: EmbeddingCache | None = None,
-        encoder: Callable[[], Encoder] = default_encoder,
-    ) -> SearchIndex:
-        """Index the tools lexically. `embeddings` defaults to the process-wide cache."""
+    def build(cls, tools: Sequence[ToolInfo], options: SearchOptions | None = None) -> SearchIndex:
+        """Index the tools lexically (milliseconds per thousand tools); `attach` adds vectors."""
         options = options or SearchOptions()
         docs = []
         for tool in tools:
@@ -158,60 +164,60 @@ class SearchIndex:
                 }
             )
         lexical = LexicalIndex(docs, options.bm25)
-        return cls(tools, lexical, options, embeddings, encoder)
+        return cls(tools, lexical, options)
 
     def __len__(self) -> int:
         return len(self.tools)
 
-    def _cache(self) -> EmbeddingCache:
-        if self._embeddings is None:
-            self._embeddings = default_embedding_cache()
-        return self._embeddings
+    @property
+    def dense(self) -> bool:
+        """Whether the tools' vectors are attached (until then searches are lexical)."""
+        return self._vectors is not None
 
-    def warm(self) -> None:
-        """Encode every tool now (CPU-bound: about 10 ms a tool on 2 cores, once per tool content)
-        so that the first re-ranked search does not pay for it."""
-        if self._all_vectors is not None:
-            return
-        with self._warm_lock:
-            if self._all_vectors is None:
-                self._all_vectors = self._cache().embed(self._texts)
+    def attach(self, vectors: Vectors) -> None:
+        """Attach the unit vectors of `texts`, shape (len(tools), dim)."""
+        if vectors.shape[0] != len(self.tools):
+            raise ValueError(f"{vectors.shape[0]} vectors for {len(self.tools)} tools")
+        self._vectors = np.ascontiguousarray(vectors, dtype=np.float32)
 
     def lexical_scores(self, query: str) -> npt.NDArray[np.float32]:
         """BM25F score of every tool for the query, synonyms included."""
         groups = expand(terms(query), self.options.synonym_weight)
         return self._lexical.scores(groups, self.options.coordination)
 
-    def search(self, query: str, limit: int = 5, *, rerank: bool = True) -> list[ScoredTool]:
+    def search(self, query: str, limit: int = 5, *, query_vector: Vectors | None = None) -> list[ScoredTool]:
         """The best `limit` tools for a natural-language query, best first, ties by name.
 
-        Lexical only (`rerank=False`): tools that share no term with the query are left out.
-        Re-ranked: scores are `dense_weight * cosine + lexical_weight * bm25 / best_bm25`.
+        Without vectors (none attached, or no `query_vector`): lexical only, and tools that share
+        no term with the query are left out. With them: the dense ranking of every tool (cosine)
+        and the lexical ranking are fused by reciprocal rank fusion; the fused head is re-ranked
+        by `dense_weight * cosine + lexical_weight * bm25 / best_bm25`, which is the
+        score.
         """
         if limit < 1 or not self.tools:
             return []
-        lex = self.lexical_scores(query)
-        if not rerank:
+        groups = expand(terms(query), self.options.synonym_weight)
+        lex = self._lexical.scores(groups, self.options.coordination)
+        vectors = self._vectors
+        if vectors is None or query_vector is None:
             return self._top(lex, np.flatnonzero(lex > 0), limit)
         opts = self.options
+        n = len(self.tools)
+        cosine = vectors @ query_vector.astype(np.float32)
+        ranks = np.arange(1, n + 1, dtype=np.float32)
+        fused = np.zeros(n, dtype=np.float32)
+        fused[np.argsort(-cosine, kind="stable")] += 1.0 / (opts.rrf_k + ranks)
+        matched = np.flatnonzero(lex > 0)
+        if matched.size:
+            by_lex = matched[np.argsort(-lex[matched], kind="stable")]
+            fused[by_lex] += 1.0 / (opts.rrf_k + ranks[: by_lex.size])
+        head = self._top_ids(fused, np.arange(n), max(opts.head, limit))
         best = float(lex.max())
-        lex_norm = lex / best if best > 0 else lex
-        query_vec = self._encoder().encode([query])[0]
-        if len(self.tools) <= opts.dense_all_max:
-            self.warm()
-            assert self._all_vectors is not None
-            fused = opts.dense_weight * (self._all_vectors @ query_vec) + opts.lexical_weight * lex_norm
-            return self._top(fused.astype(np.float32), np.arange(len(self.tools)), limit)
-        k = max(opts.candidates, limit)
-        candidates = self._top_ids(lex, np.flatnonzero(lex > 0), k)
-        if candidates.size == 0:
-            return []
-        vectors = self._cache().embed([self._texts[i] for i in candidates])
-        fused = np.zeros(len(self.tools), dtype=np.float32)
-        fused[candidates] = (
-            opts.dense_weight * (vectors @ query_vec) + opts.lexical_weight * lex_norm[candidates]
+        blended = np.zeros(n, dtype=np.float32)
+        blended[head] = opts.dense_weight * cosine[head] + opts.lexical_weight * (
+            lex[head] / best if best > 0 else lex[head]
         )
-        return self._top(fused, candidates, limit)
+        return self._top(blended, head, limit)
 
     def _top_ids(
         self, scores: npt.NDArray[np.float32], ids: npt.NDArray[np.intp], k: int

@@ -95,6 +95,30 @@ SYNONYM_GROUPS: tuple[tuple[str, ...], ...] = (
     ("resize", "dimensions", "viewport"),
     ("markdown", "md"),
     ("tree", "recursive", "hierarchy"),
+    # Words of the domains tools come from (source hosting, CI, communication APIs, accounts):
+    # the abbreviation a person types and the word an API names its operation with.
+    ("organization", "org", "organisation", "company", "team"),
+    ("teammate", "colleague", "member", "collaborator", "coworker"),
+    ("reviewer", "review", "look"),
+    ("request", "ask", "invite"),
+    ("workflow", "action", "actions", "pipeline", "ci", "build", "job"),
+    ("run", "execution", "trigger", "dispatch"),
+    ("release", "tag", "version"),
+    ("limit", "quota", "remaining", "left", "allowance"),
+    ("message", "sms", "text", "mms", "whatsapp"),
+    ("call", "phone", "dial", "ring", "voice"),
+    ("verification", "verify", "otp", "passcode", "2fa", "code"),
+    ("meeting", "conference", "room"),
+    ("credential", "key", "token", "secret", "password"),
+    ("usage", "spend", "spent", "cost", "bill", "billing", "balance"),
+    ("price", "pricing", "cost", "rate"),
+    ("terminate", "end", "hang", "stop", "cancel"),
+    ("webhook", "callback", "notify", "notification", "hook"),
+    ("agent", "worker"),
+    ("subaccount", "account"),
+    ("secret", "secrets", "vault"),
+    ("star", "starred", "favorite", "bookmark"),
+    ("notification", "notifications", "inbox", "alert"),
 )
 
 

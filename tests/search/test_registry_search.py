@@ -1,0 +1,174 @@
+"""`toolsets.search` through the registry against real NATS (JetStream) and a real MCP server:
+vectors are computed once and then persisted in the JetStream KV bucket, so a registry restart
+and a second replica embed nothing again (counted), and a search that arrives while a toolset is
+still being embedded answers at once from the lexical ranking."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from toolbus_common import Settings
+from toolbus_contracts import Subjects, ToolsetSearchRequest
+from toolbus_registry import searching
+from toolbus_registry.app import RegistryApp
+from toolbus_registry.search import Encoder, default_encoder
+from toolbus_registry.search.encoder import Vectors
+
+from tests.support.infra import request, until
+from tests.support.mcp_servers import McpTestServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+
+TASKS = {
+    "send_invoice": "Email an invoice to a customer for an order",
+    "refund_payment": "Give a customer their money back for a charge",
+    "list_subscriptions": "Show the recurring plans a customer pays for",
+    "cancel_subscription": "Stop a recurring plan at the end of the period",
+    "create_coupon": "Make a discount code for a percentage or an amount off",
+    "get_balance": "How much money the account holds and what is pending",
+    "create_payout": "Send funds from the balance to a bank account",
+    "list_disputes": "Chargebacks customers opened with their bank",
+}
+
+
+def tools(tag: str) -> list[dict[str, Any]]:
+    """Tools whose texts are unique to `tag`, so no other test (or run) has embedded them."""
+    return [
+        {"name": name, "description": f"{text} ({tag}).", "inputSchema": {"type": "object"}}
+        for name, text in TASKS.items()
+    ]
+
+
+@pytest.fixture(scope="module")
+def settings(service_env: dict[str, str]) -> Settings:
+    env = {k.removeprefix("TOOLBUS_").lower(): v for k, v in service_env.items()}
+    return Settings(**env)
+
+
+@pytest.fixture(scope="module")
+def subjects(settings: Settings) -> Subjects:
+    return settings.subjects
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def billing(prefix: str) -> AsyncIterator[McpTestServer]:
+    server = McpTestServer(tools(f"persisted {prefix}"), name="billing")
+    await server.start()
+    yield server
+    await server.stop()
+
+
+async def started(settings: Settings) -> RegistryApp:
+    app = RegistryApp(settings, credentials=_NoCredentials())
+    await app.start()
+    return app
+
+
+class _NoCredentials:
+    async def set_toolset(self, toolset_id: str, credentials: Any) -> None:  # pragma: no cover
+        raise AssertionError("these toolsets carry no credentials")
+
+
+def searcher_of(app: RegistryApp) -> searching.Searcher:
+    assert app.service is not None
+    return app.service.searcher
+
+
+async def register(nc: Any, subjects: Subjects, server: McpTestServer) -> str:
+    reply = await request(
+        nc, subjects.toolsets_create, {"mcp": [{"name": "billing", "url": server.url}]}, timeout=20
+    )
+    assert reply["ok"], reply
+    toolset_id: str = reply["data"]["id"]
+    return toolset_id
+
+
+async def test_vectors_persist_across_a_restart_and_are_shared_by_a_replica(
+    nc: Any, subjects: Subjects, settings: Settings, billing: McpTestServer
+) -> None:
+    first = await started(settings)
+    try:
+        toolset_id = await register(nc, subjects, billing)
+        await until(lambda: searcher_of(first).dense(toolset_id), "first registry embedded", 60)
+        assert searcher_of(first).embedder.encoded == len(TASKS)
+        reply = await request(
+            nc, subjects.toolsets_search, {"id": toolset_id, "query": "give the money back", "limit": 3}
+        )
+        assert reply["ok"] and reply["data"]["tools"][0]["name"] == "billing.refund_payment", reply
+
+        # A second replica: it searches the toolset, loads every vector from the KV bucket.
+        replica = await started(settings)
+        try:
+            assert replica.service is not None
+            await replica.service.search(ToolsetSearchRequest(id=toolset_id, query="discount", limit=3))
+            await until(lambda: searcher_of(replica).dense(toolset_id), "replica loaded vectors", 30)
+            assert searcher_of(replica).embedder.encoded == 0
+            assert searcher_of(replica).embedder.loaded == len(TASKS)
+            hits = await replica.service.search(
+                ToolsetSearchRequest(id=toolset_id, query="chargebacks from banks", limit=1)
+            )
+            assert hits.tools[0].name == "billing.list_disputes"
+        finally:
+            await replica.stop()
+    finally:
+        await first.stop()
+
+    # A restart: the same toolset registered again embeds nothing.
+    again = await started(settings)
+    try:
+        assert await register(nc, subjects, billing) == toolset_id
+        await until(lambda: searcher_of(again).dense(toolset_id), "restarted registry loaded vectors", 30)
+        assert searcher_of(again).embedder.encoded == 0
+        assert searcher_of(again).embedder.loaded == len(TASKS)
+    finally:
+        await again.stop()
+
+
+class GatedEncoder(Encoder):
+    """The real encoder, holding every batch of tool texts until `gate` is set (queries pass)."""
+
+    def __init__(self, inner: Encoder, gate: threading.Event) -> None:
+        self.__dict__.update(inner.__dict__)
+        self.gate = gate
+        self.held = threading.Event()
+
+    def encode(self, texts: Sequence[str], batch_size: int = 32) -> Vectors:
+        if len(texts) > 1:
+            self.held.set()
+            assert self.gate.wait(60), "the test never opened the gate"
+        return super().encode(texts, batch_size)
+
+
+async def test_a_search_during_background_embedding_answers_lexically(
+    nc: Any, subjects: Subjects, settings: Settings, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = threading.Event()
+    gated = GatedEncoder(default_encoder(), gate)
+    monkeypatch.setattr(searching, "default_encoder", lambda: gated)
+    server = McpTestServer(tools(f"gated {prefix}"), name="billing")
+    await server.start()
+    app = await started(settings)
+    try:
+        toolset_id = await register(nc, subjects, server)
+        await until(gated.held.is_set, "embedding started", 30)
+        assert searcher_of(app).embedding(toolset_id)
+        reply = await request(
+            nc, subjects.toolsets_search, {"id": toolset_id, "query": "refund a payment", "limit": 3}
+        )
+        assert reply["ok"], reply
+        assert reply["data"]["tools"][0]["name"] == "billing.refund_payment"
+        assert searcher_of(app).embedding(toolset_id) and not searcher_of(app).dense(toolset_id)
+        gate.set()
+        await until(lambda: searcher_of(app).dense(toolset_id), "embedding finished", 60)
+        reply = await request(
+            nc, subjects.toolsets_search, {"id": toolset_id, "query": "money back", "limit": 1}
+        )
+        assert reply["data"]["tools"][0]["name"] == "billing.refund_payment", reply
+    finally:
+        gate.set()
+        await app.stop()
+        await server.stop()
