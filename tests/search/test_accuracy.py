@@ -14,6 +14,10 @@ from tests.search.labelled import Accuracy, evaluate, load_queries, load_tools, 
 from tests.search.openapi_corpus import load_large_corpus
 from tests.search.support import cached_embedder, embedded_index, searcher
 
+# The first run on a machine embeds the 1,350 tools (~15 s on 2 idle cores, minutes on a busy
+# one); later runs read the vectors from .cache/search-vectors/.
+pytestmark = pytest.mark.timeout(900)
+
 
 @pytest.fixture(scope="module")
 def embedder() -> Embedder:

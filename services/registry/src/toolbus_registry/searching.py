@@ -26,8 +26,11 @@ from toolbus_registry.search.encoder import MODEL_ID
 
 log = logging.getLogger("toolbus.registry.search")
 
-INDEX_CACHE_SIZE = 32
-"""Toolsets whose built index (and attached vectors) are kept in memory."""
+INDEX_CACHE_TOOLS = 20_000
+"""Tools, summed over toolsets, whose built indexes (with their vectors: 1.5 KiB a tool) are kept
+in memory; the least recently searched toolset goes first."""
+EMBEDDER_MEMORY = 10_000
+"""Tool vectors the embedder keeps in memory besides the indexes' (for toolsets sharing tools)."""
 
 TEXTS_ENCODED = Counter("toolbus_search_texts_encoded_total", "Tool texts run through the embedding model.")
 TEXTS_LOADED = Counter(
@@ -40,9 +43,9 @@ class Searcher:
     """Search indexes by toolset id with their background embedding. Runs on the event loop;
     CPU-bound work goes to worker threads."""
 
-    def __init__(self, embedder: Embedder | None = None, cache_size: int = INDEX_CACHE_SIZE) -> None:
-        self.embedder = embedder or Embedder(default_encoder)
-        self._indexes: Lru[str, SearchIndex] = Lru(cache_size)
+    def __init__(self, embedder: Embedder | None = None, cache_tools: int = INDEX_CACHE_TOOLS) -> None:
+        self.embedder = embedder or Embedder(default_encoder, max_entries=EMBEDDER_MEMORY)
+        self._indexes: Lru[str, SearchIndex] = Lru(cache_tools, weight=lambda _, index: max(len(index), 1))
         self._building: dict[str, asyncio.Future[SearchIndex]] = {}
         self._embedding: dict[str, asyncio.Task[None]] = {}
 
@@ -116,4 +119,5 @@ class Searcher:
 
 async def open_searcher(js: JetStreamContext, bucket: str) -> Searcher:
     """A searcher whose vectors persist in the JetStream KV bucket `bucket` (shared by replicas)."""
-    return Searcher(Embedder(default_encoder, KvVectorStore(await ensure_kv(js, bucket), MODEL_ID)))
+    store = KvVectorStore(await ensure_kv(js, bucket), MODEL_ID)
+    return Searcher(Embedder(default_encoder, store, max_entries=EMBEDDER_MEMORY))
