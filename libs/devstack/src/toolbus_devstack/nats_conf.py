@@ -99,6 +99,7 @@ def roles(prefix: str = "toolbus") -> list[Role]:
     toolsets = f"OBJ_{js_name(prefix, 'toolsets')}"
     outputs = f"OBJ_{js_name(prefix, 'outputs')}"
     workflows = f"KV_{js_name(prefix, 'workflows')}"
+    embeddings = f"KV_{js_name(prefix, 'embeddings')}"
     calls = [s.runs_open, s.runs_close, s.calls_start, s.calls_invoke, s.calls_get]
     registry_api = [s.toolsets_create, s.toolsets_get, s.toolsets_declarations, s.toolsets_search]
     credential_sets = [s.toolsets_credentials_set, s.namespaces_credentials_set, s.runs_credentials_set]
@@ -138,7 +139,7 @@ def roles(prefix: str = "toolbus") -> list[Role]:
         ),
         Role(
             "registry",
-            "toolsets and workflows: owns the toolsets object store and the workflows bucket",
+            "toolsets and workflows: owns the toolsets object store, the workflows and the tool-embeddings buckets",
             publish=[
                 f"{INBOX}.>",
                 "$JS.API.INFO",
@@ -147,6 +148,8 @@ def roles(prefix: str = "toolbus") -> list[Role]:
                 f"$O.{js_name(prefix, 'toolsets')}.>",
                 *js_own(workflows),
                 f"$KV.{js_name(prefix, 'workflows')}.>",
+                *js_own(embeddings),
+                f"$KV.{js_name(prefix, 'embeddings')}.>",
             ],
             subscribe=[*registry_api, s.workflows_publish, s.workflows_get],
             service=True,

@@ -18,6 +18,9 @@ from toolbus_common.lru import Lru
 from toolbus_registry.search.encoder import Encoder, Vectors
 from toolbus_registry.search.store import VectorStore, text_key
 
+ENCODE_BATCH = 8
+"""Texts per forward pass. Measured on 256 tool texts: peak RSS 271 MiB at 8 against 333 at 32
+(attention and FFN activations scale with it), and no slower (less padding)."""
 ENCODE_CHUNK = 64
 """Texts encoded per worker-thread call: between chunks the GIL is free for the event loop (a
 search during a background embedding answers in milliseconds, not after the whole toolset)."""
@@ -82,7 +85,7 @@ class Embedder:
         return np.stack([found[k] for k in keys])
 
     def _encode(self, texts: list[str]) -> Vectors:
-        vectors = self._encoder().encode(texts)
+        vectors = self._encoder().encode(texts, batch_size=ENCODE_BATCH)
         with self._lock:
             self.encoded += len(texts)
         return vectors

