@@ -52,6 +52,8 @@ class RegistryApp:
 
     async def stop(self) -> None:
         await self.bus.drain()
+        if self.service is not None:
+            await self.service.searcher.close()
         await self.bus.close()
 
     def ready(self) -> bool:

@@ -90,6 +90,13 @@ class Searcher:
             TEXTS_ENCODED.inc(self.embedder.encoded - encoded)
             TEXTS_LOADED.inc(self.embedder.loaded - loaded)
 
+    async def close(self) -> None:
+        """Stop the background embeddings (a chunk being encoded finishes in its thread)."""
+        tasks = list(self._embedding.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     async def wait_embedded(self, toolset_id: str) -> None:
         """Until the toolset's background embedding (if one runs) has finished."""
         task = self._embedding.get(toolset_id)

@@ -155,7 +155,10 @@ class Encoder:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         if not texts:
             return out
-        encodings = self._tokenizer.encode_batch(list(texts))
+        # One text at a time, on this thread: `encode_batch` runs a Rust thread pool, and a
+        # process that forks (a test starting a server, a service spawning a helper) while those
+        # threads allocate can deadlock its child before exec. Tokenizing is ~1% of encoding.
+        encodings = [self._tokenizer.encode(t) for t in texts]
         order = sorted(range(len(texts)), key=lambda j: len(encodings[j].ids))
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
