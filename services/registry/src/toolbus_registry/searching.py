@@ -124,7 +124,9 @@ class Searcher:
         return ToolsetSearchReply(tools=to_hits(hits, tool_prompt_line, tool_dts_fragment))
 
 
-async def open_searcher(js: JetStreamContext, bucket: str) -> Searcher:
+async def open_searcher(
+    js: JetStreamContext, bucket: str, *, placement: JsPlacement = DEFAULT_PLACEMENT
+) -> Searcher:
     """A searcher whose vectors persist in the JetStream KV bucket `bucket` (shared by replicas)."""
-    store = KvVectorStore(await ensure_kv(js, bucket), MODEL_ID)
+    store = KvVectorStore(await ensure_kv(js, bucket, placement=placement), MODEL_ID)
     return Searcher(Embedder(default_encoder, store, max_entries=EMBEDDER_MEMORY))
