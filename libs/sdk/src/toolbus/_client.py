@@ -1,0 +1,158 @@
+"""`Toolbus`: one NATS connection and the request/reply every part of the SDK goes through."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any, TypeVar
+
+import nats
+import orjson
+from nats.aio.client import Client as NatsClient
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js import JetStreamContext
+from pydantic import BaseModel, ValidationError
+from toolbus_contracts import Subjects
+from toolbus_contracts.base import validation_to_error
+
+from toolbus._connection import ConnectOptions
+from toolbus._errors import Internal, Timeout, Unavailable, error_from_wire
+
+M = TypeVar("M", bound=BaseModel)
+
+DEFAULT_TIMEOUT = 30.0
+"""Seconds a request waits for its reply unless told otherwise (registration lists MCP servers)."""
+
+
+def stream_name(prefix: str, name: str) -> str:
+    """The JetStream stream / bucket name the services derive from a subject prefix."""
+    import re
+
+    return f"{re.sub(r'[^A-Za-z0-9_-]', '_', prefix)}_{name}"
+
+
+def build(model: type[M], **fields: Any) -> M:
+    """A contract request body, checked before it is sent: a bad field is `InvalidRequest` naming it,
+    as the service would answer."""
+    try:
+        return model.model_validate({k: v for k, v in fields.items() if v is not None})
+    except ValidationError as exc:
+        raise validation_to_error(exc) from None
+
+
+class Toolbus:
+    """A connection to one toolbus deployment (a NATS server and a subject prefix).
+
+        async with await Toolbus.connect() as tb:
+            toolset = await tb.toolsets.create(mcp=[{"name": "github", "url": "..."}])
+            async with await tb.runs.open(toolset) as run:
+                print(await run.call("github.list_issues", {"repo": "x/y"}))
+
+    `toolsets`, `runs`, `approvals`, `namespaces` and `workflows` hold the calls of each part of the
+    protocol. Every failure is a `ToolbusError` subclass named after its contract code.
+    """
+
+    def __init__(
+        self,
+        nc: NatsClient,
+        prefix: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        owns_connection: bool = True,
+    ) -> None:
+        from toolbus._approvals import Approvals
+        from toolbus._runs import Runs
+        from toolbus._toolsets import Namespaces, Toolsets, Workflows
+
+        self.nc = nc
+        self.prefix = prefix
+        self.subjects = Subjects(prefix)
+        self.timeout = timeout
+        self._owns = owns_connection
+        self.toolsets = Toolsets(self)
+        self.namespaces = Namespaces(self)
+        self.workflows = Workflows(self)
+        self.runs = Runs(self)
+        self.approvals = Approvals(self)
+
+    @classmethod
+    async def connect(
+        cls,
+        nats_url: str | None = None,
+        prefix: str | None = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        options: ConnectOptions | None = None,
+        **connect_options: Any,
+    ) -> Toolbus:
+        """Connect to the deployment at `nats_url` under `prefix`.
+
+        Unset arguments come from the environment (`TOOLBUS_NATS_URL`, `TOOLBUS_SUBJECT_PREFIX`,
+        `TOOLBUS_NATS_CREDS`, `..._NKEY_SEED`, `..._USER`/`..._PASSWORD`, `..._TOKEN`, `..._TLS_CA`,
+        `..._TLS_CERT`/`..._TLS_KEY`), then the defaults (`nats://127.0.0.1:4222`, `toolbus`).
+        `connect_options` are `ConnectOptions` fields (`creds_file=`, `token=`, `tls_ca=`, ...).
+        A server that cannot be reached is `Unavailable`.
+        """
+        opts = options or ConnectOptions.from_env(nats_url=nats_url, prefix=prefix, **connect_options)
+        try:
+            nc = await nats.connect(**opts.nats_kwargs(), max_reconnect_attempts=-1)
+        except (OSError, NatsTimeout, TimeoutError, nats.errors.NoServersError) as exc:
+            raise Unavailable(
+                f"Could not connect to NATS at {opts.nats_url}: {type(exc).__name__}. Is the stack "
+                "running (`toolbus up` or `make up`)?",
+                details={"natsUrl": opts.nats_url},
+            ) from None
+        return cls(nc, opts.prefix, timeout=timeout)
+
+    async def close(self) -> None:
+        """Drain and close the connection (when this object opened it)."""
+        if self._owns and not self.nc.is_closed:
+            await self.nc.drain()
+
+    async def __aenter__(self) -> Toolbus:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    @property
+    def js(self) -> JetStreamContext:
+        return self.nc.jetstream()
+
+    def stream(self, name: str) -> str:
+        """A JetStream stream or bucket name of this deployment (`EVENTS`, `outputs`, ...)."""
+        return stream_name(self.prefix, name)
+
+    async def request(
+        self, subject: str, body: BaseModel | dict[str, Any], *, timeout: float | None = None
+    ) -> Any:
+        """Send one request and return the reply's `data`; an `ok: false` reply raises its exception.
+
+        No service subscribed: `Unavailable`. No reply within `timeout` seconds: `Timeout`.
+        """
+        payload = (
+            body.model_dump_json(exclude_none=True).encode()
+            if isinstance(body, BaseModel)
+            else orjson.dumps(body)
+        )
+        wait = self.timeout if timeout is None else timeout
+        try:
+            msg = await self.nc.request(subject, payload, timeout=wait)
+        except NoRespondersError:
+            raise Unavailable(
+                f"No toolbus service answers on {subject}: is the stack running (`toolbus up`)?",
+                details={"subject": subject},
+            ) from None
+        except (NatsTimeout, TimeoutError):
+            raise Timeout(f"No reply on {subject} within {wait:g}s.", details={"subject": subject}) from None
+        try:
+            reply = orjson.loads(msg.data)
+        except orjson.JSONDecodeError:
+            raise Internal(f"The reply on {subject} is not JSON.") from None
+        if not isinstance(reply, dict) or "ok" not in reply:
+            raise Internal(f"The reply on {subject} is not a toolbus envelope.")
+        if reply["ok"] is not True:
+            raise error_from_wire(reply.get("error"))
+        return reply.get("data")

@@ -1,0 +1,100 @@
+"""The SDK's exceptions: the contract's own hierarchy (`toolbus_contracts.errors`), not a second one.
+
+    ToolbusError(code, message, details, retryable)    root: every failure toolbus reports
+     ├── InvalidRequest, NotFound, Conflict, UnknownTool, InvalidInput, HostNotAllowed,
+     ├── UpstreamUnreachable (retryable), UpstreamError, ToolError, Timeout (retryable),
+     ├── OutcomeUnknown, Denied, Cancelled, CredentialsRejected, OutputTooLarge,
+     ├── Unavailable (retryable): a backing store, or no service at all, answered
+     └── Internal: a bug in toolbus
+
+A reply `{"ok": false, "error": ...}` and a call outcome `{"status": "error", ...}` both become the
+exception class of their code (`ToolbusError.from_wire`); a failed call's exception carries its
+`callId` in `details`. Two conditions the SDK sees itself map onto the same codes: no service
+subscribed to a subject is `Unavailable` (retryable: start the stack), and no reply within the
+request's timeout is `Timeout`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from toolbus_contracts.errors import (
+    Cancelled,
+    Conflict,
+    CredentialsRejected,
+    Denied,
+    ErrorCode,
+    HostNotAllowed,
+    Internal,
+    InvalidInput,
+    InvalidRequest,
+    NotFound,
+    OutcomeUnknown,
+    OutputTooLarge,
+    Timeout,
+    ToolbusError,
+    ToolError,
+    Unavailable,
+    UnknownTool,
+    UpstreamError,
+    UpstreamUnreachable,
+)
+
+ERRORS: dict[ErrorCode, type[ToolbusError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidRequest,
+        NotFound,
+        Conflict,
+        UnknownTool,
+        InvalidInput,
+        HostNotAllowed,
+        UpstreamUnreachable,
+        UpstreamError,
+        ToolError,
+        Timeout,
+        OutcomeUnknown,
+        Denied,
+        Cancelled,
+        CredentialsRejected,
+        OutputTooLarge,
+        Unavailable,
+        Internal,
+    )
+}
+"""Every contract error code and the exception class it raises."""
+
+
+def error_from_wire(error: Any, **extra: Any) -> ToolbusError:
+    """The exception of a wire error object (unknown codes are `Internal`); `extra` joins details."""
+    if not isinstance(error, dict):
+        return Internal(f"toolbus answered an error that is not an object: {str(error)[:200]}")
+    exc = ToolbusError.from_wire(error)
+    if extra:
+        exc.details = {**exc.details, **extra}
+    return exc
+
+
+__all__ = [
+    "ERRORS",
+    "Cancelled",
+    "Conflict",
+    "CredentialsRejected",
+    "Denied",
+    "ErrorCode",
+    "HostNotAllowed",
+    "Internal",
+    "InvalidInput",
+    "InvalidRequest",
+    "NotFound",
+    "OutcomeUnknown",
+    "OutputTooLarge",
+    "Timeout",
+    "ToolError",
+    "ToolbusError",
+    "Unavailable",
+    "UnknownTool",
+    "UpstreamError",
+    "UpstreamUnreachable",
+    "error_from_wire",
+]

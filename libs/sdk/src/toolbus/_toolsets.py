@@ -1,0 +1,235 @@
+"""Registry and credentials calls: toolsets, their declarations and search, workflows, and the
+toolset- and namespace-level credentials."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from toolbus_contracts import (
+    Credentials,
+    CredentialsSetReply,
+    Declarations,
+    HostToolSpec,
+    HttpSpec,
+    McpServerSpec,
+    NamespaceCredentialsSetRequest,
+    ToolInfo,
+    ToolsetCreateReply,
+    ToolsetCreateRequest,
+    ToolsetCredentialsSetRequest,
+    ToolsetDeclarationsReply,
+    ToolsetDeclarationsRequest,
+    ToolsetGetReply,
+    ToolsetGetRequest,
+    ToolsetSearchReply,
+    ToolsetSearchRequest,
+    Workflow,
+    WorkflowGetRequest,
+    WorkflowPublishReply,
+    WorkflowPublishRequest,
+)
+from toolbus_contracts.registry import SearchHit
+
+from toolbus._client import build
+
+if TYPE_CHECKING:
+    from toolbus._client import Toolbus
+    from toolbus._host_tools import HostTool
+
+Format = Literal["prompt", "dts"]
+Progress = Callable[[str, int, int | None], None]
+"""`progress(stage, done, total)`: told what a long registration is doing (the CLI draws it)."""
+
+CredentialsLike = Credentials | Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Toolset:
+    """A registered toolset: its content-addressed id, every tool with its effective policy, and
+    (from `create`) the declarations rendered for a model."""
+
+    id: str
+    tools: list[ToolInfo]
+    declarations: Declarations | None = None
+
+    def tool(self, name: str) -> ToolInfo:
+        """The tool of this qualified name (`KeyError` when there is none)."""
+        for tool in self.tools:
+            if tool.name == name:
+                return tool
+        raise KeyError(name)
+
+    @property
+    def names(self) -> list[str]:
+        return [t.name for t in self.tools]
+
+
+def toolset_id(toolset: Toolset | str) -> str:
+    return toolset.id if isinstance(toolset, Toolset) else toolset
+
+
+def _credentials(credentials: CredentialsLike) -> Credentials:
+    return credentials if isinstance(credentials, Credentials) else build(Credentials, **dict(credentials))
+
+
+def _host_entry(entry: HostTool | HostToolSpec | Mapping[str, Any]) -> Any:
+    from toolbus._host_tools import HostTool
+
+    if isinstance(entry, HostTool):
+        return entry.spec()
+    return entry
+
+
+class Toolsets:
+    """`‹p›.toolsets.*`: register, read, render, search, and set toolset-level credentials."""
+
+    def __init__(self, tb: Toolbus) -> None:
+        self._tb = tb
+
+    async def create(
+        self,
+        *,
+        mcp: Sequence[McpServerSpec | Mapping[str, Any]] = (),
+        host: Iterable[HostTool | HostToolSpec | Mapping[str, Any]] = (),
+        http: HttpSpec | Mapping[str, Any] | None = None,
+        workflows: Sequence[str] = (),
+        base: Toolset | str | None = None,
+        credentials: CredentialsLike | None = None,
+        timeout: float | None = None,
+        progress: Progress | None = None,
+    ) -> Toolset:
+        """Register a toolset (or derive one from `base`) and return it whole.
+
+        `host` takes `@host_tool` functions as they are, so the schema registered is the one the
+        worker serves. A reply too large for one message (`truncated`) is completed page by page
+        from `toolsets.get` and `toolsets.declarations`; `progress` hears about each stage.
+        """
+        body = build(
+            ToolsetCreateRequest,
+            mcp=list(mcp),
+            host=[_host_entry(h) for h in host],
+            http=http,
+            workflows=list(workflows),
+            base=toolset_id(base) if base is not None else None,
+            credentials=_credentials(credentials) if credentials is not None else None,
+        )
+        if progress:
+            progress("registering", 0, len(body.mcp) or None)
+        reply = ToolsetCreateReply.model_validate(
+            await self._tb.request(self._tb.subjects.toolsets_create, body, timeout=timeout)
+        )
+        if progress:
+            progress("registered", len(body.mcp), len(body.mcp) or None)
+        if not reply.truncated and reply.tools is not None:
+            return Toolset(reply.id, reply.tools, reply.declarations)
+        full = await self.get(reply.id, progress=progress, total=reply.tool_count)
+        prompt = await self.declarations(reply.id, "prompt", progress=progress)
+        dts = await self.declarations(reply.id, "dts", progress=progress)
+        return Toolset(full.id, full.tools, Declarations(prompt=prompt, dts=dts))
+
+    async def get(
+        self, toolset: Toolset | str, *, progress: Progress | None = None, total: int | None = None
+    ) -> Toolset:
+        """A registered toolset's tools (every page), without declarations. Unknown id: `NotFound`."""
+        tools: list[ToolInfo] = []
+        cursor: str | None = None
+        while True:
+            body = build(ToolsetGetRequest, id=toolset_id(toolset), cursor=cursor)
+            page = ToolsetGetReply.model_validate(
+                await self._tb.request(self._tb.subjects.toolsets_get, body)
+            )
+            tools.extend(page.tools)
+            if progress:
+                progress("tools", len(tools), total)
+            if not page.next_cursor:
+                return Toolset(page.id, tools)
+            cursor = page.next_cursor
+
+    async def declarations(
+        self, toolset: Toolset | str, format: Format = "prompt", *, progress: Progress | None = None
+    ) -> str:
+        """The whole `prompt` or `dts` document of a toolset (every page concatenated)."""
+        parts: list[str] = []
+        cursor: str | None = None
+        while True:
+            body = build(ToolsetDeclarationsRequest, id=toolset_id(toolset), format=format, cursor=cursor)
+            page = ToolsetDeclarationsReply.model_validate(
+                await self._tb.request(self._tb.subjects.toolsets_declarations, body)
+            )
+            parts.append(page.text)
+            if progress:
+                progress(format, len(parts), None)
+            if not page.next_cursor:
+                return "".join(parts)
+            cursor = page.next_cursor
+
+    async def search(self, toolset: Toolset | str, query: str, limit: int = 5) -> list[SearchHit]:
+        """The `limit` tools (1..50) that best match `query`, best first."""
+        body = build(ToolsetSearchRequest, id=toolset_id(toolset), query=query, limit=limit)
+        reply = ToolsetSearchReply.model_validate(
+            await self._tb.request(self._tb.subjects.toolsets_search, body)
+        )
+        return list(reply.tools)
+
+    async def set_credentials(self, toolset: Toolset | str, credentials: CredentialsLike) -> str:
+        """Replace the toolset-level credentials (`{"servers": {name: {"headers": {...}}}}`);
+        returns the level, `"toolset"`. Calls parked at this level are sent again."""
+        body = ToolsetCredentialsSetRequest(
+            toolset_id=toolset_id(toolset), credentials=_credentials(credentials)
+        )
+        data = await self._tb.request(self._tb.subjects.toolsets_credentials_set, body)
+        return CredentialsSetReply.model_validate(data).level
+
+
+class Namespaces:
+    """`‹p›.namespaces.credentials.set`: credentials of one end user for one toolset."""
+
+    def __init__(self, tb: Toolbus) -> None:
+        self._tb = tb
+
+    async def set_credentials(
+        self, namespace: str, toolset: Toolset | str, credentials: CredentialsLike
+    ) -> str:
+        body = build(
+            NamespaceCredentialsSetRequest,
+            namespace=namespace,
+            toolset_id=toolset_id(toolset),
+            credentials=_credentials(credentials),
+        )
+        data = await self._tb.request(self._tb.subjects.namespaces_credentials_set, body)
+        return CredentialsSetReply.model_validate(data).level
+
+
+class Workflows:
+    """`‹p›.workflows.publish` / `.get`."""
+
+    def __init__(self, tb: Toolbus) -> None:
+        self._tb = tb
+
+    async def publish(
+        self,
+        name: str,
+        *,
+        input_schema: Mapping[str, Any],
+        output_schema: Mapping[str, Any] | None = None,
+        description: str = "",
+        definition: Any = None,
+    ) -> str:
+        """Publish a workflow version; returns its version (the same content gives the same one)."""
+        body = build(
+            WorkflowPublishRequest,
+            name=name,
+            description=description,
+            input_schema=dict(input_schema),
+            output_schema=dict(output_schema) if output_schema is not None else None,
+            definition=definition,
+        )
+        data = await self._tb.request(self._tb.subjects.workflows_publish, body)
+        return WorkflowPublishReply.model_validate(data).version
+
+    async def get(self, name: str, version: str | None = None) -> Workflow:
+        """One published version (the latest where `version` is None)."""
+        body = build(WorkflowGetRequest, name=name, version=version)
+        return Workflow.model_validate(await self._tb.request(self._tb.subjects.workflows_get, body))

@@ -1,0 +1,208 @@
+"""The host-tool worker: serves `@host_tool` functions in the queue group `toolbus-workers`,
+heartbeats while each runs, runs up to `concurrency` at once, and on SIGTERM stops taking calls and
+finishes the ones it holds (handing back, by going silent, those still running after `grace`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Iterable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.errors import MaxPayloadError
+from pydantic import ValidationError
+from toolbus_contracts import WORKER_QUEUE, HostCallTask, duration_seconds
+
+from toolbus._host_tools import CallContext, HostTool
+
+if TYPE_CHECKING:
+    from toolbus._client import Toolbus
+
+log = logging.getLogger("toolbus.worker")
+
+
+class Worker:
+    """Serve host tools until stopped.
+
+        async with await Toolbus.connect() as tb:
+            await Worker(tb, tools=[find_customer]).run()     # until SIGTERM / SIGINT
+
+    Each attempt gets heartbeats on `host.heartbeat.<callId>` every quarter of its
+    `heartbeatTimeout` from the moment it arrives (also while it waits for one of the
+    `concurrency` slots), and one result on `host.result.<callId>`: the output, or the exception's
+    message as the error. On `stop()` (SIGTERM under `run()`) the worker unsubscribes, so new calls
+    go to other workers, and waits up to `grace` seconds for the calls it holds; any still running
+    then are cancelled and their heartbeats stop, so the dispatcher treats them as interrupted
+    (sent again under `retry`, `outcomeUnknown` under `at_most_once`).
+    """
+
+    def __init__(
+        self,
+        tb: Toolbus,
+        tools: Iterable[HostTool],
+        *,
+        concurrency: int = 8,
+        grace: float = 30.0,
+        queue: str = WORKER_QUEUE,
+    ) -> None:
+        self._tb = tb
+        self.tools = {t.name: t for t in tools}
+        if not self.tools:
+            raise ValueError("a worker needs at least one host tool")
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.concurrency = concurrency
+        self.grace = grace
+        self._queue = queue
+        self._slots = asyncio.Semaphore(concurrency)
+        self._subs: list[Subscription] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stopped = asyncio.Event()
+        self.completed = 0
+        """Attempts answered since start (results published)."""
+
+    @property
+    def in_flight(self) -> int:
+        """Attempts received and not yet answered."""
+        return len(self._tasks)
+
+    async def start(self) -> None:
+        """Subscribe to every tool's subject; returns once the server has the subscriptions."""
+        for name in self.tools:
+            subject = self._tb.subjects.host_call(name)
+            self._subs.append(await self._tb.nc.subscribe(subject, queue=self._queue, cb=self._on_task))
+        await self._tb.nc.flush()
+        log.info("serving host tools %s", ", ".join(sorted(self.tools)))
+
+    async def stop(self, grace: float | None = None) -> int:
+        """Stop taking calls, wait for the ones held (up to `grace` s), hand back the rest;
+        returns how many were handed back."""
+        subs, self._subs = self._subs, []
+        for sub in subs:
+            with contextlib.suppress(Exception):
+                await sub.drain()  # type: ignore[no-untyped-call]
+        wait = self.grace if grace is None else grace
+        handed_back = 0
+        if self._tasks:
+            log.info("stopping: finishing %d call(s) in flight (up to %gs)", len(self._tasks), wait)
+            _, pending = await asyncio.wait(set(self._tasks), timeout=wait)
+            handed_back = len(pending)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
+        with contextlib.suppress(Exception):
+            await self._tb.nc.flush()
+        self._stopped.set()
+        return handed_back
+
+    async def run(self, *, handle_signals: bool = True) -> None:
+        """`start()`, serve until `stop()` or (with `handle_signals`) SIGTERM / SIGINT, then stop."""
+        await self.start()
+        stop_requested = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        installed: list[signal.Signals] = []
+        if handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    loop.add_signal_handler(sig, stop_requested.set)
+                    installed.append(sig)
+        try:
+            waiters = {
+                asyncio.ensure_future(stop_requested.wait()),
+                asyncio.ensure_future(self._stopped.wait()),
+            }
+            _, pending = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            for w in pending:
+                w.cancel()
+            if not self._stopped.is_set():
+                await self.stop()
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+
+    async def __aenter__(self) -> Worker:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if not self._stopped.is_set():
+            await self.stop()
+
+    # ---- one attempt --------------------------------------------------------------------------
+
+    async def _on_task(self, msg: Msg) -> None:
+        if msg.reply:
+            # The dispatcher sends the task as a request to learn "no worker" at once; ack it.
+            with contextlib.suppress(Exception):
+                await msg.respond(b"")
+        try:
+            task = HostCallTask.model_validate(orjson.loads(msg.data))
+        except (orjson.JSONDecodeError, ValidationError, TypeError):
+            log.warning("dropped a host task that is not a HostCallTask on %s", msg.subject)
+            return
+        job = asyncio.create_task(self._serve(task))
+        self._tasks.add(job)
+        job.add_done_callback(self._tasks.discard)
+
+    async def _serve(self, task: HostCallTask) -> None:
+        subjects = self._tb.subjects
+        beat = asyncio.create_task(self._heartbeat(task))
+        result: dict[str, Any]
+        try:
+            async with self._slots:
+                tool = self.tools.get(task.tool)
+                context = CallContext(
+                    call_id=task.call_id,
+                    attempt=task.attempt,
+                    idempotency_key=task.idempotency_key,
+                    run_id=task.run_id,
+                    namespace=task.namespace,
+                    toolset_id=task.toolset_id,
+                    tool=task.tool,
+                )
+                try:
+                    if tool is None:
+                        raise LookupError(f"this worker does not serve host tool '{task.tool}'")
+                    result = {"attempt": task.attempt, "output": await tool.invoke(task.input, context)}
+                except asyncio.CancelledError:
+                    log.info("handed back call %s attempt %d", task.call_id, task.attempt)
+                    raise
+                except Exception as exc:
+                    log.info(
+                        "host tool %s failed on call %s: %s", task.tool, task.call_id, type(exc).__name__
+                    )
+                    result = {"attempt": task.attempt, "error": {"message": str(exc) or type(exc).__name__}}
+        finally:
+            beat.cancel()
+        try:
+            data = orjson.dumps(result)
+        except TypeError as exc:
+            data = orjson.dumps({"attempt": task.attempt, "error": {"message": f"output is not JSON: {exc}"}})
+        try:
+            await self._tb.nc.publish(subjects.host_result(task.call_id), data)
+        except MaxPayloadError:
+            message = f"the output ({len(data)} bytes) is larger than one NATS message"
+            await self._tb.nc.publish(
+                subjects.host_result(task.call_id),
+                orjson.dumps({"attempt": task.attempt, "error": {"message": message}}),
+            )
+        await self._tb.nc.flush()
+        self.completed += 1
+
+    async def _heartbeat(self, task: HostCallTask) -> None:
+        every = max(0.05, duration_seconds(task.heartbeat_timeout) / 4)
+        subject = self._tb.subjects.host_heartbeat(task.call_id)
+        body = orjson.dumps({"attempt": task.attempt})
+        while True:
+            with contextlib.suppress(Exception):
+                await self._tb.nc.publish(subject, body)
+            await asyncio.sleep(every)

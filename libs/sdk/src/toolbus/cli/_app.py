@@ -1,0 +1,615 @@
+"""`toolbus`: the protocol from a shell. Every command takes `--json` (one JSON document on stdout;
+errors as `{"ok": false, "error": {...}}`) and ends with an exit code a script can test:
+
+\b
+    0  success
+    1  a bug (toolbus answered `internal`, or the CLI itself failed)
+    2  usage: a bad option, argument or file
+    3  unavailable: NATS or a service did not answer (`unavailable`, `timeout`)
+    4  not found: `notFound`, `unknownTool`
+    5  refused: any other error reply (`invalidRequest`, `invalidInput`, `conflict`, ...)
+    6  the call ran and its outcome is an error (`calls invoke`; the code is printed)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import typer
+import yaml
+from pydantic import BaseModel
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from toolbus._client import Toolbus
+from toolbus._errors import ErrorCode, ToolbusError
+from toolbus._toolsets import Toolset
+
+EXIT_CODES: dict[str, int] = {
+    "ok": 0,
+    "bug": 1,
+    "usage": 2,
+    "unavailable": 3,
+    "notFound": 4,
+    "refused": 5,
+    "callFailed": 6,
+}
+
+T = TypeVar("T")
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+app = typer.Typer(
+    name="toolbus",
+    help=__doc__,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+toolsets_app = typer.Typer(help="Register, read, render and search toolsets.", no_args_is_help=True)
+runs_app = typer.Typer(help="Open and close runs.", no_args_is_help=True)
+calls_app = typer.Typer(help="Call tools of a run.", no_args_is_help=True)
+approvals_app = typer.Typer(help="List and decide pending approvals.", no_args_is_help=True)
+credentials_app = typer.Typer(
+    help="Set credentials at the toolset, namespace or run level.", no_args_is_help=True
+)
+events_app = typer.Typer(help="Read a run's call events.", no_args_is_help=True)
+workflows_app = typer.Typer(help="Publish and read workflows.", no_args_is_help=True)
+for sub, name in (
+    (toolsets_app, "toolsets"),
+    (runs_app, "runs"),
+    (calls_app, "calls"),
+    (approvals_app, "approvals"),
+    (credentials_app, "credentials"),
+    (events_app, "events"),
+    (workflows_app, "workflows"),
+):
+    app.add_typer(sub, name=name)
+
+
+@dataclass
+class Global:
+    nats_url: str | None = None
+    prefix: str | None = None
+    timeout: float = 30.0
+    json: bool = False
+
+
+STATE = Global()
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document (errors too).")]
+
+
+@app.callback()
+def _root(
+    nats_url: Annotated[
+        str | None, typer.Option("--nats-url", envvar="TOOLBUS_NATS_URL", help="NATS URL.", show_envvar=True)
+    ] = None,
+    prefix: Annotated[
+        str | None, typer.Option("--prefix", envvar="TOOLBUS_SUBJECT_PREFIX", help="Subject prefix.")
+    ] = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for each reply.")] = 30.0,
+    json_: JsonOpt = False,
+) -> None:
+    STATE.nats_url, STATE.prefix, STATE.timeout, STATE.json = nats_url, prefix, timeout, json_
+
+
+# ---- output and errors -------------------------------------------------------------------------
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", by_alias=True, exclude_none=True)
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    return value
+
+
+def _emit(json_out: bool, data: Any, human: Callable[[], None] | None = None) -> None:
+    if json_out or STATE.json or human is None:
+        sys.stdout.write(json.dumps(_jsonable(data), indent=None if json_out or STATE.json else 2) + "\n")
+        sys.stdout.flush()
+    else:
+        human()
+
+
+def _exit_code(exc: ToolbusError) -> int:
+    if exc.code in (ErrorCode.UNAVAILABLE, ErrorCode.TIMEOUT):
+        return EXIT_CODES["unavailable"]
+    if exc.code in (ErrorCode.NOT_FOUND, ErrorCode.UNKNOWN_TOOL):
+        return EXIT_CODES["notFound"]
+    if exc.code is ErrorCode.INTERNAL:
+        return EXIT_CODES["bug"]
+    return EXIT_CODES["refused"]
+
+
+def _fail(json_out: bool, exc: ToolbusError, code: int) -> NoReturn:
+    if json_out or STATE.json:
+        sys.stdout.write(json.dumps({"ok": False, "error": exc.to_wire()}) + "\n")
+    else:
+        err.print(f"error: {exc.code.value}: {exc.message}", markup=False)
+    raise typer.Exit(code)
+
+
+def _usage(json_out: bool, message: str) -> NoReturn:
+    if json_out or STATE.json:
+        sys.stdout.write(json.dumps({"ok": False, "error": {"code": "usage", "message": message}}) + "\n")
+    else:
+        err.print(f"error: {message}", markup=False)
+    raise typer.Exit(EXIT_CODES["usage"])
+
+
+def _run(json_out: bool, work: Callable[[Toolbus], Awaitable[T]]) -> T:
+    """Connect, run `work`, close; a `ToolbusError` becomes its one-line message and exit code."""
+
+    async def go() -> T:
+        async with await Toolbus.connect(STATE.nats_url, STATE.prefix, timeout=STATE.timeout) as tb:
+            return await work(tb)
+
+    try:
+        return asyncio.run(go())
+    except ToolbusError as exc:
+        _fail(json_out, exc, _exit_code(exc))
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+def _load(path: str, json_out: bool) -> Any:
+    """A JSON or YAML document from a file, or from stdin for `-`."""
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as exc:
+        _usage(json_out, f"cannot read {path}: {exc.strerror}")
+    try:
+        return json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        _usage(json_out, f"{path} is not valid JSON or YAML: {str(exc).splitlines()[0]}")
+
+
+def _json_arg(text: str, what: str, json_out: bool) -> Any:
+    if text.startswith("@"):
+        return _load(text[1:], json_out)
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        _usage(json_out, f"{what} is not JSON: {exc}")
+
+
+def _print_json(value: Any) -> None:
+    out.print_json(json.dumps(_jsonable(value)))
+
+
+# ---- toolsets ----------------------------------------------------------------------------------
+
+
+def _toolset_table(toolset: Toolset) -> None:
+    table = Table(title=f"{toolset.id}  ({len(toolset.tools)} tools)", title_justify="left")
+    for column in ("tool", "kind", "approval", "on interruption", "description"):
+        table.add_column(column, overflow="fold")
+    for tool in toolset.tools:
+        first = (tool.description or "").split(". ")[0][:80]
+        policy = tool.policy
+        table.add_row(tool.name, tool.kind, "yes" if policy.approval else "", policy.on_interruption, first)
+    out.print(table)
+
+
+@toolsets_app.command("create")
+def toolsets_create(
+    file: Annotated[str, typer.Option("-f", "--file", help="toolset spec, .json or .yaml ('-' for stdin)")],
+    json_: JsonOpt = False,
+) -> None:
+    """Register a toolset from a spec file (the body of toolsets.create)."""
+    spec = _load(file, json_)
+    if not isinstance(spec, dict):
+        _usage(json_, f"{file} must hold one object (a toolset spec)")
+    show = err.is_terminal and not (json_ or STATE.json)
+
+    async def work(tb: Toolbus) -> Toolset:
+        servers = len(spec.get("mcp") or [])
+        with Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=err,
+            disable=not show,
+        ) as progress:
+            task = progress.add_task(
+                f"registering {servers} MCP server(s): listing and pinning their tools", total=None
+            )
+
+            def step(stage: str, done: int, total: int | None) -> None:
+                labels = {
+                    "tools": f"reading tools: {done}" + (f" of {total}" if total else ""),
+                    "prompt": f"reading prompt declarations: page {done}",
+                    "dts": f"reading TypeScript declarations: page {done}",
+                }
+                if stage in labels:
+                    progress.update(task, description=labels[stage])
+
+            return await tb.toolsets.create(**_spec_kwargs(spec, json_), progress=step)
+
+    toolset = _run(json_, work)
+    data = {"id": toolset.id, "tools": toolset.tools, "declarations": toolset.declarations}
+    _emit(json_, data, lambda: _toolset_table(toolset))
+
+
+def _spec_kwargs(spec: dict[str, Any], json_out: bool) -> dict[str, Any]:
+    known = {"mcp", "host", "http", "workflows", "base", "credentials"}
+    unknown = sorted(set(spec) - known)
+    if unknown:
+        _usage(json_out, f"unknown field '{unknown[0]}' in the spec (known: {', '.join(sorted(known))})")
+    return {k: v for k, v in spec.items() if v is not None}
+
+
+@toolsets_app.command("get")
+def toolsets_get(toolset_id: str, json_: JsonOpt = False) -> None:
+    """Show a registered toolset's tools and their effective policies."""
+    toolset = _run(json_, lambda tb: tb.toolsets.get(toolset_id))
+    _emit(json_, {"id": toolset.id, "tools": toolset.tools}, lambda: _toolset_table(toolset))
+
+
+@toolsets_app.command("search")
+def toolsets_search(
+    toolset_id: str,
+    query: str,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, max=50)] = 5,
+    json_: JsonOpt = False,
+) -> None:
+    """The tools of a toolset that best match a query, best first."""
+    hits = _run(json_, lambda tb: tb.toolsets.search(toolset_id, query, limit))
+
+    def human() -> None:
+        for hit in hits:
+            out.print(f"{hit.score:6.3f}  {hit.prompt}", markup=False)
+
+    _emit(json_, {"tools": hits}, human)
+
+
+@toolsets_app.command("declarations")
+def toolsets_declarations(
+    toolset_id: str,
+    format: Annotated[str, typer.Option("--format", help="prompt or dts")] = "prompt",
+    json_: JsonOpt = False,
+) -> None:
+    """Print a toolset's declarations: `--format dts > tools.d.ts`."""
+    if format not in ("prompt", "dts"):
+        _usage(json_, f"--format must be prompt or dts, not {format!r}")
+    text = _run(json_, lambda tb: tb.toolsets.declarations(toolset_id, format))  # type: ignore[arg-type]
+    def human() -> None:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+
+    _emit(json_, {"format": format, "text": text}, human)
+
+
+# ---- runs and calls ----------------------------------------------------------------------------
+
+
+@runs_app.command("open")
+def runs_open(
+    toolset_id: str,
+    namespace: Annotated[str | None, typer.Option("--namespace", help="the end user's id")] = None,
+    run_id: Annotated[str | None, typer.Option("--run-id")] = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Open a run of a toolset; prints its run id."""
+    run = _run(json_, lambda tb: tb.runs.open(toolset_id, namespace=namespace, run_id=run_id))
+    _emit(json_, {"runId": run.id}, lambda: out.print(run.id, markup=False))
+
+
+@runs_app.command("close")
+def runs_close(run_id: str, json_: JsonOpt = False) -> None:
+    """Close a run: unfinished calls end cancelled."""
+    cancelled = _run(json_, lambda tb: tb.runs.attach(run_id).close())
+    _emit(
+        json_,
+        {"runId": run_id, "cancelled": cancelled},
+        lambda: out.print(f"closed {run_id}; {cancelled} call(s) cancelled"),
+    )
+
+
+InputOpt = Annotated[str, typer.Option("--input", "-i", help="the input as JSON, or @file (JSON/YAML)")]
+
+
+@calls_app.command("invoke")
+def calls_invoke(
+    tool: str,
+    run: Annotated[str, typer.Option("--run", help="run id")],
+    input: InputOpt = "{}",
+    key: Annotated[str | None, typer.Option("--key", help="idempotency key")] = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Call a tool and wait for its outcome; prints the output (exit 6 when the call failed)."""
+    body = _json_arg(input, "--input", json_)
+    if not isinstance(body, dict):
+        _usage(json_, "--input must be a JSON object")
+    result = _run(
+        json_, lambda tb: tb.runs.attach(run).invoke(tool, body, idempotency_key=key, timeout=STATE.timeout)
+    )
+    if result.error is not None:
+        if json_ or STATE.json:
+            wire = {"status": "error", "error": result.error.to_wire()}
+            sys.stdout.write(
+                json.dumps(
+                    {"callId": result.call_id, "idempotencyKey": result.idempotency_key, "outcome": wire}
+                )
+                + "\n"
+            )
+        else:
+            err.print(
+                f"error: {result.error.code.value}: {result.error.message} (call {result.call_id})",
+                markup=False,
+            )
+        raise typer.Exit(EXIT_CODES["callFailed"])
+    data = {
+        "callId": result.call_id,
+        "idempotencyKey": result.idempotency_key,
+        "outcome": {"status": "ok", "output": result.output},
+    }
+    _emit(json_, data, lambda: _print_json(result.output))
+
+
+@calls_app.command("start")
+def calls_start(
+    tool: str,
+    run: Annotated[str, typer.Option("--run", help="run id")],
+    input: InputOpt = "{}",
+    key: Annotated[str | None, typer.Option("--key", help="idempotency key")] = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Start a call without waiting; prints its call id."""
+    body = _json_arg(input, "--input", json_)
+    if not isinstance(body, dict):
+        _usage(json_, "--input must be a JSON object")
+    handle = _run(json_, lambda tb: tb.runs.attach(run).start(tool, body, idempotency_key=key))
+    _emit(
+        json_,
+        {"callId": handle.call_id, "idempotencyKey": handle.idempotency_key},
+        lambda: out.print(handle.call_id, markup=False),
+    )
+
+
+@calls_app.command("get")
+def calls_get(call_id: str, json_: JsonOpt = False) -> None:
+    """Where a call is, its attempts, and its outcome once done."""
+    status = _run(json_, lambda tb: tb.runs.call_status(call_id))
+    data: dict[str, Any] = {"callId": status.call_id, "state": status.state, "attempts": status.attempts}
+    if status.result is not None:
+        r = status.result
+        data["outcome"] = (
+            {"status": "ok", "output": r.output}
+            if r.ok
+            else {"status": "error", "error": r.error.to_wire() if r.error else None}
+        )
+
+    def human() -> None:
+        out.print(f"{status.call_id}  {status.state}  attempts {status.attempts}", markup=False)
+        if "outcome" in data:
+            _print_json(data["outcome"])
+
+    _emit(json_, data, human)
+
+
+# ---- approvals, credentials, events, workflows -------------------------------------------------
+
+
+@approvals_app.command("list")
+def approvals_list(
+    run: Annotated[str | None, typer.Option("--run")] = None,
+    namespace: Annotated[str | None, typer.Option("--namespace")] = None,
+    json_: JsonOpt = False,
+) -> None:
+    """The approvals waiting for a decision."""
+    pending = _run(json_, lambda tb: tb.approvals.list(run_id=run, namespace=namespace))
+
+    def human() -> None:
+        table = Table(title=f"{len(pending)} pending approval(s)", title_justify="left")
+        for column in ("approval", "tool", "run", "namespace", "input"):
+            table.add_column(column, overflow="fold")
+        for a in pending:
+            table.add_row(a.approval_id, a.tool, a.run_id, a.namespace or "", json.dumps(a.input)[:60])
+        out.print(table)
+
+    _emit(json_, {"approvals": pending}, human)
+
+
+def _decide(approval_id: str, approve: bool, reason: str | None, json_: JsonOpt) -> None:
+    decision = _run(json_, lambda tb: tb.approvals.decide(approval_id, approve, reason))
+    _emit(
+        json_,
+        {"approvalId": approval_id, "decision": decision},
+        lambda: out.print(f"{approval_id} {decision}"),
+    )
+
+
+@approvals_app.command("approve")
+def approvals_approve(
+    approval_id: str, reason: Annotated[str | None, typer.Option("--reason")] = None, json_: JsonOpt = False
+) -> None:
+    """Approve a pending call."""
+    _decide(approval_id, True, reason, json_)
+
+
+@approvals_app.command("deny")
+def approvals_deny(
+    approval_id: str, reason: Annotated[str | None, typer.Option("--reason")] = None, json_: JsonOpt = False
+) -> None:
+    """Deny a pending call (its outcome becomes denied with the reason)."""
+    _decide(approval_id, False, reason, json_)
+
+
+@credentials_app.command("set")
+def credentials_set(
+    level: Annotated[str, typer.Option("--level", help="toolset, namespace or run")],
+    toolset: Annotated[
+        str | None, typer.Option("--toolset", help="toolset id (toolset, namespace levels)")
+    ] = None,
+    namespace: Annotated[str | None, typer.Option("--namespace")] = None,
+    run: Annotated[str | None, typer.Option("--run")] = None,
+    file: Annotated[
+        str | None, typer.Option("-f", "--file", help="{servers: {...}} as JSON/YAML ('-': stdin)")
+    ] = None,
+    header: Annotated[
+        list[str] | None,
+        typer.Option("--header", help="SERVER:NAME=VALUE, repeatable (prefer -f: shells keep history)"),
+    ] = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Replace the credentials of one level and scope; parked calls there are sent again."""
+    credentials: dict[str, Any] = {"servers": {}}
+    if file:
+        loaded = _load(file, json_)
+        if not isinstance(loaded, dict):
+            _usage(json_, f"{file} must hold {{servers: ...}}")
+        credentials = loaded
+    for item in header or []:
+        server, sep, rest = item.partition(":")
+        name, eq, value = rest.partition("=")
+        if not (sep and eq and server and name):
+            _usage(json_, "--header takes SERVER:NAME=VALUE")
+        credentials.setdefault("servers", {}).setdefault(server, {"headers": {}})["headers"][name] = value
+    if not credentials.get("servers"):
+        _usage(json_, "give credentials with -f or --header")
+    if level == "toolset":
+        if not toolset:
+            _usage(json_, "--level toolset needs --toolset")
+        work = lambda tb: tb.toolsets.set_credentials(toolset, credentials)  # noqa: E731
+    elif level == "namespace":
+        if not (toolset and namespace):
+            _usage(json_, "--level namespace needs --namespace and --toolset")
+        work = lambda tb: tb.namespaces.set_credentials(namespace, toolset, credentials)  # noqa: E731
+    elif level == "run":
+        if not run:
+            _usage(json_, "--level run needs --run")
+        work = lambda tb: tb.runs.attach(run).set_credentials(credentials)  # noqa: E731
+    else:
+        _usage(json_, f"--level must be toolset, namespace or run, not {level!r}")
+    got = _run(json_, work)
+    _emit(json_, {"level": got}, lambda: out.print(f"credentials set at the {got} level (values not shown)"))
+
+
+@events_app.command("tail")
+def events_tail(
+    run: Annotated[str, typer.Option("--run", help="run id")],
+    follow: Annotated[bool, typer.Option("--follow/--no-follow", help="wait for new events")] = True,
+    json_: JsonOpt = False,
+) -> None:
+    """A run's call events from the first, one per line; follows new ones unless --no-follow."""
+    as_json = json_ or STATE.json
+
+    async def work(tb: Toolbus) -> int:
+        count = 0
+        async for event in tb.runs.attach(run).events(follow=follow):
+            count += 1
+            wire = _jsonable(event)
+            if as_json:
+                sys.stdout.write(json.dumps(wire) + "\n")
+                sys.stdout.flush()
+            else:
+                extra = {k: v for k, v in wire.items() if k not in ("type", "callId", "runId", "at")}
+                out.print(
+                    f"{event.at}  {event.call_id}  {event.type:<18} {json.dumps(extra) if extra else ''}",
+                    markup=False,
+                )
+        return count
+
+    _run(json_, work)
+
+
+@workflows_app.command("publish")
+def workflows_publish(
+    file: Annotated[
+        str, typer.Option("-f", "--file", help="{name, description, inputSchema, outputSchema, definition}")
+    ],
+    json_: JsonOpt = False,
+) -> None:
+    """Publish a workflow version; prints name@version."""
+    spec = _load(file, json_)
+    if not isinstance(spec, dict) or "name" not in spec or "inputSchema" not in spec:
+        _usage(json_, f"{file} must hold an object with name and inputSchema")
+    version = _run(
+        json_,
+        lambda tb: tb.workflows.publish(
+            spec["name"],
+            input_schema=spec["inputSchema"],
+            output_schema=spec.get("outputSchema"),
+            description=spec.get("description", ""),
+            definition=spec.get("definition"),
+        ),
+    )
+    _emit(json_, {"name": spec["name"], "version": version}, lambda: out.print(f"{spec['name']}@{version}"))
+
+
+@workflows_app.command("get")
+def workflows_get(
+    name: str, version: Annotated[str | None, typer.Option("--version")] = None, json_: JsonOpt = False
+) -> None:
+    """A published workflow (the latest version unless --version)."""
+    workflow = _run(json_, lambda tb: tb.workflows.get(name, version))
+    _emit(json_, workflow, lambda: _print_json(workflow))
+
+
+# ---- the local stack ---------------------------------------------------------------------------
+
+
+def _stack(*args: str) -> None:
+    from toolbus_devstack.stack import main as stack_main
+
+    raise typer.Exit(stack_main(list(args), prog="toolbus"))
+
+
+@app.command("up")
+def up(
+    services: Annotated[str | None, typer.Option("--services", help="comma-separated subset")] = None,
+    port_base: Annotated[
+        int, typer.Option("--port-base", help="registry's HTTP port; the others follow")
+    ] = 8081,
+    timeout: Annotated[
+        float, typer.Option("--ready-timeout", help="seconds to wait for each /readyz")
+    ] = 60.0,
+    json_: JsonOpt = False,
+) -> None:
+    """Start NATS/Redis (if none answer) and the services on this machine, as `make up` does."""
+    args = ["up", "--port-base", str(port_base), "--timeout", str(timeout)]
+    if services:
+        args += ["--services", services]
+    if json_ or STATE.json:
+        args.append("--json")
+    _stack(*args)
+
+
+@app.command("down")
+def down(json_: JsonOpt = False) -> None:
+    """Stop exactly what `toolbus up` / `make up` started."""
+    _stack("down", *(["--json"] if json_ or STATE.json else []))
+
+
+@app.command("status")
+def status(json_: JsonOpt = False) -> None:
+    """What `up` started and whether each service is ready."""
+    _stack("status", *(["--json"] if json_ or STATE.json else []))
+
+
+@app.command("logs")
+def logs(
+    follow: Annotated[bool, typer.Option("-f", "--follow")] = False,
+    lines: Annotated[int, typer.Option("-n", "--lines")] = 50,
+    json_: JsonOpt = False,
+) -> None:
+    """The stack's logs (`-f` to follow)."""
+    _stack("logs", "-n", str(lines), *(["-f"] if follow else []))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
