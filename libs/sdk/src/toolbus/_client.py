@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -19,6 +20,7 @@ from toolbus._connection import ConnectOptions
 from toolbus._errors import Internal, Timeout, Unavailable, error_from_wire
 
 M = TypeVar("M", bound=BaseModel)
+log = logging.getLogger("toolbus")
 
 DEFAULT_TIMEOUT = 30.0
 """Seconds a request waits for its reply unless told otherwise (registration lists MCP servers)."""
@@ -38,6 +40,11 @@ def build(model: type[M], **fields: Any) -> M:
         return model.model_validate({k: v for k, v in fields.items() if v is not None})
     except ValidationError as exc:
         raise validation_to_error(exc) from None
+
+
+async def _quiet(exc: Exception) -> None:
+    """nats-py's default error callback logs every failed attempt at ERROR; say it once, lower."""
+    log.debug("NATS connection: %s: %s", type(exc).__name__, exc)
 
 
 class Toolbus:
@@ -94,14 +101,20 @@ class Toolbus:
         A server that cannot be reached is `Unavailable`.
         """
         opts = options or ConnectOptions.from_env(nats_url=nats_url, prefix=prefix, **connect_options)
+        kwargs = {"error_cb": _quiet, **opts.nats_kwargs()}
         try:
-            nc = await nats.connect(**opts.nats_kwargs(), max_reconnect_attempts=-1)
+            # nats-py retries a failed first connect max_reconnect_attempts times, reconnect_time_wait
+            # apart (2 minutes by default): try each server twice instead, then, once connected,
+            # reconnect for as long as it takes.
+            nc = await nats.connect(**kwargs, max_reconnect_attempts=1, reconnect_time_wait=0.2)
         except (OSError, NatsTimeout, TimeoutError, nats.errors.NoServersError) as exc:
             raise Unavailable(
                 f"Could not connect to NATS at {opts.nats_url}: {type(exc).__name__}. Is the stack "
                 "running (`toolbus up` or `make up`)?",
                 details={"natsUrl": opts.nats_url},
             ) from None
+        nc.options["max_reconnect_attempts"] = -1
+        nc.options["reconnect_time_wait"] = 2
         return cls(nc, opts.prefix, timeout=timeout)
 
     async def close(self) -> None:

@@ -1,0 +1,119 @@
+"""Every contract error code becomes its own exception class under `ToolbusError`, with code,
+message, details and retryable: each code from the wire, and each one the real services can be
+made to answer, provoked for real."""
+
+from __future__ import annotations
+
+import pytest
+from toolbus import (
+    ERRORS,
+    Cancelled,
+    Conflict,
+    CredentialsRejected,
+    ErrorCode,
+    HostNotAllowed,
+    InvalidRequest,
+    OutcomeUnknown,
+    Timeout,
+    Toolbus,
+    ToolbusError,
+    Unavailable,
+    UpstreamError,
+    UpstreamUnreachable,
+)
+from toolbus._errors import error_from_wire
+
+from tests.support.infra import free_port
+from tests.support.mcp_servers import Fault, McpTestServer
+
+RETRYABLE = {ErrorCode.UPSTREAM_UNREACHABLE, ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE}
+
+
+@pytest.mark.parametrize("code", list(ErrorCode))
+def test_each_wire_code_becomes_its_own_exception_class(code: ErrorCode) -> None:
+    exc = error_from_wire({"code": code.value, "message": "It went wrong.", "details": {"field": "x"}}, callId="c1")
+    assert type(exc) is ERRORS[code]
+    assert isinstance(exc, ToolbusError)
+    assert exc.code is code
+    assert exc.message == "It went wrong."
+    assert exc.details == {"field": "x", "callId": "c1"}
+    assert exc.retryable is (code in RETRYABLE)
+    assert type(exc).__name__[0].isupper()
+
+
+def test_the_mapping_covers_every_code_once_and_unknown_codes_are_internal() -> None:
+    assert set(ERRORS) == set(ErrorCode)
+    assert len(set(ERRORS.values())) == len(ErrorCode)
+    assert error_from_wire({"code": "somethingNew", "message": "?"}).code is ErrorCode.INTERNAL
+    assert error_from_wire("not an object").code is ErrorCode.INTERNAL
+
+
+pytestmark_e2e = pytest.mark.e2e
+
+
+@pytestmark_e2e
+async def test_codes_provoked_against_the_real_services(tb: Toolbus, mcp_server: McpTestServer) -> None:
+    # invalidRequest, answered by the registry itself (the SDK's own check is bypassed).
+    with pytest.raises(InvalidRequest) as bad:
+        await tb.request(tb.subjects.toolsets_get, {"id": 5})
+    assert bad.value.details.get("field") == "id"
+    # upstreamUnreachable: registration cannot reach the server (retryable).
+    with pytest.raises(UpstreamUnreachable) as unreachable:
+        await tb.toolsets.create(mcp=[{"name": "gone", "url": f"http://127.0.0.1:{free_port()}/mcp"}])
+    assert unreachable.value.retryable
+    # credentialsRejected: the server answers 401 at registration.
+    async with McpTestServer(name="locked", required_token="nope-token") as locked:
+        with pytest.raises(CredentialsRejected):
+            await tb.toolsets.create(mcp=[{"name": "locked", "url": locked.url}])
+
+    toolset = await tb.toolsets.create(
+        mcp=[
+            {
+                "name": "everything",
+                "url": mcp_server.url,
+                "policies": {
+                    "plain": {"timeout": "300ms", "onInterruption": "at_most_once"},
+                    "echo": {"approval": True},
+                },
+            }
+        ],
+        http={"allow": ["127.0.0.1"]},
+    )
+    run = await tb.runs.open(toolset, run_id=f"errors-{free_port()}")
+    # conflict: the same run id with another toolset.
+    other = await tb.toolsets.create(mcp=[{"name": "other", "url": mcp_server.url}])
+    with pytest.raises(Conflict):
+        await tb.runs.open(other, run_id=run.id)
+    # hostNotAllowed: http.fetch to a host that is not on the allow list.
+    with pytest.raises(HostNotAllowed):
+        await run.call("http.fetch", {"url": "http://example.org/"})
+    # upstreamError: the server answers 500.
+    mcp_server.add_fault(Fault(status=500))
+    with pytest.raises(UpstreamError):
+        await run.call("everything.fail", {"text": "500"})
+    # outcomeUnknown: at_most_once and no answer within the timeout.
+    mcp_server.add_fault(Fault(hang=True))
+    with pytest.raises(OutcomeUnknown):
+        await run.call("everything.plain", {"text": "hang"})
+    # cancelled: a call waiting for approval when its run closes.
+    waiting = await run.start("everything.echo", {"text": "never approved"})
+    assert await run.close() == 1
+    with pytest.raises(Cancelled):
+        await waiting.result(timeout=20)
+    # unavailable: no service answers under this prefix; timeout: a handle that is not done in time.
+    async with await Toolbus.connect(tb.nc.connected_url.geturl(), f"tbnobody{free_port()}") as nobody:
+        with pytest.raises(Unavailable) as down:
+            await nobody.toolsets.get("ts_" + "0" * 64)
+        assert down.value.retryable and "toolbus up" in down.value.message
+    run2 = await tb.runs.open(toolset)
+    slow = await run2.start("everything.echo", {"text": "awaiting approval"})
+    with pytest.raises(Timeout):
+        await slow.wait(timeout=0.5)
+    await run2.close()
+
+
+@pytestmark_e2e
+async def test_connect_to_a_server_that_is_not_there_is_unavailable() -> None:
+    with pytest.raises(Unavailable) as info:
+        await Toolbus.connect(f"nats://127.0.0.1:{free_port()}", connect_timeout=1)
+    assert info.value.retryable and "Could not connect" in info.value.message

@@ -1,0 +1,150 @@
+"""The host-tool worker against the real dispatcher: schemas from type hints and pydantic models
+registered from the same declaration, the context it passes, heartbeats that keep a long call
+alive, its concurrency bound, errors, and SIGTERM mid-call losing no call."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+from toolbus import CallContext, HostTool, Toolbus, ToolError, Worker, host_tool
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Customer(BaseModel):
+    id: str
+    email: str
+
+
+class FindCustomer(BaseModel):
+    email: str
+
+
+@host_tool(name="crm.find_customer", policy={"onInterruption": "at_most_once"})
+async def find_customer(query: FindCustomer, ctx: CallContext) -> Customer:
+    """Find a customer by email."""
+    return Customer(id=f"cus_{ctx.attempt}_{len(ctx.idempotency_key)}", email=query.email)
+
+
+def test_schemas_come_from_type_hints_and_models() -> None:
+    @host_tool
+    async def add(a: int, b: int = 2) -> int:
+        """Add two numbers."""
+        return a + b
+
+    assert isinstance(add, HostTool) and add.name == "add" and add.description == "Add two numbers."
+    assert add.input_schema["properties"]["a"] == {"title": "A", "type": "integer"}
+    assert add.input_schema["required"] == ["a"]
+    assert add.output_schema == {"type": "integer"}
+    spec = find_customer.spec()
+    assert spec.name == "crm.find_customer"
+    assert spec.input_schema["required"] == ["email"]
+    assert spec.output_schema is not None and set(spec.output_schema["properties"]) == {"id", "email"}
+    assert spec.policy is not None and spec.policy.on_interruption == "at_most_once"
+
+
+async def test_worker_serves_a_tool_registered_from_its_declaration(tb: Toolbus) -> None:
+    toolset = await tb.toolsets.create(host=[find_customer])
+    assert toolset.tool("crm.find_customer").input_schema == find_customer.input_schema
+    async with Worker(tb, tools=[find_customer]) as worker, await tb.runs.open(toolset) as run:
+        out = await run.call("crm.find_customer", {"email": "a@b.c"}, idempotency_key="abcd")
+        assert out == {"id": "cus_1_4", "email": "a@b.c"}
+        assert worker.completed == 1
+
+
+async def test_heartbeats_keep_a_call_longer_than_its_heartbeat_timeout_alive(tb: Toolbus) -> None:
+    @host_tool(name="hb.long", policy={"heartbeatTimeout": "500ms", "onInterruption": "at_most_once"})
+    async def long(seconds: float) -> dict[str, float]:
+        await asyncio.sleep(seconds)
+        return {"slept": seconds}
+
+    toolset = await tb.toolsets.create(host=[long])
+    async with Worker(tb, tools=[long]), await tb.runs.open(toolset) as run:
+        # Four heartbeat timeouts long: without heartbeats, at_most_once would end outcomeUnknown.
+        handle = await run.start("hb.long", {"seconds": 2.0})
+        assert await handle.result(timeout=30) == {"slept": 2.0}
+        assert (await handle.status()).attempts == 1
+
+
+async def test_concurrency_bound_and_errors(tb: Toolbus) -> None:
+    running = 0
+    peak = 0
+    release = asyncio.Event()
+
+    @host_tool(name="pool.job")
+    async def job(n: int) -> int:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        try:
+            await release.wait()
+            if n < 0:
+                raise ValueError(f"negative input {n}")
+            return n * 10
+        finally:
+            running -= 1
+
+    toolset = await tb.toolsets.create(host=[job])
+    async with Worker(tb, tools=[job], concurrency=2) as worker, await tb.runs.open(toolset) as run:
+        handles = [await run.start("pool.job", {"n": n}) for n in (1, 2, 3, 4, -1)]
+        while worker.in_flight < 5:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        assert running == 2  # five received, two running, three waiting for a slot (heartbeating)
+        release.set()
+        results = await asyncio.gather(*(h.wait(timeout=30) for h in handles))
+    assert [r.output for r in results[:4]] == [10, 20, 30, 40]
+    assert peak == 2
+    assert isinstance(results[4].error, ToolError) and "negative input -1" in results[4].error.message
+
+
+async def test_sigterm_mid_call_finishes_the_calls_in_flight(tb: Toolbus, stack: dict[str, str]) -> None:
+    started: list[str] = []
+    got_started = asyncio.Event()
+
+    async def on_started(msg: Any) -> None:
+        started.append(msg.data.decode())
+        if len(started) == 2:
+            got_started.set()
+
+    sub = await tb.nc.subscribe(f"{tb.prefix}.test.started", cb=on_started)
+    env = {**os.environ, **stack, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.sdk.worker_app"], env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        assert (await asyncio.to_thread(proc.stdout.readline)).strip() == "ready"
+        from tests.sdk.worker_app import slow_work
+
+        toolset = await tb.toolsets.create(host=[slow_work])
+        run = await tb.runs.open(toolset)
+        calls = [await run.start("slow.work", {"seconds": 1.5, "tag": t}) for t in ("a", "b")]
+        await asyncio.wait_for(got_started.wait(), 30)
+        proc.send_signal(signal.SIGTERM)  # both calls are mid-flight
+        results = [await c.wait(timeout=30) for c in calls]
+        exit_code = await asyncio.to_thread(proc.wait, 30)
+        last = proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+        await sub.unsubscribe()
+    assert exit_code == 0
+    assert "stopped 0 completed=2" in last  # nothing handed back: both finished on this worker
+    assert [r.output["tag"] for r in results] == ["a", "b"]
+    assert all(r.output["attempt"] == 1 for r in results)
+    assert [(await c.status()).attempts for c in calls] == [1, 1]
+    await run.close()

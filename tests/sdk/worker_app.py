@@ -1,0 +1,45 @@
+"""A host-tool worker as its own process, for the SIGTERM test: `python -m tests.sdk.worker_app`.
+
+Serves `slow.work(seconds, tag)`: publishes `<prefix>.test.started` with the tag once it runs,
+sleeps, and returns `{"tag", "attempt", "idempotencyKey"}`. Prints `ready` once subscribed and
+`stopped <handed back>` when it has shut down."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from toolbus import CallContext, Toolbus, Worker, host_tool
+
+
+@host_tool(name="slow.work", policy={"heartbeatTimeout": "1s"})
+async def slow_work(seconds: float, tag: str, ctx: CallContext) -> dict[str, object]:
+    """Sleep a while, then say which attempt ran."""
+    await TB.nc.publish(f"{TB.prefix}.test.started", tag.encode())
+    await asyncio.sleep(seconds)
+    return {"tag": tag, "attempt": ctx.attempt, "idempotencyKey": ctx.idempotency_key}
+
+
+TB: Toolbus
+
+
+async def main() -> None:
+    global TB
+    TB = await Toolbus.connect()
+    worker = Worker(TB, tools=[slow_work], concurrency=4, grace=30)
+    await worker.start()
+    print("ready", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    import signal
+
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    handed_back = await worker.stop()
+    print(f"stopped {handed_back} completed={worker.completed}", flush=True)
+    await TB.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
+    sys.exit(0)
