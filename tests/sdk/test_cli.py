@@ -1,0 +1,139 @@
+"""The `toolbus` CLI through its installed entry point, in subprocesses, against the real services:
+`--json` output parsed, the exit codes a script tests, one-line errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.mcp_servers import McpTestServer
+
+pytestmark = pytest.mark.e2e
+
+TOOLBUS = str(Path(sys.executable).with_name("toolbus"))
+
+
+async def cli(env: dict[str, str], *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    full = {**os.environ, **env}
+    return await asyncio.to_thread(
+        subprocess.run, [TOOLBUS, *args], env=full, input=stdin, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+async def ok_json(env: dict[str, str], *args: str) -> Any:
+    done = await cli(env, *args, "--json")
+    assert done.returncode == 0, (args, done.stdout, done.stderr)
+    return json.loads(done.stdout)
+
+
+async def test_cli_commands_json_and_exit_codes(stack: dict[str, str], mcp_server: McpTestServer, tmp_path: Path) -> None:
+    env = {k: stack[k] for k in ("TOOLBUS_NATS_URL", "TOOLBUS_SUBJECT_PREFIX")}
+    spec = tmp_path / "toolset.yaml"
+    spec.write_text(
+        f"mcp:\n  - name: everything\n    url: {mcp_server.url}\n    policies:\n      plain: {{approval: true}}\n"
+    )
+    created = await ok_json(env, "toolsets", "create", "-f", str(spec))
+    toolset_id = created["id"]
+    assert toolset_id.startswith("ts_") and "everything.echo" in [t["name"] for t in created["tools"]]
+    assert "everything.echo" in created["declarations"]["prompt"]
+
+    got = await ok_json(env, "toolsets", "get", toolset_id)
+    assert [t["name"] for t in got["tools"]] == [t["name"] for t in created["tools"]]
+    hits = await ok_json(env, "toolsets", "search", toolset_id, "report a tool error", "--limit", "1")
+    assert [h["name"] for h in hits["tools"]] == ["everything.fail"]
+    dts = await cli(env, "toolsets", "declarations", toolset_id, "--format", "dts")
+    assert dts.returncode == 0 and dts.stdout == created["declarations"]["dts"].rstrip("\n") + "\n"
+    human = await cli(env, "toolsets", "get", toolset_id)
+    assert human.returncode == 0 and "everything.echo" in human.stdout
+
+    run_id = (await ok_json(env, "runs", "open", toolset_id, "--namespace", "cli-user"))["runId"]
+    done = await ok_json(env, "calls", "invoke", "everything.echo", "--run", run_id, "-i", '{"text": "cli"}')
+    assert done["outcome"] == {"status": "ok", "output": {"text": "cli"}}
+    status = await ok_json(env, "calls", "get", done["callId"])
+    assert status["state"] == "done" and status["outcome"]["output"] == {"text": "cli"}
+
+    failed = await cli(env, "calls", "invoke", "everything.fail", "--run", run_id, "-i", '{"text": "x"}', "--json")
+    assert failed.returncode == 6
+    assert json.loads(failed.stdout)["outcome"]["error"]["code"] == "toolError"
+    unknown = await cli(env, "calls", "invoke", "everything.nope", "--run", run_id)
+    assert unknown.returncode == 4
+    assert unknown.stderr.startswith("error: unknownTool: ") and unknown.stderr.count("\n") == 1
+    refused = await cli(env, "calls", "invoke", "everything.echo", "--run", run_id, "-i", '{"text": 5}')
+    assert refused.returncode == 5 and refused.stderr.startswith("error: invalidInput: ")
+
+    # An approval, from the CLI end to end.
+    started = await ok_json(env, "calls", "start", "everything.plain", "--run", run_id, "-i", '{"text": "ok?"}')
+    pending: list[Any] = []
+    for _ in range(100):
+        pending = (await ok_json(env, "approvals", "list", "--run", run_id))["approvals"]
+        if pending:
+            break
+        await asyncio.sleep(0.1)
+    assert [a["callId"] for a in pending] == [started["callId"]]
+    decided = await ok_json(env, "approvals", "approve", pending[0]["approvalId"])
+    assert decided == {"approvalId": pending[0]["approvalId"], "decision": "approved"}
+    again = await cli(env, "approvals", "deny", pending[0]["approvalId"], "--json")
+    assert again.returncode == 5 and json.loads(again.stdout)["error"]["code"] == "conflict"
+
+    level = await ok_json(
+        env, "credentials", "set", "--level", "run", "--run", run_id, "--header", "everything:X-Api-Key=secret-cli-value"
+    )
+    assert level == {"level": "run"}
+    creds = tmp_path / "creds.json"
+    creds.write_text(json.dumps({"servers": {"everything": {"headers": {"X-Api-Key": "v2"}}}}))
+    assert (await ok_json(env, "credentials", "set", "--level", "toolset", "--toolset", toolset_id, "-f", str(creds))) == {
+        "level": "toolset"
+    }
+    assert (
+        await ok_json(
+            env, "credentials", "set", "--level", "namespace", "--namespace", "cli-user", "--toolset", toolset_id, "-f", str(creds)
+        )
+    ) == {"level": "namespace"}
+
+    tail = await cli(env, "events", "tail", "--run", run_id, "--no-follow", "--json")
+    assert tail.returncode == 0
+    events = [json.loads(line) for line in tail.stdout.splitlines()]
+    assert {e["type"] for e in events} >= {"accepted", "attemptStarted", "completed", "approvalRequested", "approved"}
+    assert "secret-cli-value" not in tail.stdout
+
+    closed = await ok_json(env, "runs", "close", run_id)
+    assert closed["runId"] == run_id
+
+    missing = await cli(env, "toolsets", "get", "ts_" + "0" * 64)
+    assert missing.returncode == 4 and missing.stderr.startswith("error: notFound: ")
+    nobody = await cli({**env, "TOOLBUS_SUBJECT_PREFIX": "tbnobodyhere"}, "toolsets", "get", toolset_id, "--json")
+    assert nobody.returncode == 3 and json.loads(nobody.stdout)["error"]["code"] == "unavailable"
+    usage = await cli(env, "toolsets", "create", "-f", str(tmp_path / "absent.yaml"))
+    assert usage.returncode == 2 and usage.stderr.startswith("error: cannot read ")
+    bad_level = await cli(env, "credentials", "set", "--level", "planet", "--header", "a:b=c")
+    assert bad_level.returncode == 2
+
+
+async def test_cli_status_outside_the_repository(tmp_path: Path) -> None:
+    env = {"TOOLBUS_STACK_DIR": str(tmp_path / "stack")}
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [TOOLBUS, "status", "--json"],
+        env={**os.environ, **env},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["stackDir"] == str(tmp_path / "stack")
+    assert set(report["processes"]) == {"nats", "redis", "registry", "dispatcher", "approval", "credentials"}
+    assert report["processes"]["nats"]["pid"] is None
+    down = await asyncio.to_thread(
+        subprocess.run, [TOOLBUS, "down"], env={**os.environ, **env}, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert down.returncode == 0 and "nothing to stop" in down.stdout

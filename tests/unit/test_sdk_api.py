@@ -1,0 +1,100 @@
+"""The names the `toolbus` package exports are pinned (adding one is a decision, removing one a
+breaking change), and connect options become the right nats-py arguments with no secret shown."""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+
+import pytest
+import toolbus
+import toolbus.agent
+from toolbus import ConnectOptions
+
+EXPORTED = [
+    "ERRORS",
+    "Approvals",
+    "CallContext",
+    "CallHandle",
+    "CallResult",
+    "CallStatus",
+    "Cancelled",
+    "Conflict",
+    "ConnectOptions",
+    "CredentialsRejected",
+    "Denied",
+    "ErrorCode",
+    "HostNotAllowed",
+    "HostTool",
+    "Internal",
+    "InvalidInput",
+    "InvalidRequest",
+    "Namespaces",
+    "NotFound",
+    "OutcomeUnknown",
+    "OutputTooLarge",
+    "Run",
+    "Runs",
+    "Timeout",
+    "ToolError",
+    "Toolbus",
+    "ToolbusError",
+    "Toolset",
+    "Toolsets",
+    "Unavailable",
+    "UnknownTool",
+    "UpstreamError",
+    "UpstreamUnreachable",
+    "Worker",
+    "Workflows",
+    "host_tool",
+]
+
+
+def test_the_exported_names_are_pinned() -> None:
+    assert sorted(toolbus.__all__) == sorted(EXPORTED)
+    for name in EXPORTED:
+        assert getattr(toolbus, name) is not None
+    public = {n for n in dir(toolbus.agent) if not n.startswith("_") and n[0].isupper()}
+    assert {"AgentTools", "ToolDefinition", "SEARCH_TOOLS", "CALL_TOOL", "DEFINITIONS"} <= public
+
+
+def test_the_errors_are_the_contract_hierarchy_not_a_second_one() -> None:
+    import toolbus_contracts.errors as contract
+
+    assert toolbus.ToolbusError is contract.ToolbusError
+    assert toolbus.OutcomeUnknown is contract.OutcomeUnknown
+
+
+def test_connect_options_from_env_and_overrides() -> None:
+    env = {
+        "TOOLBUS_NATS_URL": "nats://a:4222,nats://b:4222",
+        "TOOLBUS_SUBJECT_PREFIX": "acme",
+        "TOOLBUS_NATS_USER": "harness",
+        "TOOLBUS_NATS_PASSWORD": "pw-secret-1",
+    }
+    opts = ConnectOptions.from_env(env)
+    assert opts.prefix == "acme"
+    assert "pw-secret-1" not in repr(opts)
+    kwargs = opts.nats_kwargs()
+    assert kwargs["servers"] == ["nats://a:4222", "nats://b:4222"]
+    assert kwargs["user"] == "harness" and kwargs["password"] == "pw-secret-1"
+    token = ConnectOptions.from_env({}, token="tok-1").nats_kwargs()
+    assert token["token"] == "tok-1" and "user" not in token
+    creds = ConnectOptions.from_env({}, creds_file="/x/harness.creds").nats_kwargs()
+    assert creds["user_credentials"] == "/x/harness.creds"
+    seed = ConnectOptions.from_env({"TOOLBUS_NATS_NKEY_SEED": "/x/seed.nk"}).nats_kwargs()
+    assert seed["nkeys_seed"] == "/x/seed.nk"
+    with pytest.raises(ValueError, match="one kind"):
+        ConnectOptions.from_env({}, token="t", user="u").nats_kwargs()
+    with pytest.raises(TypeError):
+        ConnectOptions.from_env({}, nope=1)
+
+
+def test_tls_options_build_an_ssl_context(tmp_path: Path) -> None:
+    import certifi
+
+    opts = ConnectOptions.from_env({"TOOLBUS_NATS_TLS_CA": certifi.where()})
+    context = opts.nats_kwargs()["tls"]
+    assert isinstance(context, ssl.SSLContext) and context.verify_mode is ssl.CERT_REQUIRED
+    assert "tls" not in ConnectOptions().nats_kwargs()
