@@ -27,15 +27,10 @@ async def main() -> None:
     global TB
     TB = await Toolbus.connect()
     worker = Worker(TB, tools=[slow_work], concurrency=4, grace=30)
-    await worker.start()
+    serving = asyncio.create_task(worker.run())  # SIGTERM / SIGINT stop it
+    await worker.ready.wait()
     print("ready", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    import signal
-
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    await stop.wait()
-    handed_back = await worker.stop()
+    handed_back = await serving
     print(f"stopped {handed_back} completed={worker.completed}", flush=True)
     await TB.close()
 

@@ -13,10 +13,11 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from pydantic import BaseModel, ValidationError
-from toolbus_contracts import Subjects
+from toolbus_contracts import CredentialsExpired, Subjects
 from toolbus_contracts.base import validation_to_error
 
 from toolbus._connection import ConnectOptions
+from toolbus._feeds import Feed
 from toolbus._errors import Internal, Timeout, Unavailable, error_from_wire
 
 M = TypeVar("M", bound=BaseModel)
@@ -129,6 +130,24 @@ class Toolbus:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.close()
+
+    async def credentials_expired(
+        self, *, toolset_id: str | None = None, run_id: str | None = None, namespace: str | None = None
+    ) -> Feed[CredentialsExpired]:
+        """`credentials.expired` notices from now on (of one toolset, run or end user where given):
+        calls parked on a 401 at a level and scope, waiting for credentials set there again. The
+        notice goes out once the credentials service holds the parked calls, so a set made after
+        it resumes them (a set made on the call's `parked` event alone may come too early)."""
+
+        def keep(event: CredentialsExpired) -> bool:
+            data = event.data
+            return (
+                (toolset_id is None or data.toolset_id == toolset_id)
+                and (run_id is None or data.run_id == run_id or (data.run_id is None and data.level != "run"))
+                and (namespace is None or data.namespace in (namespace, None))
+            )
+
+        return await Feed.open(self, self.subjects.credentials_expired, CredentialsExpired, keep)
 
     @property
     def js(self) -> JetStreamContext:

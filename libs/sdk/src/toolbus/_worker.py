@@ -64,8 +64,12 @@ class Worker:
         self._subs: list[Subscription] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopped = asyncio.Event()
+        self.ready = asyncio.Event()
+        """Set once the server holds every subscription (`start()` returned)."""
         self.completed = 0
         """Attempts answered since start (results published)."""
+        self.handed_back = 0
+        """Attempts given up at the last stop (still running after `grace`)."""
 
     @property
     def in_flight(self) -> int:
@@ -78,6 +82,7 @@ class Worker:
             subject = self._tb.subjects.host_call(name)
             self._subs.append(await self._tb.nc.subscribe(subject, queue=self._queue, cb=self._on_task))
         await self._tb.nc.flush()
+        self.ready.set()
         log.info("serving host tools %s", ", ".join(sorted(self.tools)))
 
     async def stop(self, grace: float | None = None) -> int:
@@ -100,10 +105,12 @@ class Worker:
         with contextlib.suppress(Exception):
             await self._tb.nc.flush()
         self._stopped.set()
+        self.handed_back = handed_back
         return handed_back
 
-    async def run(self, *, handle_signals: bool = True) -> None:
-        """`start()`, serve until `stop()` or (with `handle_signals`) SIGTERM / SIGINT, then stop."""
+    async def run(self, *, handle_signals: bool = True) -> int:
+        """`start()`, serve until `stop()` or (with `handle_signals`) SIGTERM / SIGINT, then stop;
+        returns how many calls were handed back."""
         await self.start()
         stop_requested = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -122,10 +129,11 @@ class Worker:
             for w in pending:
                 w.cancel()
             if not self._stopped.is_set():
-                await self.stop()
+                self.handed_back = await self.stop()
         finally:
             for sig in installed:
                 loop.remove_signal_handler(sig)
+        return self.handed_back
 
     async def __aenter__(self) -> Worker:
         await self.start()
