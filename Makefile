@@ -2,24 +2,50 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-UV ?= uv
 PYTHON ?= .venv/bin/python
 N ?= 50
+# uv from PATH; where there is none, from PyPI through pip into .cache/uv (no root, no venv needed).
+UV_BOOT := .cache/uv/bin/uv
+UV ?= $(or $(shell command -v uv 2>/dev/null),$(UV_BOOT))
+UV_DEP := $(if $(filter $(UV_BOOT),$(UV)),$(UV_BOOT))
+# Only package registries are reachable: uv uses the machine's Python, never downloads one.
+export UV_PYTHON_DOWNLOADS ?= never
+# The npm tools the test suite needs: tsc for the declarations gate, the MCP reference server for
+# the legacy-protocol client tests. `make test` installs them into .cache/npm, as CI does.
+NPM_DIR := .cache/npm
+NPM_BIN := $(CURDIR)/$(NPM_DIR)/node_modules/.bin
+NPM_TOOLS := $(NPM_DIR)/node_modules/.bin/tsc $(NPM_DIR)/node_modules/@modelcontextprotocol/server-everything/dist/index.js
 
-.PHONY: help install up down logs status test lint docs bench bench-peers bench-alternatives bench-profile bench-memory images compose-env charts helm-lint
+.PHONY: help install up down logs status test lint docs bench bench-peers bench-alternatives bench-profile bench-memory images compose-env charts helm-lint npm-tools
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-install: ## install the workspace and dev tools from uv.lock (uv sync --frozen, dev group)
+install: $(UV_DEP) ## install the workspace and dev tools from uv.lock (uv sync --frozen, dev group)
 	$(UV) sync --frozen --group dev
 	@touch .venv/.synced
 
-# The stack targets install the locked environment first when it is missing or older than uv.lock,
-# so `make up` works on a fresh clone.
-.venv/.synced: uv.lock
+$(UV_BOOT):
+	@echo "uv not found: installing it from PyPI into .cache/uv (python3 -m pip install --target .cache/uv uv)"
+	python3 -m pip install --quiet --disable-pip-version-check --target .cache/uv uv
+	@test -x $@ || { echo "error: pip did not install $@" >&2; exit 1; }
+
+# Every target that runs Python installs the locked environment first when it is missing or older
+# than uv.lock, so `make up` and `make test` work on a fresh clone.
+.venv/.synced: uv.lock | $(UV_DEP)
 	$(UV) sync --frozen --group dev
 	@touch $@
+
+npm-tools: $(NPM_TOOLS) ## install the npm tools the tests need into .cache/npm (make test does it)
+
+$(NPM_TOOLS):
+	@if command -v npm >/dev/null 2>&1; then \
+		echo "installing typescript@7 and @modelcontextprotocol/server-everything into $(NPM_DIR)"; \
+		npm install --prefix $(NPM_DIR) --no-audit --no-fund --loglevel=error \
+			typescript@7 @modelcontextprotocol/server-everything >/dev/null || exit $$?; \
+	else \
+		echo "warning: npm not found: the tsc and reference-server tests will skip (CI has npm)" >&2; \
+	fi
 
 up: .venv/.synced ## start NATS/Redis (if none answer) and every service that exists; wait until ready
 	$(PYTHON) scripts/stack.py up
@@ -33,17 +59,17 @@ logs: .venv/.synced ## follow the stack's logs (make logs N=100 for more history
 status: .venv/.synced ## show what `make up` runs and whether each service is ready
 	$(PYTHON) scripts/stack.py status
 
-test: ## run the whole pytest suite (ARGS="-k name" to narrow it)
-	$(UV) run --frozen pytest $(ARGS)
+test: .venv/.synced $(NPM_TOOLS) ## run the whole pytest suite, installing what it needs first (ARGS="-k name")
+	PATH="$(NPM_BIN):$$PATH" TOOLBUS_TSC="$${TOOLBUS_TSC:-$(NPM_BIN)/tsc}" $(UV) run --frozen pytest $(ARGS)
 
-lint: ## ruff check, ruff format --check, and mypy --strict on libs/ and services/
+lint: .venv/.synced ## ruff check, ruff format --check, and mypy --strict on libs/ and services/
 	@status=0; \
 	echo "ruff check libs services"; $(UV) run --frozen ruff check libs services || status=1; \
 	echo "ruff format --check libs services"; $(UV) run --frozen ruff format --check libs services || status=1; \
 	echo "mypy libs services"; $(UV) run --frozen mypy libs services || status=1; \
 	exit $$status
 
-docs: ## regenerate docs/asyncapi.yaml (AsyncAPI 3, every subject) from the code
+docs: .venv/.synced ## regenerate docs/asyncapi.yaml (AsyncAPI 3, every subject) from the code
 	$(UV) run --frozen python scripts/asyncapi.py
 
 bench: ## one table of every figure beside its baseline (ARGS="--json out.json", "--calls 10" for a short run)
