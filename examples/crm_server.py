@@ -52,7 +52,9 @@ class CrmServer:
             if scope["type"] == "http":
                 headers = dict(scope.get("headers") or [])
                 if headers.get(b"authorization", b"").decode() != f"Bearer {self.token}":
-                    await send({"type": "http.response.start", "status": 401, "headers": [(b"content-length", b"0")]})
+                    await send(
+                        {"type": "http.response.start", "status": 401, "headers": [(b"content-length", b"0")]}
+                    )
                     await send({"type": "http.response.body", "body": b""})
                     return
             await app(scope, receive, send)

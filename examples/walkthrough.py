@@ -56,11 +56,21 @@ async def scripted_model(agent: AgentTools, task: str) -> Any:
     """Stands in for a model with Anthropic-style tool use: search, then call the best match."""
     tools = agent.anthropic()
     print(f"model   sees {len(tools)} tools: {[t['name'] for t in tools]}; task: {task!r}")
-    search = {"type": "tool_use", "id": "toolu_1", "name": "search_tools", "input": {"query": task, "limit": 3}}
+    search = {
+        "type": "tool_use",
+        "id": "toolu_1",
+        "name": "search_tools",
+        "input": {"query": task, "limit": 3},
+    }
     found = json.loads((await agent.answer_anthropic(search))["content"])
     best = found["tools"][0]["name"]
     print(f"model   search_tools -> {[t['name'] for t in found['tools']]}; picks {best}")
-    call = {"type": "tool_use", "id": "toolu_2", "name": "call_tool", "input": {"name": best, "input": {"invoice_id": "inv_1"}}}
+    call = {
+        "type": "tool_use",
+        "id": "toolu_2",
+        "name": "call_tool",
+        "input": {"name": best, "input": {"invoice_id": "inv_1"}},
+    }
     answer = json.loads((await agent.answer_anthropic(call))["content"])
     print(f"model   call_tool({best}) -> {answer}")
     return answer
@@ -84,7 +94,9 @@ async def main() -> None:
         async with Worker(tb, tools=[ask_user]), await tb.runs.open(toolset, namespace="user-42") as run:
             print(f"run     {run.id}")
             print("call    crm.find_invoice ->", await run.call("crm.find_invoice", {"invoice_id": "inv_1"}))
-            print("call    support.ask_user ->", await run.call("support.ask_user", {"question": "Refund it?"}))
+            print(
+                "call    support.ask_user ->", await run.call("support.ask_user", {"question": "Refund it?"})
+            )
             fetched = await run.call("http.fetch", {"url": page_url})
             print(f"call    http.fetch -> {fetched['status']} {fetched['body']}")
 
@@ -103,7 +115,9 @@ async def main() -> None:
             parked = await run.start("crm.find_invoice", {"invoice_id": "inv_1"})
             notice = (await expired.next(timeout=60)).data
             await expired.close()
-            print(f"parked  {len(notice.call_ids)} call on a 401 from {notice.server} ({notice.level} credentials); rotating")
+            print(
+                f"parked  {len(notice.call_ids)} call on a 401 from {notice.server} ({notice.level} credentials); rotating"
+            )
             await tb.toolsets.set_credentials(toolset, bearer(crm.token))
             print("call    crm.find_invoice after rotation ->", await parked.result(timeout=60))
 

@@ -23,7 +23,14 @@ TOOLBUS = str(Path(sys.executable).with_name("toolbus"))
 async def cli(env: dict[str, str], *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     full = {**os.environ, **env}
     return await asyncio.to_thread(
-        subprocess.run, [TOOLBUS, *args], env=full, input=stdin, capture_output=True, text=True, timeout=60, check=False
+        subprocess.run,
+        [TOOLBUS, *args],
+        env=full,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
 
 
@@ -33,7 +40,9 @@ async def ok_json(env: dict[str, str], *args: str) -> Any:
     return json.loads(done.stdout)
 
 
-async def test_cli_commands_json_and_exit_codes(stack: dict[str, str], mcp_server: McpTestServer, tmp_path: Path) -> None:
+async def test_cli_commands_json_and_exit_codes(
+    stack: dict[str, str], mcp_server: McpTestServer, tmp_path: Path
+) -> None:
     env = {k: stack[k] for k in ("TOOLBUS_NATS_URL", "TOOLBUS_SUBJECT_PREFIX")}
     spec = tmp_path / "toolset.yaml"
     spec.write_text(
@@ -59,7 +68,9 @@ async def test_cli_commands_json_and_exit_codes(stack: dict[str, str], mcp_serve
     status = await ok_json(env, "calls", "get", done["callId"])
     assert status["state"] == "done" and status["outcome"]["output"] == {"text": "cli"}
 
-    failed = await cli(env, "calls", "invoke", "everything.fail", "--run", run_id, "-i", '{"text": "x"}', "--json")
+    failed = await cli(
+        env, "calls", "invoke", "everything.fail", "--run", run_id, "-i", '{"text": "x"}', "--json"
+    )
     assert failed.returncode == 6
     assert json.loads(failed.stdout)["outcome"]["error"]["code"] == "toolError"
     unknown = await cli(env, "calls", "invoke", "everything.nope", "--run", run_id)
@@ -69,7 +80,9 @@ async def test_cli_commands_json_and_exit_codes(stack: dict[str, str], mcp_serve
     assert refused.returncode == 5 and refused.stderr.startswith("error: invalidInput: ")
 
     # An approval, from the CLI end to end.
-    started = await ok_json(env, "calls", "start", "everything.plain", "--run", run_id, "-i", '{"text": "ok?"}')
+    started = await ok_json(
+        env, "calls", "start", "everything.plain", "--run", run_id, "-i", '{"text": "ok?"}'
+    )
     pending: list[Any] = []
     for _ in range(100):
         pending = (await ok_json(env, "approvals", "list", "--run", run_id))["approvals"]
@@ -83,24 +96,50 @@ async def test_cli_commands_json_and_exit_codes(stack: dict[str, str], mcp_serve
     assert again.returncode == 5 and json.loads(again.stdout)["error"]["code"] == "conflict"
 
     level = await ok_json(
-        env, "credentials", "set", "--level", "run", "--run", run_id, "--header", "everything:X-Api-Key=secret-cli-value"
+        env,
+        "credentials",
+        "set",
+        "--level",
+        "run",
+        "--run",
+        run_id,
+        "--header",
+        "everything:X-Api-Key=secret-cli-value",
     )
     assert level == {"level": "run"}
     creds = tmp_path / "creds.json"
     creds.write_text(json.dumps({"servers": {"everything": {"headers": {"X-Api-Key": "v2"}}}}))
-    assert (await ok_json(env, "credentials", "set", "--level", "toolset", "--toolset", toolset_id, "-f", str(creds))) == {
-        "level": "toolset"
-    }
     assert (
         await ok_json(
-            env, "credentials", "set", "--level", "namespace", "--namespace", "cli-user", "--toolset", toolset_id, "-f", str(creds)
+            env, "credentials", "set", "--level", "toolset", "--toolset", toolset_id, "-f", str(creds)
+        )
+    ) == {"level": "toolset"}
+    assert (
+        await ok_json(
+            env,
+            "credentials",
+            "set",
+            "--level",
+            "namespace",
+            "--namespace",
+            "cli-user",
+            "--toolset",
+            toolset_id,
+            "-f",
+            str(creds),
         )
     ) == {"level": "namespace"}
 
     tail = await cli(env, "events", "tail", "--run", run_id, "--no-follow", "--json")
     assert tail.returncode == 0
     events = [json.loads(line) for line in tail.stdout.splitlines()]
-    assert {e["type"] for e in events} >= {"accepted", "attemptStarted", "completed", "approvalRequested", "approved"}
+    assert {e["type"] for e in events} >= {
+        "accepted",
+        "attemptStarted",
+        "completed",
+        "approvalRequested",
+        "approved",
+    }
     assert "secret-cli-value" not in tail.stdout
 
     closed = await ok_json(env, "runs", "close", run_id)
@@ -108,7 +147,9 @@ async def test_cli_commands_json_and_exit_codes(stack: dict[str, str], mcp_serve
 
     missing = await cli(env, "toolsets", "get", "ts_" + "0" * 64)
     assert missing.returncode == 4 and missing.stderr.startswith("error: notFound: ")
-    nobody = await cli({**env, "TOOLBUS_SUBJECT_PREFIX": "tbnobodyhere"}, "toolsets", "get", toolset_id, "--json")
+    nobody = await cli(
+        {**env, "TOOLBUS_SUBJECT_PREFIX": "tbnobodyhere"}, "toolsets", "get", toolset_id, "--json"
+    )
     assert nobody.returncode == 3 and json.loads(nobody.stdout)["error"]["code"] == "unavailable"
     usage = await cli(env, "toolsets", "create", "-f", str(tmp_path / "absent.yaml"))
     assert usage.returncode == 2 and usage.stderr.startswith("error: cannot read ")
@@ -134,6 +175,13 @@ async def test_cli_status_outside_the_repository(tmp_path: Path) -> None:
     assert set(report["processes"]) == {"nats", "redis", "registry", "dispatcher", "approval", "credentials"}
     assert report["processes"]["nats"]["pid"] is None
     down = await asyncio.to_thread(
-        subprocess.run, [TOOLBUS, "down"], env={**os.environ, **env}, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False
+        subprocess.run,
+        [TOOLBUS, "down"],
+        env={**os.environ, **env},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert down.returncode == 0 and "nothing to stop" in down.stdout

@@ -16,8 +16,8 @@ from toolbus import (
     NotFound,
     Run,
     Toolbus,
-    Toolset,
     ToolError,
+    Toolset,
     UnknownTool,
 )
 from toolbus_contracts import ApprovalRequested, CallEvent
@@ -98,7 +98,9 @@ async def test_run_call_invoke_start_events_close(tb: Toolbus, mcp_server: McpTe
         await run.call("everything.echo", {"text": "closed"})
 
 
-async def test_events_follow_sees_a_call_made_after_it_started(tb: Toolbus, mcp_server: McpTestServer) -> None:
+async def test_events_follow_sees_a_call_made_after_it_started(
+    tb: Toolbus, mcp_server: McpTestServer
+) -> None:
     toolset = await _toolset(tb, mcp_server)
     run = await tb.runs.open(toolset)
     seen: list[str] = []
@@ -132,7 +134,10 @@ async def test_credentials_at_three_levels_and_workflows(tb: Toolbus) -> None:
     schema = {"type": "object", "properties": {"issue": {"type": "string"}}, "required": ["issue"]}
     version = await tb.workflows.publish("triage_sdk", input_schema=schema, description="Triage an issue.")
     assert len(version) == 12
-    assert await tb.workflows.publish("triage_sdk", input_schema=schema, description="Triage an issue.") == version
+    assert (
+        await tb.workflows.publish("triage_sdk", input_schema=schema, description="Triage an issue.")
+        == version
+    )
     latest = await tb.workflows.get("triage_sdk")
     assert latest.version == version and latest.input_schema == schema
     assert (await tb.workflows.get("triage_sdk", version)).name == "triage_sdk"

@@ -31,7 +31,9 @@ RETRYABLE = {ErrorCode.UPSTREAM_UNREACHABLE, ErrorCode.TIMEOUT, ErrorCode.UNAVAI
 
 @pytest.mark.parametrize("code", list(ErrorCode))
 def test_each_wire_code_becomes_its_own_exception_class(code: ErrorCode) -> None:
-    exc = error_from_wire({"code": code.value, "message": "It went wrong.", "details": {"field": "x"}}, callId="c1")
+    exc = error_from_wire(
+        {"code": code.value, "message": "It went wrong.", "details": {"field": "x"}}, callId="c1"
+    )
     assert type(exc) is ERRORS[code]
     assert isinstance(exc, ToolbusError)
     assert exc.code is code

@@ -26,14 +26,29 @@ async def test_an_output_ref_is_read_from_the_object_store_and_checked(tb: Toolb
     bucket = tb.stream("outputs")
     store = await tb.js.create_object_store(bucket)
     await store.put("call-big", data)
-    ref = {"bucket": bucket, "name": "call-big", "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    ref = {
+        "bucket": bucket,
+        "name": "call-big",
+        "size": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
     result = await resolve(tb.js, {"status": "ok", "outputRef": ref}, call_id="call-big", idempotency_key="k")
     assert result.ok and result.output == output
 
     with pytest.raises(Internal):
-        await resolve(tb.js, {"status": "ok", "outputRef": {**ref, "sha256": "0" * 64}}, call_id="x", idempotency_key=None)
+        await resolve(
+            tb.js,
+            {"status": "ok", "outputRef": {**ref, "sha256": "0" * 64}},
+            call_id="x",
+            idempotency_key=None,
+        )
     with pytest.raises(Unavailable):
-        await resolve(tb.js, {"status": "ok", "outputRef": {**ref, "name": "missing"}}, call_id="y", idempotency_key=None)
+        await resolve(
+            tb.js,
+            {"status": "ok", "outputRef": {**ref, "name": "missing"}},
+            call_id="y",
+            idempotency_key=None,
+        )
 
 
 async def test_a_large_output_through_a_real_call(tb: Toolbus, mcp_server: McpTestServer) -> None:
@@ -59,7 +74,9 @@ def test_definitions_in_each_api_shape() -> None:
         jsonschema.Draft202012Validator.check_schema(definition.input_schema)
 
 
-async def test_search_tools_and_call_tool_handlers_in_each_format(tb: Toolbus, mcp_server: McpTestServer) -> None:
+async def test_search_tools_and_call_tool_handlers_in_each_format(
+    tb: Toolbus, mcp_server: McpTestServer
+) -> None:
     toolset = await tb.toolsets.create(mcp=[{"name": "everything", "url": mcp_server.url}])
     async with await tb.runs.open(toolset) as run:
         agent = AgentTools(run)
@@ -69,30 +86,58 @@ async def test_search_tools_and_call_tool_handlers_in_each_format(tb: Toolbus, m
 
         # Anthropic: a tool_use block in, a tool_result block out.
         block = await agent.answer_anthropic(
-            {"type": "tool_use", "id": "toolu_1", "name": "search_tools", "input": {"query": "report a tool error", "limit": 2}}
+            {
+                "type": "tool_use",
+                "id": "toolu_1",
+                "name": "search_tools",
+                "input": {"query": "report a tool error", "limit": 2},
+            }
         )
-        assert block["type"] == "tool_result" and block["tool_use_id"] == "toolu_1" and "is_error" not in block
+        assert (
+            block["type"] == "tool_result" and block["tool_use_id"] == "toolu_1" and "is_error" not in block
+        )
         found = json.loads(block["content"])
         assert found["ok"] and found["tools"][0]["name"] == "everything.fail"
         assert "fail" in found["tools"][0]["declaration"]
 
         # OpenAI: a tool_calls[] item (arguments as a JSON string) in, a role=tool message out.
         message = await agent.answer_openai(
-            {"id": "call_1", "type": "function", "function": {"name": "search_tools", "arguments": json.dumps({"query": "echo text back"})}}
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "search_tools", "arguments": json.dumps({"query": "echo text back"})},
+            }
         )
         assert message["role"] == "tool" and message["tool_call_id"] == "call_1"
         assert json.loads(message["content"])["ok"] is True
         called = await agent.answer_openai(
-            {"id": "call_2", "type": "function", "function": {"name": "call_tool", "arguments": json.dumps({"name": "everything.echo", "input": {"text": "via openai"}})}}
+            {
+                "id": "call_2",
+                "type": "function",
+                "function": {
+                    "name": "call_tool",
+                    "arguments": json.dumps({"name": "everything.echo", "input": {"text": "via openai"}}),
+                },
+            }
         )
         assert json.loads(called["content"]) == {"ok": True, "output": {"text": "via openai"}}
-        bad = await agent.answer_openai({"id": "c3", "function": {"name": "call_tool", "arguments": "{not json"}})
+        bad = await agent.answer_openai(
+            {"id": "c3", "function": {"name": "call_tool", "arguments": "{not json"}}
+        )
         assert json.loads(bad["content"])["error"]["code"] == "invalidInput"
 
         # MCP: tools/call params in, a CallToolResult out.
-        result: dict[str, Any] = await agent.answer_mcp({"name": "search_tools", "arguments": {"query": "echo"}})
+        result: dict[str, Any] = await agent.answer_mcp(
+            {"name": "search_tools", "arguments": {"query": "echo"}}
+        )
         assert result["isError"] is False and result["structuredContent"]["ok"] is True
-        failed = await agent.answer_mcp({"name": "call_tool", "arguments": {"name": "everything.fail", "input": {"text": "x"}}})
+        failed = await agent.answer_mcp(
+            {"name": "call_tool", "arguments": {"name": "everything.fail", "input": {"text": "x"}}}
+        )
         assert failed["isError"] is True and failed["structuredContent"]["error"]["code"] == "toolError"
-        unknown = await agent.answer_anthropic({"id": "t2", "name": "call_tool", "input": {"name": "nope.tool"}})
-        assert unknown["is_error"] is True and json.loads(unknown["content"])["error"]["code"] == "unknownTool"
+        unknown = await agent.answer_anthropic(
+            {"id": "t2", "name": "call_tool", "input": {"name": "nope.tool"}}
+        )
+        assert (
+            unknown["is_error"] is True and json.loads(unknown["content"])["error"]["code"] == "unknownTool"
+        )

@@ -97,7 +97,7 @@ async def test_concurrency_bound_and_errors(tb: Toolbus) -> None:
     toolset = await tb.toolsets.create(host=[job])
     async with Worker(tb, tools=[job], concurrency=2) as worker, await tb.runs.open(toolset) as run:
         handles = [await run.start("pool.job", {"n": n}) for n in (1, 2, 3, 4, -1)]
-        while worker.in_flight < 5:
+        while worker.in_flight < 5:  # noqa: ASYNC110 - a plain attribute, no event to wait on
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.2)
         assert running == 2  # five received, two running, three waiting for a slot (heartbeating)
@@ -119,7 +119,7 @@ async def test_sigterm_mid_call_finishes_the_calls_in_flight(tb: Toolbus, stack:
 
     sub = await tb.nc.subscribe(f"{tb.prefix}.test.started", cb=on_started)
     env = {**os.environ, **stack, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
+    proc = subprocess.Popen(  # noqa: ASYNC220 - started once, read in a thread
         [sys.executable, "-m", "tests.sdk.worker_app"], env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True
     )
     try:

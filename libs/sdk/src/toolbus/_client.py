@@ -17,8 +17,8 @@ from toolbus_contracts import CredentialsExpired, Subjects
 from toolbus_contracts.base import validation_to_error
 
 from toolbus._connection import ConnectOptions
-from toolbus._feeds import Feed
 from toolbus._errors import Internal, Timeout, Unavailable, error_from_wire
+from toolbus._feeds import Feed
 
 M = TypeVar("M", bound=BaseModel)
 log = logging.getLogger("toolbus")

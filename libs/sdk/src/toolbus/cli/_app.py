@@ -286,6 +286,7 @@ def toolsets_declarations(
     if format not in ("prompt", "dts"):
         _usage(json_, f"--format must be prompt or dts, not {format!r}")
     text = _run(json_, lambda tb: tb.toolsets.declarations(toolset_id, format))  # type: ignore[arg-type]
+
     def human() -> None:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
