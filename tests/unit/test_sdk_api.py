@@ -4,7 +4,6 @@ breaking change), and connect options become the right nats-py arguments with no
 from __future__ import annotations
 
 import ssl
-from pathlib import Path
 
 import pytest
 import toolbus
@@ -66,35 +65,39 @@ def test_the_errors_are_the_contract_hierarchy_not_a_second_one() -> None:
     assert toolbus.OutcomeUnknown is contract.OutcomeUnknown
 
 
-def test_connect_options_from_env_and_overrides() -> None:
+def test_connect_options_are_the_services_builder_with_overrides() -> None:
+    from toolbus_common.nats_auth import NatsAuth
+
     env = {
         "TOOLBUS_NATS_URL": "nats://a:4222,nats://b:4222",
         "TOOLBUS_SUBJECT_PREFIX": "acme",
         "TOOLBUS_NATS_USER": "harness",
         "TOOLBUS_NATS_PASSWORD": "pw-secret-1",
+        "TOOLBUS_NATS_INBOX_PREFIX": "_INBOX_harness",
     }
     opts = ConnectOptions.from_env(env)
-    assert opts.prefix == "acme"
+    assert opts.prefix == "acme" and opts.nats_url == "nats://a:4222,nats://b:4222"
     assert "pw-secret-1" not in repr(opts)
     kwargs = opts.nats_kwargs()
-    assert kwargs["servers"] == ["nats://a:4222", "nats://b:4222"]
+    assert {k: v for k, v in kwargs.items() if k not in ("name", "connect_timeout")} == NatsAuth.from_env(
+        env
+    ).connect_options()
     assert kwargs["user"] == "harness" and kwargs["password"] == "pw-secret-1"
-    token = ConnectOptions.from_env({}, token="tok-1").nats_kwargs()
-    assert token["token"] == "tok-1" and "user" not in token
+    assert kwargs["inbox_prefix"] == "_INBOX_harness"
+    token = ConnectOptions.from_env({}, token="tok-1", nats_url="nats://c:1").nats_kwargs()
+    assert token["token"] == "tok-1" and token["servers"] == ["nats://c:1"] and "user" not in token
     creds = ConnectOptions.from_env({}, creds_file="/x/harness.creds").nats_kwargs()
     assert creds["user_credentials"] == "/x/harness.creds"
-    seed = ConnectOptions.from_env({"TOOLBUS_NATS_NKEY_SEED": "/x/seed.nk"}).nats_kwargs()
+    seed = ConnectOptions.from_env({"TOOLBUS_NATS_NKEY_FILE": "/x/seed.nk"}).nats_kwargs()
     assert seed["nkeys_seed"] == "/x/seed.nk"
-    with pytest.raises(ValueError, match="one kind"):
-        ConnectOptions.from_env({}, token="t", user="u").nats_kwargs()
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="unknown connect option"):
         ConnectOptions.from_env({}, nope=1)
 
 
-def test_tls_options_build_an_ssl_context(tmp_path: Path) -> None:
+def test_tls_options_build_an_ssl_context() -> None:
     import certifi
 
-    opts = ConnectOptions.from_env({"TOOLBUS_NATS_TLS_CA": certifi.where()})
+    opts = ConnectOptions.from_env({"TOOLBUS_NATS_TLS_CA_FILE": certifi.where()})
     context = opts.nats_kwargs()["tls"]
     assert isinstance(context, ssl.SSLContext) and context.verify_mode is ssl.CERT_REQUIRED
     assert "tls" not in ConnectOptions().nats_kwargs()

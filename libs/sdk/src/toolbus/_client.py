@@ -48,6 +48,42 @@ async def _quiet(exc: Exception) -> None:
     log.debug("NATS connection: %s: %s", type(exc).__name__, exc)
 
 
+async def _open(opts: ConnectOptions) -> NatsClient:
+    """A connected nats-py client, or `Unavailable` (not retryable when NATS refused the
+    credentials). nats-py retries a failed first connect max_reconnect_attempts times,
+    reconnect_time_wait apart (2 minutes by default): try each server twice instead, then, once
+    connected, reconnect for as long as it takes."""
+    seen: list[Exception] = []
+
+    async def on_error(exc: Exception) -> None:
+        seen.append(exc)
+        await _quiet(exc)
+
+    kwargs = {"error_cb": on_error, **opts.nats_kwargs()}
+    try:
+        nc = await nats.connect(**kwargs, max_reconnect_attempts=1, reconnect_time_wait=0.2)
+    except (OSError, NatsTimeout, TimeoutError, nats.errors.Error) as exc:
+        # nats-py reports the server's -ERR as a plain `Error("nats: 'Authorization Violation'")`.
+        if any(
+            isinstance(e, nats.errors.AuthorizationError) or "authorization violation" in str(e).lower()
+            for e in [exc, *seen]
+        ):
+            raise Unavailable(
+                f"NATS at {opts.nats_url} refused the connection's credentials (authorization "
+                "violation): check the TOOLBUS_NATS_* settings.",
+                details={"natsUrl": opts.nats_url},
+                retryable=False,
+            ) from None
+        raise Unavailable(
+            f"Could not connect to NATS at {opts.nats_url}: {type(exc).__name__}. Is the stack "
+            "running (`toolbus up` or `make up`)?",
+            details={"natsUrl": opts.nats_url},
+        ) from None
+    nc.options["max_reconnect_attempts"] = -1
+    nc.options["reconnect_time_wait"] = 2
+    return nc
+
+
 class Toolbus:
     """A connection to one toolbus deployment (a NATS server and a subject prefix).
 
@@ -95,27 +131,15 @@ class Toolbus:
     ) -> Toolbus:
         """Connect to the deployment at `nats_url` under `prefix`.
 
-        Unset arguments come from the environment (`TOOLBUS_NATS_URL`, `TOOLBUS_SUBJECT_PREFIX`,
-        `TOOLBUS_NATS_CREDS`, `..._NKEY_SEED`, `..._USER`/`..._PASSWORD`, `..._TOKEN`, `..._TLS_CA`,
-        `..._TLS_CERT`/`..._TLS_KEY`), then the defaults (`nats://127.0.0.1:4222`, `toolbus`).
-        `connect_options` are `ConnectOptions` fields (`creds_file=`, `token=`, `tls_ca=`, ...).
-        A server that cannot be reached is `Unavailable`.
+        Unset arguments come from the environment, as the services read it (`TOOLBUS_NATS_URL`,
+        `TOOLBUS_SUBJECT_PREFIX`, `TOOLBUS_NATS_USER`/`_PASSWORD`, `_TOKEN`, `_CREDS_FILE`,
+        `_NKEY_FILE`, `_TLS_CA_FILE`, `_TLS_CERT_FILE`/`_TLS_KEY_FILE`, `_TLS_SERVER_NAME`,
+        `_INBOX_PREFIX`), then the defaults (`nats://127.0.0.1:4222`, `toolbus`).
+        `connect_options` are those settings by name (`creds_file=`, `token=`, `tls_ca_file=`, ...)
+        and `name=`, `connect_timeout=`. A server that cannot be reached is `Unavailable`.
         """
         opts = options or ConnectOptions.from_env(nats_url=nats_url, prefix=prefix, **connect_options)
-        kwargs = {"error_cb": _quiet, **opts.nats_kwargs()}
-        try:
-            # nats-py retries a failed first connect max_reconnect_attempts times, reconnect_time_wait
-            # apart (2 minutes by default): try each server twice instead, then, once connected,
-            # reconnect for as long as it takes.
-            nc = await nats.connect(**kwargs, max_reconnect_attempts=1, reconnect_time_wait=0.2)
-        except (OSError, NatsTimeout, TimeoutError, nats.errors.NoServersError) as exc:
-            raise Unavailable(
-                f"Could not connect to NATS at {opts.nats_url}: {type(exc).__name__}. Is the stack "
-                "running (`toolbus up` or `make up`)?",
-                details={"natsUrl": opts.nats_url},
-            ) from None
-        nc.options["max_reconnect_attempts"] = -1
-        nc.options["reconnect_time_wait"] = 2
+        nc = await _open(opts)
         return cls(nc, opts.prefix, timeout=timeout)
 
     async def close(self) -> None:
