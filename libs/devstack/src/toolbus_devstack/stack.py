@@ -78,9 +78,16 @@ def use_dir(default: Path, checkout: Path | None = None) -> Path:
     ROOT = Path.cwd()
     # `TOOLBUS_STACK_DIR` moves all of it (the tests run a second stack beside a developer's).
     STACK = Path(os.environ.get("TOOLBUS_STACK_DIR") or default).resolve()
-    PIDS, LOGS, SECRET_FILE, SECURE_DIR = STACK / "pids", STACK / "logs", STACK / "secret.key", STACK / "secure"
+    PIDS, LOGS, SECRET_FILE, SECURE_DIR = (
+        STACK / "pids",
+        STACK / "logs",
+        STACK / "secret.key",
+        STACK / "secure",
+    )
     NATS_CONF = (checkout or ROOT) / "deploy" / "nats" / "nats-server.conf"
     return STACK
+
+
 DEFAULT_PORTS: dict[str, int] = {"registry": 8081, "dispatcher": 8082, "approval": 8083, "credentials": 8084}
 SERVICES = dict(DEFAULT_PORTS)
 SERVERS = ("nats", "redis")
@@ -475,7 +482,9 @@ def up(ready_timeout: float, only: list[str] | None, as_json: bool = False) -> i
             state = f"already running (pid {row['pid']})"
         else:
             state = "ready"
-        print(f"{name:<15} {state}: http://127.0.0.1:{row['port']}/healthz /readyz /metrics, log {row['log']}")
+        print(
+            f"{name:<15} {state}: http://127.0.0.1:{row['port']}/healthz /readyz /metrics, log {row['log']}"
+        )
     print(f"logs in {_rel(LOGS)}/ (make logs, toolbus logs); stop with make down or toolbus down")
     return 1 if failed else 0
 
