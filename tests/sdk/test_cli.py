@@ -41,6 +41,7 @@ async def ok_json(env: dict[str, str], *args: str) -> Any:
     return json.loads(done.stdout)
 
 
+@pytest.mark.timeout(300)  # about twenty CLI processes, each ~1-4 s on a busy 2-core machine
 async def test_cli_commands_json_and_exit_codes(
     stack: dict[str, str], tb: Toolbus, mcp_server: McpTestServer, tmp_path: Path
 ) -> None:
@@ -112,21 +113,6 @@ async def test_cli_commands_json_and_exit_codes(
             env, "credentials", "set", "--level", "toolset", "--toolset", toolset_id, "-f", str(creds)
         )
     ) == {"level": "toolset"}
-    assert (
-        await ok_json(
-            env,
-            "credentials",
-            "set",
-            "--level",
-            "namespace",
-            "--namespace",
-            "cli-user",
-            "--toolset",
-            toolset_id,
-            "-f",
-            str(creds),
-        )
-    ) == {"level": "namespace"}
 
     tail = await cli(env, "events", "tail", "--run", run_id, "--no-follow", "--json")
     assert tail.returncode == 0
@@ -143,8 +129,6 @@ async def test_cli_commands_json_and_exit_codes(
     closed = await ok_json(env, "runs", "close", run_id)
     assert closed["runId"] == run_id
 
-    missing = await cli(env, "toolsets", "get", "ts_" + "0" * 64)
-    assert missing.returncode == 4 and missing.stderr.startswith("error: notFound: ")
     nobody = await cli(
         {**env, "TOOLBUS_SUBJECT_PREFIX": "tbnobodyhere"}, "toolsets", "get", toolset_id, "--json"
     )

@@ -65,31 +65,43 @@ def test_the_errors_are_the_contract_hierarchy_not_a_second_one() -> None:
     assert toolbus.OutcomeUnknown is contract.OutcomeUnknown
 
 
-def test_connect_options_are_the_services_builder_with_overrides() -> None:
+ENVS = [
+    {},
+    {
+        "TOOLBUS_NATS_URL": "nats://a:4222,nats://b:4222",
+        "TOOLBUS_NATS_USER": "harness",
+        "TOOLBUS_NATS_PASSWORD": "pw",
+    },
+    {"TOOLBUS_NATS_TOKEN": "tok", "TOOLBUS_NATS_INBOX_PREFIX": "_INBOX_harness"},
+    {"TOOLBUS_NATS_CREDS_FILE": "/x/h.creds", "TOOLBUS_NATS_TOKEN": "ignored: creds first"},
+    {"TOOLBUS_NATS_NKEY_FILE": "/x/seed.nk", "TOOLBUS_NATS_USER": "ignored: nkey first"},
+    {"TOOLBUS_NATS_URL": "tls://n:4222", "TOOLBUS_NATS_TLS_SERVER_NAME": "nats.internal"},
+]
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_connect_options_give_nats_py_what_the_services_builder_gives(env: dict[str, str]) -> None:
     from toolbus_common.nats_auth import NatsAuth
 
+    ours = ConnectOptions.from_env(env).nats_kwargs()
+    theirs = NatsAuth.from_env(env).connect_options()
+    for kwargs in (ours, theirs):
+        if "tls" in kwargs:
+            assert isinstance(kwargs.pop("tls"), ssl.SSLContext)
+    assert {k: v for k, v in ours.items() if k not in ("name", "connect_timeout")} == theirs
+
+
+def test_connect_options_from_env_and_overrides() -> None:
     env = {
-        "TOOLBUS_NATS_URL": "nats://a:4222,nats://b:4222",
         "TOOLBUS_SUBJECT_PREFIX": "acme",
         "TOOLBUS_NATS_USER": "harness",
         "TOOLBUS_NATS_PASSWORD": "pw-secret-1",
-        "TOOLBUS_NATS_INBOX_PREFIX": "_INBOX_harness",
     }
     opts = ConnectOptions.from_env(env)
-    assert opts.prefix == "acme" and opts.nats_url == "nats://a:4222,nats://b:4222"
+    assert opts.prefix == "acme" and opts.nats_url == "nats://127.0.0.1:4222"
     assert "pw-secret-1" not in repr(opts)
-    kwargs = opts.nats_kwargs()
-    assert {k: v for k, v in kwargs.items() if k not in ("name", "connect_timeout")} == NatsAuth.from_env(
-        env
-    ).connect_options()
-    assert kwargs["user"] == "harness" and kwargs["password"] == "pw-secret-1"
-    assert kwargs["inbox_prefix"] == "_INBOX_harness"
-    token = ConnectOptions.from_env({}, token="tok-1", nats_url="nats://c:1").nats_kwargs()
+    token = ConnectOptions.from_env({}, token="tok-1", nats_url="nats://c:1", prefix="p").nats_kwargs()
     assert token["token"] == "tok-1" and token["servers"] == ["nats://c:1"] and "user" not in token
-    creds = ConnectOptions.from_env({}, creds_file="/x/harness.creds").nats_kwargs()
-    assert creds["user_credentials"] == "/x/harness.creds"
-    seed = ConnectOptions.from_env({"TOOLBUS_NATS_NKEY_FILE": "/x/seed.nk"}).nats_kwargs()
-    assert seed["nkeys_seed"] == "/x/seed.nk"
     with pytest.raises(TypeError, match="unknown connect option"):
         ConnectOptions.from_env({}, nope=1)
 

@@ -1,68 +1,111 @@
-"""How the SDK reaches NATS: the URL, the subject prefix, and the connection's credentials and TLS
-from the builder the services use (`toolbus_common.nats_auth.NatsAuth`), so a harness connects with
-the same `TOOLBUS_NATS_*` settings a service reads."""
+"""How the SDK reaches NATS: the URL, the subject prefix, and the connection's credentials and TLS,
+from the same `TOOLBUS_NATS_*` settings, with the same names and the same precedence, as the
+services' builder (`toolbus_common.nats_auth.NatsAuth`; a test checks that both give nats-py the
+same arguments). Not imported from there: `toolbus_common` brings the services' runtime (Redis,
+FastStream, Starlette), ~1 s of import time for every CLI command, measured in design.md."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolbus_common.nats_auth import NatsAuth
 from toolbus_contracts import DEFAULT_PREFIX
 
-AUTH_FIELDS = frozenset(f.name for f in dataclasses.fields(NatsAuth)) - {"servers"}
-"""What `Toolbus.connect` takes besides URL and prefix: `user`, `password`, `token`, `creds_file`,
-`nkey_file`, `tls_ca_file`, `tls_cert_file`, `tls_key_file`, `tls_server_name`, `inbox_prefix`."""
+ENV_PREFIX = "TOOLBUS_NATS_"
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
 
 @dataclass(frozen=True)
 class ConnectOptions:
-    """Where and how to connect: `auth` holds servers, credentials and TLS (its repr hides secrets)."""
+    """Where and how to connect; the repr never shows a password or token.
 
+    Authentication, at most one sent, in this order of precedence: `creds_file` (JWT + nkey seed),
+    `nkey_file`, `user` + `password`, `token`. TLS is on for a `tls://` URL or any TLS file;
+    `tls_cert_file` (+ `tls_key_file`) is the client certificate.
+    """
+
+    servers: list[str] = field(default_factory=lambda: [DEFAULT_NATS_URL])
     prefix: str = DEFAULT_PREFIX
-    auth: NatsAuth = field(default_factory=NatsAuth)
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
+    creds_file: str | None = None
+    nkey_file: str | None = None
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_server_name: str | None = None
+    inbox_prefix: str = "_INBOX"
     name: str = "toolbus-sdk"
     connect_timeout: float = 5.0
 
     @property
     def nats_url(self) -> str:
-        return ",".join(self.auth.servers)
+        return ",".join(self.servers)
 
     @classmethod
     def from_env(
-        cls,
-        environ: Mapping[str, str] | None = None,
-        *,
-        nats_url: str | None = None,
-        prefix: str | None = None,
-        name: str | None = None,
-        connect_timeout: float | None = None,
-        **auth: Any,
+        cls, environ: Mapping[str, str] | None = None, *, nats_url: str | None = None, **given: Any
     ) -> ConnectOptions:
-        """`TOOLBUS_NATS_*` and `TOOLBUS_SUBJECT_PREFIX` from `environ` (default `os.environ`), then
-        every argument that is not None. `auth` takes the `NatsAuth` fields (`AUTH_FIELDS`)."""
+        """`TOOLBUS_NATS_URL`, `TOOLBUS_SUBJECT_PREFIX` and `TOOLBUS_NATS_<FIELD>` (`USER`,
+        `PASSWORD`, `TOKEN`, `CREDS_FILE`, `NKEY_FILE`, `TLS_CA_FILE`, `TLS_CERT_FILE`,
+        `TLS_KEY_FILE`, `TLS_SERVER_NAME`, `INBOX_PREFIX`) from `environ` (default `os.environ`),
+        then every keyword argument that is not None."""
         env = os.environ if environ is None else environ
-        unknown = sorted(set(auth) - AUTH_FIELDS)
+        known = {f.name for f in dataclasses.fields(cls)} - {"servers"}
+        unknown = sorted(set(given) - known)
         if unknown:
-            raise TypeError(
-                f"unknown connect option '{unknown[0]}' (known: {', '.join(sorted(AUTH_FIELDS))})"
-            )
-        given: dict[str, Any] = {k: v for k, v in auth.items() if v is not None}
-        if nats_url:
-            given["servers"] = [u.strip() for u in nats_url.split(",") if u.strip()]
-        options = cls(
-            prefix=prefix or env.get("TOOLBUS_SUBJECT_PREFIX") or DEFAULT_PREFIX,
-            auth=dataclasses.replace(NatsAuth.from_env(env), **given),
+            raise TypeError(f"unknown connect option '{unknown[0]}' (known: {', '.join(sorted(known))})")
+        values: dict[str, Any] = {}
+        for name in known - {"prefix", "name", "connect_timeout"}:
+            if raw := env.get(ENV_PREFIX + name.upper()):
+                values[name] = raw
+        if raw := env.get("TOOLBUS_SUBJECT_PREFIX"):
+            values["prefix"] = raw
+        values.update({k: v for k, v in given.items() if v is not None})
+        url = nats_url or env.get(ENV_PREFIX + "URL") or DEFAULT_NATS_URL
+        return cls(servers=[u.strip() for u in url.split(",") if u.strip()], **values)
+
+    @property
+    def uses_tls(self) -> bool:
+        return bool(
+            self.tls_ca_file or self.tls_cert_file or any(s.startswith("tls://") for s in self.servers)
         )
-        if name is not None:
-            options = dataclasses.replace(options, name=name)
-        if connect_timeout is not None:
-            options = dataclasses.replace(options, connect_timeout=connect_timeout)
-        return options
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """A client TLS context checking the server against `tls_ca_file` (else the system CAs),
+        with the client certificate when given; None when TLS is off."""
+        if not self.uses_tls:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.tls_ca_file)
+        if self.tls_cert_file:
+            context.load_cert_chain(self.tls_cert_file, self.tls_key_file)
+        return context
 
     def nats_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments of `nats.connect` these options stand for."""
-        return {**self.auth.connect_options(), "name": self.name, "connect_timeout": self.connect_timeout}
+        """Keyword arguments for `nats.connect(**kwargs)`."""
+        kwargs: dict[str, Any] = {
+            "servers": list(self.servers),
+            "inbox_prefix": self.inbox_prefix,
+            "name": self.name,
+            "connect_timeout": self.connect_timeout,
+        }
+        if self.creds_file:
+            kwargs["user_credentials"] = self.creds_file
+        elif self.nkey_file:
+            kwargs["nkeys_seed"] = self.nkey_file
+        elif self.user:
+            kwargs["user"] = self.user
+            kwargs["password"] = self.password or ""
+        elif self.token:
+            kwargs["token"] = self.token
+        context = self.ssl_context()
+        if context is not None:
+            kwargs["tls"] = context
+            if self.tls_server_name:
+                kwargs["tls_hostname"] = self.tls_server_name
+        return kwargs

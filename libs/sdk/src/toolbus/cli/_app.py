@@ -213,7 +213,7 @@ def toolsets_create(
     spec = _load(file, json_)
     if not isinstance(spec, dict):
         _usage(json_, f"{file} must hold one object (a toolset spec)")
-    show = err.is_terminal and not (json_ or STATE.json)
+    show = err.is_terminal  # on stderr: stdout stays one JSON document with --json
 
     async def work(tb: Toolbus) -> Toolset:
         servers = len(spec.get("mcp") or [])
