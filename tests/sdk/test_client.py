@@ -142,6 +142,10 @@ async def test_credentials_at_three_levels_and_workflows(tb: Toolbus) -> None:
     assert latest.version == version and latest.input_schema == schema
     assert (await tb.workflows.get("triage_sdk", version)).name == "triage_sdk"
 
+    derived = await tb.toolsets.create(base=toolset, workflows=[f"triage_sdk@{version}"])
+    assert derived.id != toolset.id
+    assert set(derived.names) == {*toolset.names, "workflows.triage_sdk"}
+
 
 async def test_approvals_list_approve_deny_and_requests(tb: Toolbus, mcp_server: McpTestServer) -> None:
     toolset = await _toolset(tb, mcp_server, echo={"approval": True})
