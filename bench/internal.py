@@ -74,8 +74,8 @@ class Events:
             fut.set_result(at)
 
 
-async def ask(nc: Any, subject: str, body: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
-    reply = orjson.loads((await nc.request(subject, orjson.dumps(body), timeout=timeout)).data)
+async def ask(nc: Any, subject: str, body: dict[str, Any], within: float = 10.0) -> dict[str, Any]:
+    reply = orjson.loads((await nc.request(subject, orjson.dumps(body), timeout=within)).data)
     if not reply["ok"]:
         raise RuntimeError(f"{subject}: {reply['error']}")
     data: dict[str, Any] = reply["data"]

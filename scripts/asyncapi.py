@@ -17,7 +17,8 @@ from toolbus_approval.handlers import routes as approval_routes
 from toolbus_common.bus import asyncapi_document
 from toolbus_common.settings import Settings
 from toolbus_credentials.handlers import routes as credentials_routes
-from toolbus_dispatcher.handlers import host_routes, routes as dispatcher_routes
+from toolbus_dispatcher.handlers import host_routes
+from toolbus_dispatcher.handlers import routes as dispatcher_routes
 from toolbus_registry.handlers import routes as registry_routes
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -212,6 +212,19 @@ async def test_two_replicas_share_the_durable_consumer_and_apply_each_command_on
         await stopped(two)
 
 
+async def dead_letters(client: Any, settings: Settings, count: int) -> list[Any]:
+    """The first `count` messages kept on the test subject's dead-letter subject (INTERNAL stream)."""
+    dead = await client.jetstream().subscribe(
+        settings.subjects._s("internal.deadletter.bus.notes"),
+        stream=js_name(settings.subject_prefix, "INTERNAL"),
+        ordered_consumer=True,
+    )
+    try:
+        return [await dead.next_msg(timeout=20) for _ in range(count)]
+    finally:
+        await dead.unsubscribe()
+
+
 async def test_an_unparseable_command_is_dead_lettered_and_the_consumer_goes_on(
     env: tuple[Settings, Any],
 ) -> None:
@@ -219,18 +232,13 @@ async def test_an_unparseable_command_is_dead_lettered_and_the_consumer_goes_on(
     bus, sink = await started(settings, note_routes())
     js = client.jetstream()
     subject = settings.subjects._s("internal.bus.notes")
-    dead_subject = settings.subjects._s("internal.deadletter.bus.notes")
     try:
         await js.publish(subject, b'{"id": 7, "oops": true}')
         await js.publish(subject, b"not json at all")
         await _publish_notes(client, settings, ["after"])
         await until(lambda: sink.applied == ["after"], "the valid command after the bad ones")
 
-        dead = await js.subscribe(
-            dead_subject, stream=js_name(settings.subject_prefix, "INTERNAL"), ordered_consumer=True
-        )
-        kept = [await dead.next_msg(timeout=5), await dead.next_msg(timeout=5)]
-        await dead.unsubscribe()
+        kept = await dead_letters(client, settings, 2)
         assert [m.data for m in kept] == [b'{"id": 7, "oops": true}', b"not json at all"]
         for m in kept:
             assert m.headers is not None
@@ -250,19 +258,12 @@ async def test_store_faults_are_retried_and_a_handler_that_keeps_failing_is_dead
 ) -> None:
     settings, client = env
     bus, sink = await started(settings, note_routes())
-    js = client.jetstream()
     try:
         await _publish_notes(client, settings, ["flaky"], fail="store")
         await _publish_notes(client, settings, ["broken"], fail="bug")
         await until(lambda: sink.applied == ["flaky"], "the command after a store fault", limit=20)
         assert sink.attempts["flaky"] == 2
-        dead = await js.subscribe(
-            settings.subjects._s("internal.deadletter.bus.notes"),
-            stream=js_name(settings.subject_prefix, "INTERNAL"),
-            ordered_consumer=True,
-        )
-        kept = await dead.next_msg(timeout=20)
-        await dead.unsubscribe()
+        (kept,) = await dead_letters(client, settings, 1)
         assert json.loads(kept.data) == {"id": "broken", "fail": "bug"}
         assert kept.headers is not None
         assert kept.headers["Toolbus-Dead-Reason"] == f"failed {MAX_DELIVERIES} times: RuntimeError"
@@ -278,6 +279,11 @@ async def test_each_running_service_serves_its_asyncapi_document(service_env: di
 
     from tests.support.infra import aservice_process
 
+    def fetch(url: str) -> bytes:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            body: bytes = response.read()
+            return body
+
     prefix = service_env["TOOLBUS_SUBJECT_PREFIX"]
     expected = {
         "registry": "toolsets.create",
@@ -287,10 +293,8 @@ async def test_each_running_service_serves_its_asyncapi_document(service_env: di
     }
     for name, subject in expected.items():
         async with aservice_process(name, service_env) as svc:
-            with urllib.request.urlopen(f"{svc.base_url}/asyncapi", timeout=10) as response:
-                doc = json.loads(response.read())
-            with urllib.request.urlopen(f"{svc.base_url}/asyncapi.yaml", timeout=10) as response:
-                assert yaml.safe_load(response.read()) == doc
+            doc = json.loads(await asyncio.to_thread(fetch, f"{svc.base_url}/asyncapi"))
+            assert yaml.safe_load(await asyncio.to_thread(fetch, f"{svc.base_url}/asyncapi.yaml")) == doc
         assert doc["asyncapi"] == "3.0.0"
         assert doc["channels"][subject]["address"] == f"{prefix}.{subject}"
         assert "reply" in doc["operations"][subject]
