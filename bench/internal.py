@@ -215,6 +215,7 @@ async def main(samples: int) -> None:
             resume, resume_applied = resume[5:], resume_applied[5:]
 
             close: list[float] = []
+            close_reply: list[float] = []
             for _ in range(samples + 5):
                 rid = (await ask(nc, subjects.runs_open, {"toolsetId": ts}))["runId"]
                 await ask(
@@ -223,6 +224,7 @@ async def main(samples: int) -> None:
                 await asyncio.wait_for(approvals.get(), 10)
                 t0 = time.perf_counter()
                 await ask(nc, subjects.runs_close, {"runId": rid})
+                close_reply.append(time.perf_counter() - t0)
                 for _ in range(20_000):  # bounded: 10 s of polling at most
                     pending = await ask(nc, subjects.approvals_list, {"runId": rid})
                     if not pending["approvals"]:
@@ -231,7 +233,7 @@ async def main(samples: int) -> None:
                 else:
                     raise RuntimeError("RunClosed was not applied within 10 s")
                 close.append(time.perf_counter() - t0)
-            close = close[5:]
+            close, close_reply = close[5:], close_reply[5:]
             await responder.close()
 
             print(f"\n{samples} samples each (after 5 warm-up), tools answer at once; ms")
@@ -241,6 +243,7 @@ async def main(samples: int) -> None:
             print(row("approvals.decide -> `approved` event received", decide))
             print(row("credentials.set -> resume applied (event `at`)", resume_applied))
             print(row("credentials.set -> `resumed` event received", resume))
+            print(row("runs.close -> its reply (the request alone)", close_reply))
             print(row("runs.close -> approval cancelled (RunClosed applied)", close))
         finally:
             for service in services:
