@@ -111,19 +111,13 @@ class RawJson(bytes):
     """A reply's `data` already encoded as JSON (a cached or pydantic-written body)."""
 
 
-class RawReply(bytes):
-    """A whole reply envelope already encoded (`{"ok": ..., ...}`)."""
-
-
-Result = WireModel | dict[str, Any] | RawJson | RawReply | None
+Result = WireModel | dict[str, Any] | RawJson | None
 
 
 # ---- encoding and the reply guard -------------------------------------------------------------
 
 
 def encode_ok(result: Result) -> bytes:
-    if isinstance(result, RawReply):
-        return bytes(result)
     if isinstance(result, RawJson):
         return b'{"ok":true,"data":' + result + b"}"
     if result is None:

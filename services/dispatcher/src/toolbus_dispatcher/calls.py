@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import orjson
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
+from toolbus_common.bus import RawJson, encode_ok
 from toolbus_common.clock import now_iso
 from toolbus_common.faults import is_backing_store_fault
 from toolbus_common.toolsets import Tool, ToolsetStore
@@ -47,15 +48,19 @@ class _NoLongerOurs(Exception):
     """The call was claimed by another replica or ended by its run's close."""
 
 
+def invoke_data(call_id: str, key: str, outcome: Any) -> RawJson:
+    """The `data` of a `calls.invoke` reply; `outcome` is a dict or its stored JSON text (spliced in
+    as it is, not parsed again)."""
+    outcome_json = outcome.encode() if isinstance(outcome, str) else orjson.dumps(outcome)
+    return RawJson(
+        b'{"callId":%s,"idempotencyKey":%s,"outcome":%s}'
+        % (orjson.dumps(call_id), orjson.dumps(key), outcome_json)
+    )
+
+
 def reply_body(call_id: str, key: str, outcome: Any) -> bytes:
-    """The `calls.invoke` success reply; `outcome` is a dict or its stored JSON text."""
-    if isinstance(outcome, str):
-        return b'{"ok":true,"data":{"callId":%s,"idempotencyKey":%s,"outcome":%s}}' % (
-            orjson.dumps(call_id),
-            orjson.dumps(key),
-            outcome.encode(),
-        )
-    return orjson.dumps({"ok": True, "data": {"callId": call_id, "idempotencyKey": key, "outcome": outcome}})
+    """The whole `calls.invoke` success reply, in the bus's one envelope."""
+    return encode_ok(invoke_data(call_id, key, outcome))
 
 
 class CallRunner:

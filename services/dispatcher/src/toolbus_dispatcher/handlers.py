@@ -7,7 +7,7 @@ message is over the hot path's budget, `bench/transport.py`); the rest are FastS
 from __future__ import annotations
 
 from nats.aio.msg import Msg
-from toolbus_common.bus import RawReply, Routes
+from toolbus_common.bus import RawJson, Routes
 from toolbus_contracts import (
     CallEvent,
     CallGetReply,
@@ -26,7 +26,7 @@ from toolbus_contracts import (
 )
 from toolbus_contracts.internal import ApprovalDecided, ApprovalNeeded, CallParked, CallsResume, RunClosed
 
-from toolbus_dispatcher.calls import reply_body
+from toolbus_dispatcher.calls import invoke_data
 from toolbus_dispatcher.executors.host import HostExecutor
 from toolbus_dispatcher.service import DispatcherService
 
@@ -61,12 +61,12 @@ async def handle_calls_start(service: DispatcherService, request: CallStartReque
 @routes.deferred(lambda s: s.calls_invoke, reply=CallInvokeReply)
 async def handle_calls_invoke(
     service: DispatcherService, request: CallStartRequest, reply: str
-) -> RawReply | None:
+) -> RawJson | None:
     """Start a call and answer with its outcome once it is done (from whichever replica finishes it)."""
     started = await service.start_call(request, reply, run_here=True)
     if started.outcome_json is None:
         return None  # stored with the reply subject: the replica that finishes the call answers
-    return RawReply(reply_body(started.call_id, started.idempotency_key, started.outcome_json))
+    return invoke_data(started.call_id, started.idempotency_key, started.outcome_json)
 
 
 @routes.request(lambda s: s.calls_get)
