@@ -165,3 +165,29 @@ async def test_cli_status_outside_the_repository(tmp_path: Path) -> None:
         check=False,
     )
     assert down.returncode == 0 and "nothing to stop" in down.stdout
+
+
+async def test_cli_logs_json_gives_one_object_per_line(tmp_path: Path) -> None:
+    stack = tmp_path / "stack"
+    (stack / "logs").mkdir(parents=True)
+    record = {"level": "INFO", "event": "service started", "service": "registry"}
+    (stack / "logs" / "registry.log").write_text(
+        "old line\n" + json.dumps(record) + "\nnot json: a traceback line\n"
+    )
+    (stack / "logs" / "dispatcher.log").write_text(json.dumps({"event": "ready"}) + "\n")
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [TOOLBUS, "logs", "-n", "2", "--json"],
+        env={**os.environ, "TOOLBUS_STACK_DIR": str(stack)},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert {"log": "registry", "record": record} in lines
+    assert {"log": "registry", "line": "not json: a traceback line"} in lines
+    assert {"log": "dispatcher", "record": {"event": "ready"}} in lines
+    assert all(entry.get("line") != "old line" for entry in lines)  # -n 2: the last two lines only

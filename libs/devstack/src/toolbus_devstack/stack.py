@@ -23,6 +23,7 @@ a checkout's `deploy/nats/`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -511,20 +512,66 @@ def down(as_json: bool = False) -> int:
     return 0
 
 
-def logs(follow: bool, lines: int, names: list[str]) -> int:
+def logs(follow: bool, lines: int, names: list[str], *, as_json: bool = False) -> int:
     if not names:
         # The servers' logs only while ours run: with an external NATS/Redis they are stale.
         names = [*(n for n in SERVERS if (t := _tracked(n)) and t.alive), *SERVICES]
-    files = [LOGS / f"{n}.log" for n in names]
-    files = [f for f in files if f.exists()]
+    files = {n: LOGS / f"{n}.log" for n in names}
+    files = {n: f for n, f in files.items() if f.exists()}
     if not files:
-        print(f"no logs under {_rel(LOGS)}/ yet: run make up")
+        if as_json:
+            print(json.dumps({"log": None, "message": f"no logs under {_rel(LOGS)}/ yet: run make up"}))
+        else:
+            print(f"no logs under {_rel(LOGS)}/ yet: run make up")
         return 0
+    if as_json:
+        return _json_logs(files, lines, follow)
     if follow:
-        os.execvp("tail", ["tail", "-n", str(lines), "-F", *map(str, files)])
-    for f in files:
+        os.execvp("tail", ["tail", "-n", str(lines), "-F", *map(str, files.values())])
+    for f in files.values():
         print(f"==> {_rel(f)} <==\n{log_tail(f, lines)}")
     return 0
+
+
+def _json_line(name: str, line: str) -> str:
+    """One log line as a JSON object: `{"log": name, "record": {...}}` where the line is a JSON
+    record (the services log JSON when not on a TTY), else `{"log": name, "line": "..."}`."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        record = None
+    if isinstance(record, dict):
+        return json.dumps({"log": name, "record": record})
+    return json.dumps({"log": name, "line": line})
+
+
+def _json_logs(files: dict[str, Path], lines: int, follow: bool) -> int:
+    """`logs --json`: the last `lines` lines of each log as JSON lines; with `follow`, then every
+    new line as it is written (polled every 0.2 s, until interrupted)."""
+    offsets: dict[str, int] = {}
+    for name, path in files.items():
+        data = path.read_bytes()
+        offsets[name] = len(data)
+        for line in data.decode(errors="replace").splitlines()[-lines:]:
+            print(_json_line(name, line), flush=True)
+    if not follow:
+        return 0
+    try:
+        while True:
+            for name, path in files.items():
+                with contextlib.suppress(OSError), path.open("rb") as fh:
+                    size = path.stat().st_size
+                    if size < offsets[name]:
+                        offsets[name] = 0  # truncated or rotated: read it from the start
+                    fh.seek(offsets[name])
+                    chunk = fh.read()
+                    complete = chunk[: chunk.rfind(b"\n") + 1]
+                    offsets[name] += len(complete)
+                    for line in complete.decode(errors="replace").splitlines():
+                        print(_json_line(name, line), flush=True)
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        return 0
 
 
 def status_report() -> dict[str, dict[str, Any]]:
@@ -591,6 +638,7 @@ def main(
     p_logs.add_argument("-f", "--follow", action="store_true")
     p_logs.add_argument("-n", "--lines", type=int, default=50)
     p_logs.add_argument("names", nargs="*", help="registry, dispatcher, ..., nats, redis")
+    p_logs.add_argument("--json", action="store_true", help="one JSON object per log line")
     p_status = sub.add_parser("status", help="what is running and whether it is ready")
     p_status.add_argument("--json", action="store_true", help="one JSON object")
     args = parser.parse_args(argv)
@@ -605,5 +653,5 @@ def main(
     if args.command == "down":
         return down(args.json)
     if args.command == "logs":
-        return logs(args.follow, args.lines, args.names)
+        return logs(args.follow, args.lines, args.names, as_json=args.json)
     return status(args.json)

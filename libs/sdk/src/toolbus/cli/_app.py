@@ -608,7 +608,9 @@ def logs(
     json_: JsonOpt = False,
 ) -> None:
     """The stack's logs (`-f` to follow)."""
-    _stack("logs", "-n", str(lines), *(["-f"] if follow else []))
+    _stack(
+        "logs", "-n", str(lines), *(["-f"] if follow else []), *(["--json"] if json_ or STATE.json else [])
+    )
 
 
 def main() -> None:
