@@ -18,15 +18,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
 import importlib
 import inspect
+import json
 import os
 import re
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -155,60 +158,47 @@ async def transport(calls: int) -> list[Figure]:
 
 
 async def search(calls: int) -> list[Figure]:
-    """`bench/search.py` (issue 15) run as a script and read from its output; it has no short run
-    (about a minute on 2 cores), so a short table leaves its rows "not measured"."""
-    section, n = "search", 10_000
+    """`bench/search.py` (issue 15) run as a script with `--json`: each labelled corpus through a
+    registry over NATS beside plain BM25 over the same texts in the same run. It has no short run
+    (minutes on 2 cores), so a short table leaves its rows "not measured"."""
+    section = "search"
     names = [
-        (f"search {n:,} tools, warm, re-ranked: p50", "ms", "warm, lexical only p50"),
-        (f"search {n:,} tools, warm, re-ranked: p99", "ms", "warm, lexical only p99"),
-        (f"search {n:,} tools, first searches: p50", "ms", "warm, re-ranked p50"),
-        (f"index build, {n:,} tools", "ms", ""),
-        ("labelled queries, re-ranked: top-1", "%", "lexical only top-1"),
-        ("labelled queries, re-ranked: recall@5", "%", "lexical only recall@5"),
+        ("top-1", "", "plain BM25 top-1"),
+        ("recall@5", "", "plain BM25 recall@5"),
+        ("p50 through NATS", "ms", "plain BM25 p50 (in-process)"),
+        ("p99 through NATS", "ms", "plain BM25 p99 (in-process)"),
+        ("first search after registration", "ms", ""),
     ]
+    corpora = ("small", "large")
     if not (ROOT / "bench" / "search.py").exists():
-        return [
-            not_measured(section, name, unit, "bench/search.py (issue 15) is not on this commit")
-            for name, unit, _ in names
-        ]
+        why = "bench/search.py (issue 15) is not on this commit"
+        return [not_measured(section, f"{c}: {n}", u, why) for c in corpora for n, u, _ in names]
     if calls < SHORT:
-        why = "skipped in a short run: bench/search.py has no short mode (~1 min on 2 cores)"
-        return [not_measured(section, name, unit, why) for name, unit, _ in names]
-    out = await run_script("search", ["--synthetic", str(n)])
-    synthetic = out.split("synthetic toolset", 1)[-1]
-
-    def num(pattern: str, text: str = out) -> float | None:
-        m = re.search(pattern, text)
-        return float(m.group(1)) if m else None
-
-    lex = r"lexical only\s*:"
-    rer = r"re-ranked\s*:"
-    values = [
-        (
-            num(rf"warm latency {rer} p50 ([\d.]+)", synthetic),
-            num(rf"warm latency {lex} p50 ([\d.]+)", synthetic),
-        ),
-        (
-            num(rf"warm latency {rer} p50 [\d.]+ ms\s+p99 ([\d.]+)", synthetic),
-            num(rf"warm latency {lex} p50 [\d.]+ ms\s+p99 ([\d.]+)", synthetic),
-        ),
-        (
-            num(r"first searches[^:]*: p50 ([\d.]+)", synthetic),
-            num(rf"warm latency {rer} p50 ([\d.]+)", synthetic),
-        ),
-        (num(r"index build ([\d.]+) ms", synthetic), None),
-        (num(rf"\n\s*{rer} top-1 ([\d.]+)%"), num(rf"\n\s*{lex} top-1 ([\d.]+)%")),
-        (
-            num(rf"\n\s*{rer} top-1 [\d.]+%\s+recall@5 ([\d.]+)%"),
-            num(rf"\n\s*{lex} top-1 [\d.]+%\s+recall@5 ([\d.]+)%"),
-        ),
-    ]
+        why = "skipped in a short run: bench/search.py has no short mode (minutes on 2 cores)"
+        return [not_measured(section, f"{c}: {n}", u, why) for c in corpora for n, u, _ in names]
+    out = await run_script("search", ["--rounds", "1", "--json"])
+    results: list[dict[str, Any]] = []
+    for line in out.splitlines():
+        if line.startswith("[{"):
+            with contextlib.suppress(ValueError):
+                results = json.loads(line)
+    if not results:
+        why = "bench/search.py ran but printed no --json result (see its output)"
+        return [not_measured(section, f"{c}: {n}", u, why) for c in corpora for n, u, _ in names]
     figures = []
-    for (name, unit, base), (value, baseline) in zip(names, values, strict=True):
-        note = "" if value is not None else "bench/search.py ran; this figure was not found in its output"
-        if not base and value is not None:
-            note = "no baseline in bench/search.py"
-        figures.append(Figure(section, name, value, unit, base, baseline, note))
+    for r in results:
+        label = f"{r['corpus']} ({r['tools']:,} tools)"
+        tb, bm = r["toolbus"], r["bm25"]
+        rows = [
+            (tb["top1"], bm["top1"]),
+            (tb["recall5"], bm["recall5"]),
+            (tb["p50"] * 1000, bm["p50"] * 1000),
+            (tb["p99"] * 1000, bm["p99"] * 1000),
+            (r["cold"]["first_search"] * 1000, None),
+        ]
+        for (name, unit, base), (value, baseline) in zip(names, rows, strict=True):
+            note = "" if base else "no baseline in bench/search.py"
+            figures.append(Figure(section, f"{label}: {name}", value, unit, base, baseline, note))
     return figures
 
 
