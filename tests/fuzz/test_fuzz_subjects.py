@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from toolbus_common.keys import Keys
 from toolbus_contracts import ErrorCode, Subjects
 
 from tests.support.infra import drop_deployment_state, js_name, service_process, unique_prefix
@@ -175,7 +176,16 @@ class Probe:
         await self.nc.subscribe(f"{self.inbox}.*", cb=on_reply)
 
     async def snapshot(self) -> tuple[Any, ...]:
-        keys = sorted([k async for k in self.redis.scan_iter(match=f"{self.prefix}:*", count=1000)])
+        # The credentials service's sweep of timed-out parked calls takes a short-lived lock on its
+        # own schedule: housekeeping, not state a request changed.
+        housekeeping = {Keys(self.prefix).parked_sweep_lock.encode()}
+        keys = sorted(
+            [
+                k
+                async for k in self.redis.scan_iter(match=f"{self.prefix}:*", count=1000)
+                if k not in housekeeping
+            ]
+        )
         values = []
         for key in keys:
             kind = (await self.redis.type(key)).decode()
