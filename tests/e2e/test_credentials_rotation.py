@@ -267,6 +267,89 @@ async def test_a_call_parked_on_an_expired_token_completes_once_after_new_creden
         await redis.aclose()
 
 
+async def test_credentials_set_right_on_the_parked_event_resume_the_call(
+    env: dict[str, str], harness: Harness, redis_url: str
+) -> None:
+    """The SDK walkthrough's race: the user sets new credentials the moment the `parked` event
+    arrives, which can reach the credentials service before the park command does. The call must
+    still be sent again (same idempotency key) and complete."""
+    import asyncio
+
+    h = harness
+    logs: list[Path] = []
+    old, new = "tok-old-" + secrets.token_hex(12), "tok-new-" + secrets.token_hex(12)
+    async with (
+        McpTestServer(name="crm", required_token=old) as server,
+        aservice_process("registry", env) as reg,
+    ):
+        logs.append(reg.log_path)
+        credentials = await _start(aservice_process("credentials", env), logs)
+        dispatcher = await _start(aservice_process("dispatcher", env), logs)
+        try:
+            toolset = await h.ok(
+                h.subjects.toolsets_create,
+                {"mcp": [{"name": "crm", "url": server.url}], "credentials": bearer(old)},
+                within=30,
+            )
+            run_id = (await h.ok(h.subjects.runs_open, {"toolsetId": toolset["id"]}))["runId"]
+            server.required_token = new  # the token expires
+            sets: list[asyncio.Task[dict[str, Any]]] = []
+            parks: list[dict[str, Any]] = []
+
+            async def on_park(msg: Any) -> None:
+                parks.append(json.loads(msg.data))
+
+            async def on_event(msg: Any) -> None:
+                if json.loads(msg.data)["type"] == "parked" and not sets:
+                    sets.append(
+                        asyncio.create_task(
+                            h.ok(
+                                h.subjects.toolsets_credentials_set,
+                                {"toolsetId": toolset["id"], "credentials": bearer(new)},
+                            )
+                        )
+                    )
+
+            sub = await h.nc.subscribe(h.subjects.run_events(run_id), cb=on_event)
+            park_sub = await h.nc.subscribe(h.subjects.internal_calls_park, cb=on_park)
+            try:
+                start = {
+                    "runId": run_id,
+                    "tool": "crm.echo",
+                    "input": {"text": "x"},
+                    "idempotencyKey": "k-race",
+                }
+                call_id = (await h.ok(h.subjects.calls_start, start))["callId"]
+                await until(lambda: bool(sets), "the parked event", limit=20)
+                assert await sets[0] == {"level": "toolset"}
+                done = await h.ok(h.subjects.calls_invoke, start, within=30)
+            finally:
+                await sub.unsubscribe()
+                await park_sub.unsubscribe()
+            assert done["callId"] == call_id
+            assert done["outcome"]["status"] == "ok"
+            mine = [c for c in server.calls_to("echo") if c.idempotency_key_header == "k-race"]
+            assert sum(1 for c in mine if c.authorized) == 1  # ran once, with the new token
+            # Whichever reached the credentials service first: the park names the version its
+            # headers were resolved at, and the set recorded a newer one at that scope, so a park
+            # recorded after the set is resumed at once (the deterministic form of this race is
+            # in tests/integration/test_credentials_service.py).
+            assert [p["callId"] for p in parks] == [call_id]
+            from redis.asyncio import Redis
+            from toolbus_common.keys import Keys
+
+            redis = Redis.from_url(redis_url)
+            try:
+                key = Keys(env["TOOLBUS_REDIS_PREFIX"]).credentials_set_version("toolset", toolset["id"])
+                assert int(await redis.get(key) or 0) > parks[0]["credentialsVersion"]
+            finally:
+                await redis.aclose()
+            await h.ok(h.subjects.runs_close, {"runId": run_id})
+        finally:
+            await dispatcher.__aexit__(None, None, None)
+            await credentials.__aexit__(None, None, None)
+
+
 async def _ends_with(h: Harness, run_id: str, call_id: str, last: str) -> bool:
     kinds = await h.kinds(run_id, call_id)
     return bool(kinds) and kinds[-1] == last

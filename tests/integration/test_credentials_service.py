@@ -134,6 +134,7 @@ async def park(
     run_id: str = "run-1",
     server: str = "github",
     namespace: str | None = "user-1",
+    credentials_version: int | None = None,
 ) -> None:
     message = CallParked(
         call_id=call_id,
@@ -143,6 +144,7 @@ async def park(
         server=server,
         level=level,
         parked_at="2026-11-30T00:00:00.000Z",
+        credentials_version=credentials_version,
     )  # type: ignore[arg-type]
     await js.publish(st.subjects.internal_calls_park, message.wire_json())
 
@@ -398,6 +400,38 @@ async def test_parked_calls_survive_a_restart_and_commands_sent_while_down_apply
     await until(lambda: len(stack.on(stack.subjects.internal_calls_resume)) == 1, "resume after restart")
     assert stack.on(stack.subjects.internal_calls_resume) == [{"callIds": ["p1", "p2"]}]
     assert len(stack.on(stack.subjects.credentials_expired)) == 1
+
+
+async def test_a_park_recorded_after_a_newer_set_at_its_scope_is_resumed_at_once(
+    nc: Any, js: Any, redis_client: Any, stack: Stack
+) -> None:
+    """The race of the SDK walkthrough: the set reaches the service before the park command. The
+    park carries the credentials version its failing attempt used; a set at the same level and
+    scope since then resumes it at once instead of holding it."""
+    await stack.start()
+    await open_run(redis_client, stack, "run-1")
+    s = stack.subjects
+    raw = await redis_client.get(stack.keys.credentials_version)
+    used = int(raw) if raw is not None else 0  # what the dispatcher resolved the failing headers at
+    await call(nc, stack, s.runs_credentials_set, {"runId": "run-1", "credentials": body(github="fresh")})
+    assert stack.on(s.internal_calls_resume) == []  # nothing was parked yet: the set resumed nothing
+    await park(js, stack, "late", credentials_version=used)
+    await until(lambda: len(stack.on(s.internal_calls_resume)) == 1, "the late park resumed")
+    assert stack.on(s.internal_calls_resume) == [{"callIds": ["late"]}]
+    assert stack.service is not None and stack.service.logic is not None
+    assert not await stack.service.logic.parking.is_parked("late")
+
+    # A set at another scope, or a park whose attempt already used the newest set, holds the call.
+    await call(nc, stack, s.toolsets_credentials_set, {"toolsetId": TS, "credentials": body(github="ts")})
+    raw = await redis_client.get(stack.keys.credentials_version)
+    await park(js, stack, "current", credentials_version=int(raw))
+    await until(lambda: stack.service.logic.parking.is_parked("current"), "current parked")  # type: ignore[union-attr]
+    await until(lambda: len(stack.on(s.credentials_expired)) == 1, "its notice")
+    assert stack.on(s.credentials_expired)[0]["data"]["callIds"] == ["current"]
+    assert len(stack.on(s.internal_calls_resume)) == 1
+    await call(nc, stack, s.runs_credentials_set, {"runId": "run-1", "credentials": body(github="next")})
+    await until(lambda: len(stack.on(s.internal_calls_resume)) == 2, "the next set resumes it")
+    assert stack.on(s.internal_calls_resume)[1] == {"callIds": ["current"]}
 
 
 async def test_run_closed_drops_parked_calls_and_run_credentials(

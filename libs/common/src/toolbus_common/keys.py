@@ -62,6 +62,10 @@ class Keys:
         """Encrypted credentials document of one level and scope."""
         return f"{self.prefix}:cred:{level}:{scope}"
 
+    def credentials_set_version(self, level: str, scope: str) -> str:
+        """The credentials version counter's value after the last set at one level and scope."""
+        return f"{self.prefix}:cred:{level}:{scope}:set-version"
+
     @property
     def credentials_version(self) -> str:
         """Counter bumped on every credentials change; read by the dispatcher to keep its cache."""

@@ -50,6 +50,10 @@ class CallParked(WireModel):
     server: str
     level: CredentialLevel
     parked_at: str
+    credentials_version: int | None = None
+    """The credentials version counter the failing attempt resolved its headers at (at least as
+    new as the headers sent). The credentials service resumes the call at once, instead of holding
+    it, when a set at its level and scope gave a higher version. Absent (older dispatchers): held."""
 
 
 class CallsResume(WireModel):

@@ -17,12 +17,18 @@ from redis.asyncio import Redis
 from toolbus_common.keys import Keys
 from toolbus_contracts.credentials import CredentialLevel
 
-# KEYS: scope zset, scope servers, notified, index, where, seq, run set, notify due
-# ARGV: call id, server, park time ms, where json, notice json, notice due ms
-# Returns {newly parked 0|1, notice scheduled 0|1}. The first call parked for a server at a scope
-# schedules the notice durably, in the same script: a crash right after loses nothing.
+# KEYS: scope zset, scope servers, notified, index, where, seq, run set, notify due, set version
+# ARGV: call id, server, park time ms, where json, notice json, notice due ms, credentials version
+# of the failing attempt ('' when unknown)
+# Returns {newly parked 0|1, notice scheduled 0|1, stale 0|1}. The first call parked for a server
+# at a scope schedules the notice durably, in the same script: a crash right after loses nothing.
+# Stale: credentials were set at the scope after the failing attempt resolved its headers (the set
+# ran before this park was recorded, so it resumed nothing): not parked, the caller resumes it.
 _PARK = """
-if redis.call('HEXISTS', KEYS[5], ARGV[1]) == 1 then return {0, 0} end
+if redis.call('HEXISTS', KEYS[5], ARGV[1]) == 1 then return {0, 0, 0} end
+if ARGV[7] ~= '' and tonumber(redis.call('GET', KEYS[9]) or '0') > tonumber(ARGV[7]) then
+  return {0, 0, 1}
+end
 local seq = redis.call('INCR', KEYS[6])
 redis.call('ZADD', KEYS[1], seq, ARGV[1])
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
@@ -31,9 +37,17 @@ redis.call('HSET', KEYS[5], ARGV[1], ARGV[4])
 redis.call('SADD', KEYS[7], ARGV[1])
 if redis.call('HSETNX', KEYS[3], ARGV[2], 'pending') == 1 then
   redis.call('ZADD', KEYS[8], ARGV[6], ARGV[5])
-  return {1, 1}
+  return {1, 1, 0}
 end
-return {1, 0}
+return {1, 0, 0}
+"""
+
+# KEYS: set version. ARGV: the version a set gave. Keeps the highest.
+_NOTE_SET = """
+if tonumber(redis.call('GET', KEYS[1]) or '0') < tonumber(ARGV[1]) then
+  redis.call('SET', KEYS[1], ARGV[1])
+end
+return 1
 """
 
 # Claim up to ARGV[3] notices due at ARGV[1] by pushing them to ARGV[2] (a lease).
@@ -87,6 +101,9 @@ class ParkResult:
     notice_scheduled: bool
     """True for the first call parked for its server at its scope: a `credentials.expired`
     notice is due after the notify delay."""
+    stale: bool = False
+    """Not parked: credentials were set at its level and scope after its failing attempt resolved
+    its headers; the caller resumes it now."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +143,12 @@ class ParkingLot:
         self._mark_sent = redis.register_script(_MARK_SENT)
         self._release = redis.register_script(_RELEASE)
         self._claim_notices = redis.register_script(_CLAIM_NOTICES)
+        self._note_set = redis.register_script(_NOTE_SET)
+
+    async def note_set(self, level: CredentialLevel, scope: str, version: int) -> None:
+        """Record that a set at level+scope gave credentials version `version`. Runs before the
+        set collects the calls parked there, so a park recorded after that sees it (see `park`)."""
+        await self._note_set(keys=[self._keys.credentials_set_version(level, scope)], args=[version])
 
     async def park(
         self,
@@ -139,8 +162,11 @@ class ParkingLot:
         namespace: str | None,
         notify_delay_ms: int = 0,
         parked_at_ms: int | None = None,
+        credentials_version: int | None = None,
     ) -> ParkResult:
-        """Park `call_id` at level+scope (idempotent: parking it again changes nothing)."""
+        """Park `call_id` at level+scope (idempotent: parking it again changes nothing), unless
+        credentials were set there at a version above `credentials_version` (the one its failing
+        attempt resolved at): then it is stale, not parked."""
         k = self._keys
         now_ms = int(time.time() * 1000)
         notice = json.dumps(
@@ -176,10 +202,19 @@ class ParkingLot:
                 k.parked_seq,
                 k.parked_by_run(run_id),
                 k.parked_notify_due,
+                k.credentials_set_version(level, scope),
             ],
-            args=[call_id, server, parked_at_ms or now_ms, where, notice, now_ms + notify_delay_ms],
+            args=[
+                call_id,
+                server,
+                parked_at_ms or now_ms,
+                where,
+                notice,
+                now_ms + notify_delay_ms,
+                "" if credentials_version is None else credentials_version,
+            ],
         )
-        return ParkResult(bool(int(raw[0])), bool(int(raw[1])))
+        return ParkResult(bool(int(raw[0])), bool(int(raw[1])), bool(int(raw[2])))
 
     async def claim_notices(self, now_ms: int, lease_ms: int = 30_000, limit: int = 50) -> list[Notice]:
         """Notices due now, leased to this caller (another replica takes them only after the lease)."""

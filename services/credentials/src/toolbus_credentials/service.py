@@ -131,10 +131,13 @@ class CredentialsLogic:
         namespace: str | None = None,
         run_id: str | None = None,
     ) -> CredentialsSetReply:
-        await self.store.set(
+        version = await self.store.set(
             level, toolset_id=toolset_id, namespace=namespace, run_id=run_id, credentials=credentials
         )
         scope = scope_of(level, toolset_id=toolset_id, namespace=namespace, run_id=run_id)
+        # Before collecting the parked calls: a park recorded after this line sees the new version
+        # and is resumed at once (`park`); one recorded before it is collected below.
+        await self.parking.note_set(level, scope, version)
         parked = await self.parking.parked_at(level, scope)
         if parked:
             await self._outbox.calls_resume(CallsResume(call_ids=parked))
@@ -192,7 +195,7 @@ class CredentialsLogic:
         scope = scope_of(
             message.level, toolset_id=message.toolset_id, namespace=message.namespace, run_id=message.run_id
         )
-        await self.parking.park(
+        result = await self.parking.park(
             call_id=message.call_id,
             run_id=message.run_id,
             server=message.server,
@@ -201,7 +204,17 @@ class CredentialsLogic:
             toolset_id=message.toolset_id,
             namespace=message.namespace,
             notify_delay_ms=int(self.notify_delay * 1000),
+            credentials_version=message.credentials_version,
         )
+        if result.stale:
+            # Credentials were set there after the failing attempt, before this park was recorded:
+            # that set resumed nothing, so resume the call now (the dispatcher holds it parked).
+            await self._outbox.calls_resume(CallsResume(call_ids=[message.call_id]))
+            log.info(
+                "parked call resumed at once: newer credentials were set meanwhile",
+                extra={"callId": message.call_id, "runId": message.run_id, "level": message.level},
+            )
+            return
         log.info(
             "call parked",
             extra={
@@ -276,4 +289,5 @@ class CredentialsLogic:
         ids = set(await self.parking.of_run(message.run_id)) | set(message.call_ids)
         removed = await self.parking.remove(sorted(ids))
         await self.store.delete_run(message.run_id)
+        await self._redis.delete(self._keys.credentials_set_version("run", message.run_id))
         log.info("run closed", extra={"runId": message.run_id, "unparked": len(removed)})

@@ -288,6 +288,7 @@ class CallRunner:
             server=exc.server,
             level=exc.level,
             parked_at=now,
+            credentials_version=exc.version,
         )
         await self._persist(
             rec,

@@ -23,6 +23,10 @@ class CredentialResolver(Protocol):
 
     def observe_version(self, version: str) -> None: ...
 
+    def seen_version(self) -> int | None:
+        """The version the next `resolve` answers at (at least as new), or None when unknown."""
+        ...
+
     async def refresh(self) -> None:
         """Read the version counter now (before resending parked calls)."""
         ...
@@ -41,6 +45,9 @@ class NoCredentials:
         return {}, "toolset"
 
     def observe_version(self, version: str) -> None:
+        return None
+
+    def seen_version(self) -> int | None:
         return None
 
     async def refresh(self) -> None:
@@ -77,6 +84,9 @@ class StaticCredentials:
     def observe_version(self, version: str) -> None:
         self.version = version
 
+    def seen_version(self) -> int | None:
+        return None
+
     async def refresh(self) -> None:
         return None
 
@@ -106,6 +116,9 @@ class StoreCredentials:
         except ValueError:
             return
         self._version = max(self._version, value)
+
+    def seen_version(self) -> int | None:
+        return self._version
 
     async def refresh(self) -> None:
         self._version = max(self._version, await self._store.version())

@@ -33,10 +33,12 @@ class Interrupted(Exception):
 class NeedsCredentials(Exception):
     """The server `server` rejected the credentials of `level` with a 401."""
 
-    def __init__(self, server: str, level: CredentialLevel) -> None:
+    def __init__(self, server: str, level: CredentialLevel, version: int | None = None) -> None:
         super().__init__(f"server '{server}' rejected the {level} credentials")
         self.server = server
         self.level = level
+        self.version = version
+        """The credentials version the rejected headers were resolved at (None: unknown)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,6 +64,7 @@ class McpExecutor:
         call, tool = attempt.call, attempt.tool
         if tool.url is None:
             raise UpstreamError(f"MCP tool '{tool.name}' has no server url pinned.")
+        version = self._credentials.seen_version()
         headers, level = await self._credentials.resolve(
             call.toolset_id, call.namespace, call.run_id, tool.target
         )
@@ -77,7 +78,7 @@ class McpExecutor:
             )
         except CredentialsRejected as exc:
             if exc.details.get("status") == 401:
-                raise NeedsCredentials(tool.target, level) from None
+                raise NeedsCredentials(tool.target, level, version) from None
             raise CredentialsRejected(
                 f"MCP server '{tool.target}' refused the {level} credentials (403).",
                 details={"server": tool.target, "level": level},
