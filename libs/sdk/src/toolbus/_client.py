@@ -159,9 +159,8 @@ class Toolbus:
         self, *, toolset_id: str | None = None, run_id: str | None = None, namespace: str | None = None
     ) -> Feed[CredentialsExpired]:
         """`credentials.expired` notices from now on (of one toolset, run or end user where given):
-        calls parked on a 401 at a level and scope, waiting for credentials set there again. The
-        notice goes out once the credentials service holds the parked calls, so a set made after
-        it resumes them (a set made on the call's `parked` event alone may come too early)."""
+        calls parked on a 401 at a level and scope, waiting for credentials set there again. A set
+        made after it, or already on the call's `parked` event, resumes them."""
 
         def keep(event: CredentialsExpired) -> bool:
             data = event.data
