@@ -77,7 +77,7 @@ class ToolbusError(Exception):
     def from_wire(error: dict[str, Any]) -> ToolbusError:
         """Rebuild the exception a service raised from its wire error object."""
         try:
-            cls = _BY_CODE[ErrorCode(str(error.get("code")))]
+            cls = BY_CODE[ErrorCode(str(error.get("code")))]
         except ValueError:
             cls = Internal
         return cls(str(error.get("message", "")), details=error.get("details") or None)
@@ -157,7 +157,7 @@ class Internal(ToolbusError):
     code = ErrorCode.INTERNAL
 
 
-_BY_CODE: dict[ErrorCode, type[ToolbusError]] = {
+BY_CODE: dict[ErrorCode, type[ToolbusError]] = {  # every code's exception class, for clients
     cls.code: cls
     for cls in (
         InvalidRequest,

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from toolbus_contracts.errors import (
+    BY_CODE,
     Cancelled,
     Conflict,
     CredentialsRejected,
@@ -40,28 +41,8 @@ from toolbus_contracts.errors import (
     UpstreamUnreachable,
 )
 
-ERRORS: dict[ErrorCode, type[ToolbusError]] = {
-    cls.code: cls
-    for cls in (
-        InvalidRequest,
-        NotFound,
-        Conflict,
-        UnknownTool,
-        InvalidInput,
-        HostNotAllowed,
-        UpstreamUnreachable,
-        UpstreamError,
-        ToolError,
-        Timeout,
-        OutcomeUnknown,
-        Denied,
-        Cancelled,
-        CredentialsRejected,
-        OutputTooLarge,
-        Unavailable,
-        Internal,
-    )
-}
+ERRORS: dict[ErrorCode, type[ToolbusError]] = BY_CODE
+"""Every contract code's exception class (the contracts' own table)."""
 """Every contract error code and the exception class it raises."""
 
 
