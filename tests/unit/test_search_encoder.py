@@ -8,15 +8,16 @@ from toolbus_registry.search.encoder import default_encoder
 
 def test_matches_reference_similarities_of_all_minilm_l6_v2() -> None:
     # The sentence-transformers quickstart prints these cosine similarities for this model
-    # (computed with torch): 0.6660, 0.1046, 0.1411.
+    # (computed with torch): 0.6660, 0.1046, 0.1411. The weights are int8 here (the float32
+    # encoder was within 2e-3, the int8 one is within 2.5e-3 on these three pairs).
     vectors = default_encoder().encode(
         ["The weather is lovely today.", "It's so sunny outside!", "He drove to the stadium."]
     )
     sims = vectors @ vectors.T
     assert np.allclose(np.diag(sims), 1.0, atol=1e-5)
-    assert abs(sims[0, 1] - 0.6660) < 2e-3
-    assert abs(sims[0, 2] - 0.1046) < 2e-3
-    assert abs(sims[1, 2] - 0.1411) < 2e-3
+    assert abs(sims[0, 1] - 0.6660) < 4e-3
+    assert abs(sims[0, 2] - 0.1046) < 4e-3
+    assert abs(sims[1, 2] - 0.1411) < 4e-3
 
 
 def test_paraphrases_score_far_above_unrelated_sentences() -> None:
