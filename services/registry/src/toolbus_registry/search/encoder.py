@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from safetensors import safe_open
-from threadpoolctl import threadpool_limits
+from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 from tokenizers import Tokenizer
 
 Vectors = npt.NDArray[np.float32]
