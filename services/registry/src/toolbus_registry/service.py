@@ -113,14 +113,18 @@ class RegistryService:
         tid = pinned.id
         stored = self._toolsets.entry(tid, pinned.toolset)
         cached = self._replies.get(tid)
+        # The store write mostly waits on JetStream: build the reply and the search index meanwhile,
+        # so that a search right after the reply answers at once (lexically until the tools'
+        # vectors are attached: `_warm` starts embedding them).
         if cached is None:
-            # the store write mostly waits on JetStream: build the reply meanwhile
-            _, reply = await asyncio.gather(
-                self._toolsets.save(stored, pinned.wire), self._create_reply(stored)
+            _, reply, _ = await asyncio.gather(
+                self._toolsets.save(stored, pinned.wire),
+                self._create_reply(stored),
+                self._searcher.index(stored),
             )
             self._replies.put(tid, reply)
         else:
-            await self._toolsets.save(stored, pinned.wire)
+            await asyncio.gather(self._toolsets.save(stored, pinned.wire), self._searcher.index(stored))
             reply = cached
         if req.credentials is not None and self._credentials is not None:
             await self._credentials.set_toolset(tid, req.credentials)

@@ -20,7 +20,7 @@ from toolbus_contracts import ToolInfo
 
 from toolbus_registry.search.encoder import Vectors
 from toolbus_registry.search.lexical import Bm25Params, LexicalIndex
-from toolbus_registry.search.text import expand, split_identifier, terms
+from toolbus_registry.search.text import ACTIONS, expand, request_action, split_identifier, terms, tool_action
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,9 @@ class SearchOptions:
     lexical_weight: float = 0.3
     """Weight of the BM25F score divided by the best BM25F score of the query, in the head's
     blended score `dense_weight * cosine + lexical_weight * bm25 / best_bm25`."""
+    action_weight: float = 0.05
+    """Added to the blended score of a head tool whose name's verb is the action the query asks
+    for (`text.request_action`, `text.tool_action`)."""
     params_text_chars: int = 2000
     """Parameter text (names and descriptions) indexed per tool, at most."""
     bm25: Bm25Params = field(default_factory=Bm25Params)
@@ -147,6 +150,10 @@ class SearchIndex:
         )
         """What the encoder reads for each tool, in `tools` order."""
         self._vectors: Vectors | None = None
+        actions = [tool_action(split_qualified_name(t.name)[1]) for t in self.tools]
+        self._actions = {
+            a: np.asarray([x == a for x in actions], dtype=np.float32) for a in ACTIONS
+        }
 
     @classmethod
     def build(cls, tools: Sequence[ToolInfo], options: SearchOptions | None = None) -> SearchIndex:
@@ -217,6 +224,9 @@ class SearchIndex:
         blended[head] = opts.dense_weight * cosine[head] + opts.lexical_weight * (
             lex[head] / best if best > 0 else lex[head]
         )
+        action = request_action(query)
+        if action is not None and opts.action_weight:
+            blended[head] += opts.action_weight * self._actions[action][head]
         return self._top(blended, head, limit)
 
     def _top_ids(

@@ -146,3 +146,61 @@ def expand(query_terms: Iterable[str], synonym_weight: float) -> list[dict[str, 
                 group[syn] = synonym_weight
         groups.append(group)
     return groups
+
+
+# What a tool does to its resource, read off the verb its name starts with (REST operations turned
+# into tools are named so: `CreateMessage`, `list_issues`, `API-patch-page`), and what a request
+# asks to do, read off its first verb. A tool whose verb is the one asked for gets a bonus in the
+# re-ranked head: "cancel a pending verification" is an update of the verification, not a create.
+ACTIONS = ("create", "list", "fetch", "update", "delete")
+_TOOL_VERBS: dict[str, str] = {
+    **dict.fromkeys(("create", "add", "post", "insert", "new"), "create"),
+    **dict.fromkeys(("list", "search", "query"), "list"),
+    **dict.fromkeys(("get", "fetch", "read", "retrieve", "describe"), "fetch"),
+    **dict.fromkeys(("update", "edit", "modify", "patch", "set"), "update"),
+    **dict.fromkeys(("delete", "remove", "destroy"), "delete"),
+}
+_REQUEST_VERBS: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "create", "add", "new", "make", "send", "start", "register", "buy", "purchase",
+            "provision", "upload", "append", "publish", "invite", "build", "install", "subscribe",
+            "schedule", "generate", "post", "file", "leave",
+        ),
+        "create",
+    ),
+    **dict.fromkeys(("list", "every", "all", "which", "many", "browse", "history"), "list"),
+    **dict.fromkeys(("get", "fetch", "look", "check", "details", "read", "inspect"), "fetch"),
+    **dict.fromkeys(
+        (
+            "update", "change", "edit", "modify", "rename", "cancel", "end", "stop", "pause",
+            "resume", "mute", "unmute", "suspend", "approve", "accept", "reject", "mark", "redirect",
+            "hang", "point", "turn", "enable", "disable", "close", "reopen", "assign", "archive",
+        ),
+        "update",
+    ),
+    **dict.fromkeys(("delete", "remove", "erase", "release", "drop", "revoke", "purge", "destroy", "forget"), "delete"),
+}  # fmt: skip
+_LIST_WORDS = frozenset(("every", "all", "which", "many", "list"))
+
+
+def tool_action(local_name: str) -> str | None:
+    """The action a tool's name starts with (its first word that is a CRUD verb), or None."""
+    for word in split_identifier(local_name)[:3]:
+        action = _TOOL_VERBS.get(word)
+        if action is not None:
+            return action
+    return None
+
+
+def request_action(query: str) -> str | None:
+    """The action a request asks for: "list" if it asks for every/all/which/how many, else the
+    action of its first verb that names one, else None."""
+    words = split_identifier(query)
+    if _LIST_WORDS.intersection(words):
+        return "list"
+    for word in words:
+        action = _REQUEST_VERBS.get(word)
+        if action is not None:
+            return action
+    return None
