@@ -38,7 +38,7 @@ class SearchOptions:
     lexical_weight: float = 0.3
     """Weight of the BM25F score divided by the best BM25F score of the query, in the head's
     blended score `dense_weight * cosine + lexical_weight * bm25 / best_bm25`."""
-    action_weight: float = 0.05
+    action_weight: float = 0.04
     """Added to the blended score of a head tool whose name's verb is the action the query asks
     for (`text.request_action`, `text.tool_action`)."""
     params_text_chars: int = 2000
