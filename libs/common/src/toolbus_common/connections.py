@@ -7,7 +7,8 @@ import logging
 import ssl
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from functools import cache
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 import nats
@@ -17,12 +18,16 @@ from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
-from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
 from toolbus_common.nats_auth import NatsAuth
 from toolbus_common.script_pipe import ScriptPipe
 from toolbus_common.settings import Settings
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+# redis-py is imported where a Redis client is made, not with this module: importing it costs a
+# process ~19 MiB resident, and the registry, which never talks to Redis, imports this module.
 
 log = logging.getLogger(__name__)
 
@@ -127,19 +132,26 @@ def _redis_tls_options(settings: Settings) -> dict[str, Any]:
     }
 
 
-class _BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):  # type: ignore[type-arg]
-    """Sentinel's master-following pool with the blocking pool's bounded wait."""
+@cache
+def _sentinel_classes() -> tuple[type[Any], type[Any]]:
+    """(pool, client) classes for a Sentinel-located master, made on first use."""
+    from redis.asyncio import BlockingConnectionPool, Redis
+    from redis.asyncio.sentinel import SentinelConnectionPool
 
+    class _BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):  # type: ignore[type-arg]
+        """Sentinel's master-following pool with the blocking pool's bounded wait."""
 
-class _SentinelRedis(Redis):  # type: ignore[type-arg]
-    """A client of the Sentinel-located master that also closes its Sentinel connections."""
+    class _SentinelRedis(Redis):  # type: ignore[type-arg]
+        """A client of the Sentinel-located master that also closes its Sentinel connections."""
 
-    owned_sentinel: Any = None
+        owned_sentinel: Any = None
 
-    async def aclose(self, close_connection_pool: bool | None = None) -> None:
-        await super().aclose(close_connection_pool)  # type: ignore[misc]
-        if self.owned_sentinel is not None:
-            await self.owned_sentinel.aclose()
+        async def aclose(self, close_connection_pool: bool | None = None) -> None:
+            await super().aclose(close_connection_pool)  # type: ignore[misc]
+            if self.owned_sentinel is not None:
+                await self.owned_sentinel.aclose()
+
+    return _BlockingSentinelPool, _SentinelRedis
 
 
 def connect_redis(settings: Settings) -> Redis[bytes]:
@@ -151,6 +163,9 @@ def connect_redis(settings: Settings) -> Redis[bytes]:
     `rediss://` or the `TOOLBUS_REDIS_TLS_*` files. With `TOOLBUS_REDIS_SENTINELS` the master is
     found through the Sentinels and found again after a failover (a connection that meets
     `READONLY` or a refused connect asks the Sentinels again)."""
+    from redis.asyncio import BlockingConnectionPool, Redis
+    from redis.asyncio.sentinel import Sentinel
+
     username, password = _redis_auth(settings)
     options: dict[str, Any] = {
         "max_connections": settings.redis_pool_size,
@@ -171,11 +186,12 @@ def connect_redis(settings: Settings) -> Redis[bytes]:
         if redis_uses_tls(settings):
             sentinel_options.update(ssl=True, **_redis_tls_options(settings))
         sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_options)
+        pool_class, redis_class = _sentinel_classes()
         db = int(urlsplit(settings.redis_url).path.lstrip("/") or 0)
         client = sentinel.master_for(
             settings.redis_sentinel_master,
-            redis_class=_SentinelRedis,
-            connection_pool_class=_BlockingSentinelPool,
+            redis_class=redis_class,
+            connection_pool_class=pool_class,
             db=db,
             ssl=redis_uses_tls(settings),
             socket_connect_timeout=2.0,
@@ -193,6 +209,8 @@ def connect_redis(settings: Settings) -> Redis[bytes]:
 def connect_script_pipe(settings: Settings, redis: Redis[bytes] | None = None) -> ScriptPipe:
     """The dispatcher's hot-path pipe with the same password, TLS and master as `connect_redis`:
     under Sentinel it asks `redis`'s Sentinel pool for the master on every (re)connect."""
+    from redis.asyncio.sentinel import SentinelConnectionPool
+
     username, password = _redis_auth(settings)
     locate = None
     if redis is not None and isinstance(redis.connection_pool, SentinelConnectionPool):

@@ -6,20 +6,16 @@ send it again), never `internal`, which is kept for bugs.
 
 from __future__ import annotations
 
+import sys
+from functools import cache
+
 import nats.errors
 import nats.js.errors
-import redis.exceptions
 from toolbus_contracts.errors import Unavailable
 
 from toolbus_common.script_pipe import PipeConnectionError, ScriptReplyError
 
-BACKING_STORE_FAULTS: tuple[type[BaseException], ...] = (
-    redis.exceptions.ConnectionError,  # includes MaxConnectionsError (pool exhausted)
-    redis.exceptions.TimeoutError,
-    redis.exceptions.BusyLoadingError,
-    redis.exceptions.ReadOnlyError,  # a replica being promoted after a failover
-    redis.exceptions.TryAgainError,
-    redis.exceptions.MasterDownError,
+_OTHER_FAULTS: tuple[type[BaseException], ...] = (
     PipeConnectionError,
     nats.errors.TimeoutError,
     nats.errors.NoRespondersError,  # JetStream API with no JetStream behind it
@@ -32,6 +28,29 @@ BACKING_STORE_FAULTS: tuple[type[BaseException], ...] = (
 )
 
 
+@cache
+def _redis_faults() -> tuple[type[BaseException], ...]:
+    import redis.exceptions
+
+    return (
+        redis.exceptions.ConnectionError,  # includes MaxConnectionsError (pool exhausted)
+        redis.exceptions.TimeoutError,
+        redis.exceptions.BusyLoadingError,
+        redis.exceptions.ReadOnlyError,  # a replica being promoted after a failover
+        redis.exceptions.TryAgainError,
+        redis.exceptions.MasterDownError,
+    )
+
+
+def backing_store_faults() -> tuple[type[BaseException], ...]:
+    """The exception classes of a Redis or NATS/JetStream outage. redis-py's are included once
+    redis-py is imported (a process that never imported it cannot meet them: importing it only
+    to test against them would cost the registry ~19 MiB)."""
+    if "redis.exceptions" in sys.modules:
+        return _redis_faults() + _OTHER_FAULTS
+    return _OTHER_FAULTS
+
+
 TRANSIENT_REPLIES = ("LOADING", "BUSY", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN")
 """Redis error replies that mean "not now" (a restart loading its data, a failover), as the
 script pipe reports them (redis-py's client maps them to the exception classes above)."""
@@ -42,7 +61,7 @@ def is_backing_store_fault(exc: BaseException) -> bool:
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
-        if isinstance(current, BACKING_STORE_FAULTS):
+        if isinstance(current, backing_store_faults()):
             return True
         if isinstance(current, ScriptReplyError) and str(current).startswith(TRANSIENT_REPLIES):
             return True
@@ -64,7 +83,10 @@ def unavailable(exc: BaseException) -> Unavailable:
 def _is_redis(exc: BaseException) -> bool:
     current: BaseException | None = exc
     while current is not None:
-        if isinstance(current, redis.exceptions.RedisError | PipeConnectionError | ScriptReplyError):
+        if isinstance(current, PipeConnectionError | ScriptReplyError):
+            return True
+        redis_exceptions = sys.modules.get("redis.exceptions")
+        if redis_exceptions is not None and isinstance(current, redis_exceptions.RedisError):
             return True
         current = current.__cause__ or current.__context__
     return False

@@ -11,7 +11,10 @@ vectors are attached it answers from the lexical ranking alone.
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import logging
+from functools import cache
 
 from nats.js import JetStreamContext
 from prometheus_client import Counter, Gauge
@@ -37,6 +40,25 @@ TEXTS_LOADED = Counter(
     "toolbus_search_texts_loaded_total", "Tool texts whose vectors were read from the persisted store."
 )
 EMBEDDING = Gauge("toolbus_search_toolsets_embedding", "Toolsets whose tools are being embedded now.")
+
+
+@cache
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+
+
+def release_freed_memory() -> None:
+    """Hand the heap pages freed by an embedding back to the OS (glibc's `malloc_trim`; a no-op
+    elsewhere). The encoder's activations are freed after each batch but glibc keeps their pages
+    in the worker threads' arenas: measured ~10 MiB of RSS given back after 400 texts."""
+    libc = _libc()
+    trim = getattr(libc, "malloc_trim", None) if libc is not None else None
+    if trim is not None:
+        trim(0)
 
 
 class Searcher:
@@ -86,6 +108,8 @@ class Searcher:
             # Search stays lexical for this toolset; the next search or registration tries again.
             log.exception("embedding toolset %s failed", toolset_id)
         finally:
+            if self.embedder.encoded > encoded:
+                await asyncio.to_thread(release_freed_memory)
             EMBEDDING.dec()
             TEXTS_ENCODED.inc(self.embedder.encoded - encoded)
             TEXTS_LOADED.inc(self.embedder.loaded - loaded)

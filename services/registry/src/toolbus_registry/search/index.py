@@ -151,9 +151,7 @@ class SearchIndex:
         """What the encoder reads for each tool, in `tools` order."""
         self._vectors: Vectors | None = None
         actions = [tool_action(split_qualified_name(t.name)[1]) for t in self.tools]
-        self._actions = {
-            a: np.asarray([x == a for x in actions], dtype=np.float32) for a in ACTIONS
-        }
+        self._actions = {a: np.asarray([x == a for x in actions], dtype=np.float32) for a in ACTIONS}
 
     @classmethod
     def build(cls, tools: Sequence[ToolInfo], options: SearchOptions | None = None) -> SearchIndex:
