@@ -11,8 +11,9 @@ streamable HTTP; a registry runs as its own process (`python -m toolbus_registry
 prefix against NATS at TOOLBUS_NATS_URL (default 127.0.0.1:4222); its buckets are deleted after.
 
 Printed per corpus: top-1, recall@5, p50 and p99 of `toolsets.search` through NATS (warm: the last
-of `--rounds` passes), registration time of a toolset not seen before, the first search right
-after it (lexical while the tools are embedded in the background), how long the background
+of `--rounds` passes), registration time of a toolset not seen before, the registry's CPU time per
+search in that pass (from /proc: steadier than latency on a loaded machine), the first search
+right after it (lexical while the tools are embedded in the background), how long the background
 embedding took, then the same registration and first search after a registry restart (vectors
 read back from the KV bucket), and the registry's RSS. The baseline is plain BM25 (Okapi, k1 1.2,
 b 0.75: no fields, stemming or synonyms) over the same words, in-process, in the same run.
@@ -79,6 +80,12 @@ def rss_mib(pid: int) -> tuple[float, float]:
         line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line
     )
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far, seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def metric(base_url: str, name: str) -> float | None:
@@ -172,20 +179,24 @@ async def bench_corpus(
 
             names: dict[str, list[str]] = {}
             lat = []
+            cpu = 0.0
             for _ in range(rounds):
                 lat = []
+                cpu = cpu_seconds(registry.proc.pid)
                 for q in queries:
                     payload = json.dumps({"id": toolset_id, "query": q.query, "limit": 5}).encode()
                     t0 = time.perf_counter()
                     data = await ask("toolsets.search", payload)
                     lat.append(time.perf_counter() - t0)
                     names[q.query] = [t["name"] for t in data["tools"]]
+                cpu = (cpu_seconds(registry.proc.pid) - cpu) / len(queries)
             acc = evaluate(lambda q, k: names[q][:k], queries)
             out["toolbus"] = {
                 "top1": acc.top1,
                 "recall5": acc.recall5,
                 "p50": percentile(lat, 0.5),
                 "p99": percentile(lat, 0.99),
+                "cpu": cpu,
                 "misses": acc.misses,
             }
             out["rss"] = {
@@ -243,6 +254,7 @@ def report(results: list[dict[str, Any]]) -> None:
         "p99: toolbus (NATS) / BM25 (in-process)",
         lambda r: f"{ms(r['toolbus']['p99'])} / {ms(r['bm25']['p99'])}",
     )
+    row("registry CPU per search (warm round)", lambda r: ms(r["toolbus"]["cpu"]))
     row("registration, toolset not seen before", lambda r: ms(r["cold"]["register"]))
     row("first search after it", lambda r: ms(r["cold"]["first_search"]))
     row(
