@@ -14,6 +14,7 @@ from toolbus_registry.search import (
     Encoder,
     FileVectorStore,
     SearchIndex,
+    SearchOptions,
     default_encoder,
     to_hits,
 )
@@ -172,3 +173,22 @@ def test_to_hits_carries_prompt_and_dts_from_the_declarations_functions() -> Non
     assert hits[0].prompt == "filesystem.move_file: Move or rename files and directories."
     assert hits[0].dts == "declare function filesystem_move_file(): void;"
     assert set(hits[0].wire()) == {"name", "prompt", "dts", "score"}
+
+
+def test_the_action_asked_for_lifts_its_tool_over_a_near_twin() -> None:
+    twins = [
+        tool("api.CreateVerification", "Create a new Verification using a Service"),
+        tool("api.UpdateVerification", "Update a Verification status"),
+    ]
+    index, embedder = dense(twins)
+    query = "cancel a pending verification"
+    vector = embedder.encode_query(query)
+    plain = SearchIndex.build(twins, SearchOptions(action_weight=0.0))
+    plain.attach(asyncio.run(embedder.embed(plain.texts)))
+    with_bonus = index.search(query, 2, query_vector=vector)
+    without = plain.search(query, 2, query_vector=vector)
+    assert names(with_bonus)[0] == "api.UpdateVerification"
+    bonus = {r.tool.name: r.score for r in with_bonus}
+    base = {r.tool.name: r.score for r in without}
+    assert abs(bonus["api.UpdateVerification"] - base["api.UpdateVerification"] - 0.04) < 1e-4
+    assert abs(bonus["api.CreateVerification"] - base["api.CreateVerification"]) < 1e-4

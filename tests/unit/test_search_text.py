@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 from toolbus_registry.search.stemmer import stem
-from toolbus_registry.search.text import SYNONYMS, expand, split_identifier, terms
+from toolbus_registry.search.text import (
+    SYNONYMS,
+    expand,
+    request_action,
+    split_identifier,
+    terms,
+    tool_action,
+)
 
 
 @pytest.mark.parametrize(
@@ -72,3 +79,36 @@ def test_expand_gives_one_group_per_query_word_with_weighted_synonyms() -> None:
     both = expand(terms("delete remove"), synonym_weight=0.4)
     assert stem("remove") not in both[0]
     assert both[1][stem("remove")] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("name", "action"),
+    [
+        ("CreateMessage", "create"),
+        ("list_issues", "list"),
+        ("FetchCall", "fetch"),
+        ("API-patch-page", "update"),
+        ("API-delete-a-block", "delete"),
+        ("browser_close", None),
+        ("get-sum", "fetch"),
+    ],
+)
+def test_tool_action_is_the_verb_its_name_starts_with(name: str, action: str | None) -> None:
+    assert tool_action(name) == action
+
+
+@pytest.mark.parametrize(
+    ("query", "action"),
+    [
+        ("cancel a pending verification", "update"),
+        ("which message templates can verification codes use", "list"),
+        ("how many calls did we get last week", "list"),
+        ("release a phone number we no longer need", "delete"),
+        ("send an SMS to a customer", "create"),
+        ("look up a phone number", "fetch"),
+        ("show me the open issues of a repository", None),  # "show" and "open" name no action
+        ("take a screenshot", None),
+    ],
+)
+def test_request_action_reads_the_action_a_request_asks_for(query: str, action: str | None) -> None:
+    assert request_action(query) == action
