@@ -47,7 +47,13 @@ class ScriptStack:
         self.pipe = pipe
         events_prefix = Subjects(self.prefix).call_events("", "")[:-1]  # as the dispatcher's app does
         self.store = CallStore(
-            redis, Keys(self.prefix), "d_bench", lease=60.0, pipe=pipe, events_prefix=events_prefix
+            redis,
+            Keys(self.prefix),
+            "d_bench",
+            lease=60.0,
+            pipe=pipe,
+            events_prefix=events_prefix,
+            runs_closed_subject=Subjects(self.prefix).internal_runs_closed,
         )
         self.run_id = f"run_{uuid.uuid4().hex}"
 

@@ -132,6 +132,7 @@ class DispatcherApp:
             lease=s.dispatcher_lease,
             pipe=self._pipe,
             events_prefix=subjects.call_events("", "")[:-1],
+            runs_closed_subject=subjects.internal_runs_closed,
         )
         await store.load_scripts()
         self.relay = EventRelay(redis, nc, store.outbox, self.owner)

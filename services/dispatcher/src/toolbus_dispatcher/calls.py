@@ -111,6 +111,8 @@ class CallRunner:
         """Run a just-admitted call in the current task (a `calls.invoke` handler): one task less."""
         task = asyncio.current_task()
         assert task is not None
+        if rec.call_id in self._tasks:
+            return  # handed over again by a retried script and already running in a task
         self._leased.add(rec.call_id)
         self._tasks[rec.call_id] = task
         try:
@@ -262,13 +264,13 @@ class CallRunner:
             self._leased.discard(rec.call_id)
         if result.status != "done":
             return
+        if result.admitted:  # before any await: these are ours and nobody else starts them
+            self.start(result.admitted)
         if result.replies:
             body = reply_body(rec.call_id, rec.idempotency_key, outcome_json)
             for reply in result.replies:
                 with contextlib.suppress(Exception):  # the invoker can still read calls.get
                     await self._nc.publish(reply, body)
-        if result.admitted:
-            self.start(result.admitted)
 
     async def _park(self, rec: CallRecord, exc: NeedsCredentials) -> None:
         now = now_iso()

@@ -25,7 +25,7 @@ from toolbus_contracts import (
     Subjects,
 )
 from toolbus_contracts.errors import Conflict, NotFound, UnknownTool
-from toolbus_contracts.internal import ApprovalDecided, ApprovalNeeded, CallsResume, RunClosed
+from toolbus_contracts.internal import ApprovalDecided, ApprovalNeeded, CallsResume
 
 from toolbus_dispatcher.calls import CallRunner, reply_body
 from toolbus_dispatcher.credentials import CredentialResolver
@@ -92,6 +92,10 @@ class DispatcherService:
         return RunOpenReply(run_id=run_id)
 
     async def close_run(self, req: RunCloseRequest) -> RunCloseReply:
+        """Close a run; a repeated close (the first reply lost, a client retry) answers the same
+        and finishes what the first may not have: the cancelled calls' invokers answered again,
+        run-level credentials deleted. The `RunClosed` command is queued by the close script
+        itself, in the outbox, once (message id `runClosed:<runId>`)."""
         closed = await self._store.close_run(req.run_id, now_iso(), CANCELLED_JSON, self._retention)
         if closed.status == "notFound":
             raise NotFound(f"Run '{req.run_id}' does not exist.", details={"runId": req.run_id})
@@ -100,10 +104,7 @@ class DispatcherService:
         for cid, replies, key in closed.cancelled:
             for reply in replies:
                 await self._publish_reply(reply, reply_body(cid, key, CANCELLED_JSON))
-        if closed.status == "closed":
-            await self._credentials.delete_run(req.run_id)
-            message = RunClosed(run_id=req.run_id, toolset_id=closed.toolset_id, call_ids=closed.call_ids)
-            await self._js.publish(self._subjects.internal_runs_closed, message.wire_json())
+        await self._credentials.delete_run(req.run_id)
         return RunCloseReply(run_id=req.run_id, cancelled=len(closed.cancelled))
 
     async def _run(self, run_id: str) -> tuple[str, str | None]:
@@ -154,6 +155,8 @@ class DispatcherService:
         )
         self._credentials.observe_version(created.cred_version)
         if created.status == "exists":
+            if created.admitted:  # the first create's reply was lost: nobody runs these yet
+                self._runner.start(created.admitted)
             if created.state == "awaitingApproval":
                 # The first request's approval command may not have reached JetStream (the caller
                 # retried after `unavailable`): send it again; the approval service dedups by id.

@@ -63,7 +63,9 @@ class ScriptRunner:
 
 @dataclass(slots=True)
 class Created:
-    """What `create_call` did: `created` or `exists` (same key again) or `notFound`."""
+    """What `create_call` did: `created` or `exists` (same key again) or `notFound`. `admitted`:
+    the calls to start here (for `exists`, those the first create admitted that are still ours
+    and running: its reply may have been lost)."""
 
     status: str
     cred_version: str
@@ -102,12 +104,15 @@ class CallStore:
         lease: float,
         pipe: ScriptPipe,
         events_prefix: str,
+        runs_closed_subject: str,
     ) -> None:
         self._r = redis
         self.keys = keys
         self.outbox = keys.call_events_outbox
         self.events_prefix = events_prefix
         """Subject prefix of call events, `<P>.events.calls.`: an event goes to prefix + run.call."""
+        self.runs_closed_subject = runs_closed_subject
+        """Where a run's close queues its `RunClosed` command (through the outbox, like events)."""
         self.owner = owner
         self.lease = lease
         self._call_prefix = keys.call("")
@@ -145,6 +150,9 @@ class CallStore:
         return _s(state), _s(ts), (_s(ns) or None) if ns else None
 
     async def close_run(self, run_id: str, now: str, cancelled_json: str, retention: float) -> Closed:
+        """Close a run (`closed`), or answer a repeated close the same (`alreadyClosed`, with the
+        calls the first close cancelled); `notFound`. The `RunClosed` command is queued in the
+        outbox by the close itself."""
         k = self.keys
         res = await self._close(
             keys=[
@@ -163,6 +171,7 @@ class CallStore:
                 self._replies_prefix,
                 int(retention),
                 run_id,
+                self.runs_closed_subject,
                 now,
                 self.events_prefix,
             ],
@@ -262,7 +271,8 @@ class CallStore:
                 ],
             )
         if status == "exists":
-            return Created(status, cred_version, _s(res[2]), _s(res[3]), _s(res[4]))
+            handed = [CallRecord.from_script(i) for i in res[5]] if len(res) > 5 else []
+            return Created(status, cred_version, _s(res[2]), _s(res[3]), _s(res[4]), handed)
         return Created(status, cred_version)
 
     async def finish(self, call_id: str, outcome_json: str, now: str) -> Finished:

@@ -93,3 +93,27 @@ local function admit_for(ck, leases_key, call_prefix, owner, expiry, run_limit, 
   local f = redis.call('HMGET', ck, 'waiting', 'slots')
   return admit(f[1], f[2], leases_key, call_prefix, owner, expiry, run_limit, max_scan)
 end
+
+-- Remember which calls a script run admitted (`handed` on the call whose change freed the slots),
+-- so that a retry of that script after its reply was lost hands them over again: otherwise they
+-- would sit `running` under this owner with nobody running them until their lease lapsed.
+local function record_handed(ck, admitted)
+  if #admitted == 0 then return end
+  local ids = {}
+  for i, item in ipairs(admitted) do ids[i] = item[1] end
+  redis.call('HSET', ck, 'handed', table.concat(ids, ','))
+end
+
+-- For a retry: the calls `record_handed` noted that are still `running` under `owner`, in the form
+-- `admit` returns (the dispatcher starts those it does not run already).
+local function handed_back(ck, call_prefix, owner)
+  local out = {}
+  local list = redis.call('HGET', ck, 'handed')
+  if not list or list == '' then return out end
+  for cid in string.gmatch(list, '[^,]+') do
+    local hk = call_prefix .. cid
+    local f = redis.call('HMGET', hk, 'state', 'owner')
+    if f[1] == 'running' and f[2] == owner then out[#out + 1] = {cid, call_fields(hk)} end
+  end
+  return out
+end

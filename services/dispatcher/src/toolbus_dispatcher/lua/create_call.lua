@@ -17,7 +17,9 @@ if existing then
   if c[1] ~= 'done' and ARGV[8] ~= '' then
     redis.call('RPUSH', ARGV[18] .. existing, ARGV[8])
   end
-  return {'exists', credv, existing, c[1] or 'done', c[2] or ''}
+  -- A repeat after a lost reply: hand over again what the first run admitted (itself included)
+  -- and this owner still holds without running it (the dispatcher skips calls it runs already).
+  return {'exists', credv, existing, c[1] or 'done', c[2] or '', handed_back(ck, ARGV[14], ARGV[11])}
 end
 local cid = ARGV[1]
 local ck = KEYS[4]
@@ -36,6 +38,7 @@ if ARGV[12] ~= '' then
 end
 enqueue(ck, cid)
 local admitted = admit(KEYS[6], KEYS[7], KEYS[8], ARGV[14], ARGV[11], ARGV[10], tonumber(ARGV[16]), tonumber(ARGV[17]))
+record_handed(ck, admitted)
 local state = redis.call('HGET', ck, 'state')
 -- The caller knows the call it just created: send back only its attempt number.
 for i, item in ipairs(admitted) do

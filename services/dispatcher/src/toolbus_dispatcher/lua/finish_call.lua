@@ -7,8 +7,9 @@ local ck = KEYS[1]
 local cid = ARGV[1]
 local c = redis.call('HMGET', ck, 'state', 'owner', 'run', 'finisher')
 if c[1] == 'done' and c[4] == ARGV[2] then
-  -- This owner finished it already: a retry after the reply was lost. Same answer, nothing moves.
-  return {'done', redis.call('LRANGE', KEYS[2], 0, -1), {}}
+  -- This owner finished it already: a retry after the reply was lost. Same answer, nothing moves;
+  -- the calls the first run admitted into the freed slots are handed over again.
+  return {'done', redis.call('LRANGE', KEYS[2], 0, -1), handed_back(ck, ARGV[6], ARGV[2])}
 end
 if c[1] ~= 'running' or c[2] ~= ARGV[2] then return {'stale', {}, {}} end
 release(ck, cid, KEYS[3])
@@ -18,4 +19,5 @@ emit(ck, c[3], cid, 'completed', ',"outcome":' .. ARGV[3])
 local replies = redis.call('LRANGE', KEYS[2], 0, -1)
 redis.call('EXPIRE', KEYS[2], 300)
 local admitted = admit_for(ck, KEYS[3], ARGV[6], ARGV[2], ARGV[5], tonumber(ARGV[7]), tonumber(ARGV[8]))
+record_handed(ck, admitted)
 return {'done', replies, admitted}

@@ -4,11 +4,17 @@
 -- ARGV: callId, owner, server, level, now, expiry, callPrefix, runLimit, maxScan, now, eventsPrefix
 local ck = KEYS[1]
 local cid = ARGV[1]
-local c = redis.call('HMGET', ck, 'state', 'owner', 'run')
+local c = redis.call('HMGET', ck, 'state', 'owner', 'run', 'server', 'level')
+if c[1] == 'parked' and c[2] == ARGV[2] and c[4] == ARGV[3] and c[5] == ARGV[4] then
+  -- This owner parked it already: a retry after the reply was lost. Same answer (the dispatcher
+  -- then announces the park, which the first run's caller never got to), nothing moves.
+  return {'parked', handed_back(ck, ARGV[7], ARGV[2])}
+end
 if c[1] ~= 'running' or c[2] ~= ARGV[2] then return {'stale', {}} end
 release(ck, cid, KEYS[2])
 redis.call('HINCRBY', ck, 'attempts', -1)
 redis.call('HSET', ck, 'state', 'parked', 'server', ARGV[3], 'level', ARGV[4], 'parkedAt', ARGV[5])
 emit(ck, c[3], cid, 'parked', ',"server":' .. cjson.encode(ARGV[3]) .. ',"level":' .. cjson.encode(ARGV[4]))
 local admitted = admit_for(ck, KEYS[2], ARGV[7], ARGV[2], ARGV[6], tonumber(ARGV[8]), tonumber(ARGV[9]))
+record_handed(ck, admitted)
 return {'parked', admitted}

@@ -1,0 +1,213 @@
+"""Store steps whose reply was lost, against a real dispatcher, real NATS and a real Redis behind a
+proxy that drops one answer and closes the connection (`tests/support/cutting_proxy.py`): the
+script ran, the dispatcher cannot tell, and its retry must answer the same and finish the job.
+
+- `finish`: the calls the first run admitted into the freed slot are handed over again and run at
+  once (attempt 1), instead of sitting `running` with nobody running them until their lease lapsed
+  (and then resumed as interrupted: `outcomeUnknown` for an `at_most_once` tool never sent).
+- `create` (`calls.start` answered `unavailable`, the client sends it again): the call admitted
+  by the first create runs, once.
+- `runs.close` retried after its first run's follow-up was lost: same answer, waiting invokers
+  answered, run credentials deleted, and the `RunClosed` command in JetStream exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import pytest_asyncio
+from toolbus_common.clock import now_iso
+from toolbus_dispatcher.credentials import StaticCredentials
+from toolbus_dispatcher.service import CANCELLED_JSON
+from toolbus_dispatcher.store import CallStore
+
+from tests.integration.test_dispatcher_calls import Worker
+from tests.integration.test_dispatcher_helpers import Harness, host_tool, wait_until
+from tests.support.cutting_proxy import CuttingProxy
+from tests.support.infra import js_name
+
+pytestmark = pytest.mark.integration
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def proxy(redis_url: str) -> AsyncIterator[CuttingProxy]:
+    parts = urlsplit(redis_url)
+    p = await CuttingProxy(parts.hostname or "127.0.0.1", parts.port or 6379).start()
+    try:
+        yield p
+    finally:
+        await p.stop()
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def creds() -> StaticCredentials:
+    return StaticCredentials()
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def h(
+    nats_url: str, redis_url: str, proxy: CuttingProxy, creds: StaticCredentials
+) -> AsyncIterator[Harness]:
+    harness = Harness(nats_url, redis_url)
+    await harness.connect()
+    await harness.dispatcher(credentials=creds, redis_url=proxy.url)
+    try:
+        yield harness
+    finally:
+        await harness.close()
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def ts(h: Harness) -> str:
+    return await h.toolset(
+        {"host": [host_tool("one", concurrency=1, onInterruption="at_most_once"), host_tool("hang")]}
+    )
+
+
+def _store(h: Harness) -> CallStore:
+    service = h.apps[0].service
+    assert service is not None
+    return service._store
+
+
+class Gates:
+    """A host tool that answers `ok` once its input's gate opens."""
+
+    def __init__(self) -> None:
+        self.gates: dict[int, asyncio.Event] = {}
+
+    def gate(self, i: int) -> asyncio.Event:
+        return self.gates.setdefault(i, asyncio.Event())
+
+    async def work(self, value: dict[str, Any]) -> Any:
+        await self.gate(int(value["i"])).wait()
+        return "ok"
+
+
+async def test_a_finish_whose_reply_was_lost_hands_the_freed_slot_over_at_once(
+    h: Harness, ts: str, proxy: CuttingProxy
+) -> None:
+    run = await h.open_run(ts)
+    gates = Gates()
+    async with Worker(h, "one", gates.work) as worker:
+        first = await h.ok(h.subjects.calls_start, {"runId": run, "tool": "one", "input": {"i": 0}})
+        await wait_until(lambda: len(worker.tasks) == 1, what="the first call running")
+        second = await h.ok(h.subjects.calls_start, {"runId": run, "tool": "one", "input": {"i": 1}})
+        await h.wait_state(second["callId"], "waitingSlot")
+        cuts = proxy.cuts
+        proxy.arm(_store(h)._finish.sha.encode())
+        gates.gate(0).set()
+        gates.gate(1).set()
+        await h.wait_state(second["callId"], "done")
+    assert proxy.cuts == cuts + 1  # the first call's finish ran, and its answer was lost
+    for started in (first, second):
+        got = await h.ok(h.subjects.calls_get, {"callId": started["callId"]})
+        assert got["outcome"] == {"status": "ok", "output": "ok"} and got["attempts"] == 1, got
+    # The second call was sent once, as its first attempt: not left to its lease and then ended
+    # `outcomeUnknown` as an interrupted at_most_once call.
+    assert [(t["callId"], t["attempt"]) for t in worker.tasks] == [
+        (first["callId"], 1),
+        (second["callId"], 1),
+    ]
+    assert h.redis is not None
+    assert await h.redis.zcard(h.keys.run_slots(run)) == 0  # no slot left behind
+
+
+async def test_a_create_whose_reply_was_lost_runs_the_call_once_when_sent_again(
+    h: Harness, ts: str, proxy: CuttingProxy
+) -> None:
+    run = await h.open_run(ts)
+    gates = Gates()
+    gates.gate(5).set()
+    key = uuid.uuid4().hex
+    body = {"runId": run, "tool": "one", "input": {"i": 5}, "idempotencyKey": key}
+    async with Worker(h, "one", gates.work) as worker:
+        cuts = proxy.cuts
+        proxy.arm(_store(h)._create.sha.encode())
+        lost = await h.request(h.subjects.calls_start, body)
+        assert proxy.cuts == cuts + 1
+        assert not lost["ok"] and lost["error"]["code"] == "unavailable", lost
+        again = await h.ok(h.subjects.calls_start, body)
+        got = await h.wait_state(again["callId"], "done")
+    assert got["outcome"] == {"status": "ok", "output": "ok"} and got["attempts"] == 1, got
+    assert [(t["callId"], t["attempt"]) for t in worker.tasks] == [(again["callId"], 1)]
+
+
+async def _run_closed_messages(h: Harness, run: str) -> list[dict[str, Any]]:
+    """Every `RunClosed` command for `run` in the INTERNAL stream (after the relay emptied the outbox)."""
+    relay = h.apps[0].relay
+    assert relay is not None and h.nc is not None
+    await wait_until(lambda: _empty(relay), what="the outbox relayed")
+    sub = await h.nc.jetstream().subscribe(
+        h.subjects.internal_runs_closed, stream=js_name(h.prefix, "INTERNAL"), ordered_consumer=True
+    )
+    found: list[dict[str, Any]] = []
+    try:
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=1)
+            except TimeoutError:
+                return found
+            body: dict[str, Any] = json.loads(msg.data)
+            if body["runId"] == run:
+                found.append(body)
+    finally:
+        await sub.unsubscribe()
+
+
+async def _empty(relay: Any) -> bool:
+    return int(await relay.pending()) == 0
+
+
+async def test_a_retried_close_answers_the_same_and_finishes_what_the_first_left(
+    h: Harness, ts: str, creds: StaticCredentials
+) -> None:
+    run = await h.open_run(ts)
+    creds.set("run", run, {"s": {"Authorization": "Bearer x"}})
+    never = asyncio.Event()
+
+    async def hang(_: dict[str, Any]) -> Any:
+        await never.wait()
+
+    async with Worker(h, "one", hang) as worker:
+        await h.ok(h.subjects.calls_start, {"runId": run, "tool": "one", "input": {"i": 0}})
+        await wait_until(lambda: worker.in_flight == 1, what="one running")
+        waiter = asyncio.create_task(h.invoke(run, "one", {"i": 1}))
+        # The first close: its script ran, then the dispatcher died before anything else (no
+        # replies to invokers, no credentials deleted).
+        await wait_until(lambda: _has_waiting(h, run), what="the invoke waiting for the slot")
+        first = await _store(h).close_run(run, now_iso(), CANCELLED_JSON, 60)
+        assert first.status == "closed" and len(first.cancelled) == 2
+        assert ("run", run) in creds.levels and not waiter.done()
+        again = await h.ok(h.subjects.runs_close, {"runId": run})
+        assert again == {"runId": run, "cancelled": 2}
+        invoked = await waiter
+        assert invoked["outcome"]["error"]["code"] == "cancelled"
+        assert ("run", run) not in creds.levels
+        assert await h.ok(h.subjects.runs_close, {"runId": run}) == again
+    messages = await _run_closed_messages(h, run)
+    assert len(messages) == 1, messages
+    assert messages[0]["toolsetId"] == ts and len(messages[0]["callIds"]) == 2
+
+
+async def _has_waiting(h: Harness, run: str) -> bool:
+    assert h.redis is not None
+    return int(await h.redis.zcard(h.keys.run_waiting(run))) == 1
+
+
+async def test_a_run_closed_without_its_command_gets_it_on_the_next_close_once(h: Harness, ts: str) -> None:
+    # A run an older dispatcher closed (state changed, its RunClosed publish lost): the next close
+    # queues the command, once.
+    run = await h.open_run(ts)
+    assert h.redis is not None
+    await h.redis.hset(h.keys.run(run), mapping={"state": "closed", "closedAt": now_iso()})
+    for _ in range(2):
+        assert await h.ok(h.subjects.runs_close, {"runId": run}) == {"runId": run, "cancelled": 0}
+    messages = await _run_closed_messages(h, run)
+    assert [m["callIds"] for m in messages] == [[]]

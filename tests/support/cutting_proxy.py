@@ -1,0 +1,102 @@
+"""A TCP proxy in front of a real Redis that loses one reply on purpose.
+
+`arm(marker)`: the next command carrying `marker` (e.g. a Lua script's SHA1) is passed on to
+Redis, which runs it; when Redis answers, the proxy drops that answer and closes the connection
+on both sides, so the client sees its connection break with the command in flight and cannot
+tell whether it ran. Every other byte is passed through unchanged.
+
+    proxy = await CuttingProxy("127.0.0.1", 6379).start()
+    proxy.url                      # redis://127.0.0.1:<port>
+    proxy.arm(sha.encode())
+    ...
+    proxy.cuts                     # how many answers it dropped
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+
+class CuttingProxy:
+    def __init__(self, host: str, port: int) -> None:
+        self._target = (host, port)
+        self._server: asyncio.Server | None = None
+        self._marker: bytes | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
+        self.port = 0
+        self.cuts = 0
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+    def arm(self, marker: bytes) -> None:
+        """Lose the answer to the next command that carries `marker`."""
+        self._marker = marker
+
+    async def start(self) -> CuttingProxy:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for writer in list(self._writers):
+            writer.close()
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await task
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
+
+    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        try:
+            server_r, server_w = await asyncio.open_connection(*self._target)
+        except OSError:
+            client_w.close()
+            return
+        self._writers.update((client_w, server_w))
+        doomed = asyncio.Event()  # set once this connection carried the armed command
+
+        def cut() -> None:
+            for writer in (client_w, server_w):
+                if writer.transport is not None:
+                    writer.transport.abort()
+
+        async def upstream() -> None:
+            while data := await client_r.read(65536):
+                marker = self._marker
+                if marker is not None and marker in data:
+                    self._marker = None
+                    doomed.set()
+                server_w.write(data)
+                await server_w.drain()
+
+        async def downstream() -> None:
+            while data := await server_r.read(65536):
+                if doomed.is_set():
+                    self.cuts += 1
+                    cut()
+                    return
+                client_w.write(data)
+                await client_w.drain()
+
+        tasks = [asyncio.create_task(upstream()), asyncio.create_task(downstream())]
+        self._tasks.update(tasks)
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            pass
+        finally:
+            cut()
+            for task in tasks:
+                task.cancel()
+                self._tasks.discard(task)
+            self._writers.discard(client_w)
+            self._writers.discard(server_w)
