@@ -1,5 +1,7 @@
-"""Outputs of any size through a real dispatcher, real NATS, Redis, an MCP server over streamable
-HTTP and an HTTP server: a 50 MB output (MCP and http.fetch) comes back by reference
+"""Outputs of any size through a real dispatcher, real NATS, Redis, MCP servers over streamable
+HTTP (one speaking 2026-07-28, which the dispatcher calls on its fast path, and one speaking only
+the 2025 protocol, called through a 2025-11-25 session and the MCP SDK's transport) and an HTTP
+server: a 50 MB output (MCP on both paths, and http.fetch) comes back by reference
 (`outputRef` in the invoke reply, in calls.get and in the `completed` event of the stream) and
 reads back byte for byte from the object store; one over the cap ends `outputTooLarge` without
 the body being read; a small output stays inline; 1,000 calls.get in flight all answer."""
@@ -91,6 +93,12 @@ async def mcp() -> AsyncIterator[McpTestServer]:
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def old_mcp() -> AsyncIterator[McpTestServer]:
+    async with McpTestServer(TOOLS, handler, name="old", legacy=True) as srv:
+        yield srv
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
 async def h(nats_url: str, redis_url: str) -> AsyncIterator[Harness]:
     harness = Harness(nats_url, redis_url)
     await harness.connect()
@@ -102,10 +110,13 @@ async def h(nats_url: str, redis_url: str) -> AsyncIterator[Harness]:
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
-async def run(h: Harness, mcp: McpTestServer) -> str:
+async def run(h: Harness, mcp: McpTestServer, old_mcp: McpTestServer) -> str:
     ts = await h.toolset(
         {
-            "servers": [{"name": "sizes", "url": mcp.url, "tools": TOOLS}],
+            "servers": [
+                {"name": "sizes", "url": mcp.url, "tools": TOOLS},
+                {"name": "old", "url": old_mcp.url, "tools": TOOLS},
+            ],
             "http": {"allow": ["127.0.0.1"]},
         }
     )
@@ -155,10 +166,15 @@ async def _agree(h: Harness, run_id: str, data: dict[str, Any]) -> dict[str, Any
     return ref
 
 
-async def test_a_50_mb_mcp_output_is_read_back_by_reference_byte_for_byte(h: Harness, run: str) -> None:
-    data = await h.invoke(run, "sizes.big", {})
+@pytest.mark.parametrize("server", ["sizes", "old"])
+async def test_a_50_mb_mcp_output_is_read_back_by_reference_byte_for_byte(
+    h: Harness, run: str, server: str, old_mcp: McpTestServer
+) -> None:
+    data = await h.invoke(run, f"{server}.big", {})
     ref = await _agree(h, run, data)
     assert orjson.loads(await _read_ref(h, ref)) == {"data": BIG_TEXT}
+    if server == "old":
+        assert old_mcp.initializations >= 1  # it went through a 2025-era session
 
 
 async def test_a_50_mb_http_fetch_body_is_read_back_by_reference_byte_for_byte(
@@ -176,6 +192,7 @@ async def test_outputs_over_the_cap_end_output_too_large_without_retries(
 ) -> None:
     for tool, inp in (
         ("sizes.huge", {}),
+        ("old.huge", {}),
         ("http.fetch", {"url": f"http://127.0.0.1:{files}/huge-chunked"}),
     ):
         data = await h.invoke(run, tool, inp)

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from toolbus_contracts.errors import OutputTooLarge
 from toolbus_mcp_client import McpConnection
 
 from tests.support.infra import free_port
@@ -97,5 +98,22 @@ async def test_structured_content_and_unknown_tool_as_error_result(everything_ur
         unknown = await conn.call_tool("no-such-tool", {}, idempotency_key="k2", timeout=10)
         assert unknown.is_error is True
         assert "no-such-tool" in unknown.content[0]["text"]
+    finally:
+        await conn.aclose()
+
+
+async def test_answers_over_the_cap_are_output_too_large_on_a_2025_session(everything_url: str) -> None:
+    # A 2025-11-25 session goes through the MCP SDK's transport, which reads whole bodies: the
+    # client's transport stops each answer at the cap. (This server answers as SSE.)
+    conn = await McpConnection.open(everything_url, {}, server_name="everything", max_body=20_000)
+    try:
+        assert conn.protocol_version == "2025-11-25"
+        with pytest.raises(OutputTooLarge) as err:
+            await conn.call_tool(
+                "echo", {"message": "x" * 30_000}, idempotency_key=uuid.uuid4().hex, timeout=10
+            )
+        assert err.value.details["limit"] == 20_000 and not err.value.retryable
+        small = await conn.call_tool("echo", {"message": "y"}, idempotency_key=uuid.uuid4().hex, timeout=10)
+        assert small.content == [{"type": "text", "text": "Echo: y"}]
     finally:
         await conn.aclose()

@@ -173,6 +173,9 @@ class McpTestServer:
     `page_size` pages `tools/list`; `required_token` makes every request without
     `Authorization: Bearer <token>` get 401 (assign `server.required_token` to rotate it);
     `port` 0 picks a free one, and a stopped server starts again on the same port (a restart).
+    `legacy` makes it a 2025-era server: it refuses the 2026 `server/discover` probe (HTTP 400, as
+    a server that does not know the method may), so clients fall back to `initialize` and
+    sessions (protocol 2025-11-25); `initializations` counts the `initialize` requests it got.
     Everything a test reads (`calls`) or sets (`required_token`, `call_delay`, `add_fault`)
     may be used from any thread.
     """
@@ -187,6 +190,7 @@ class McpTestServer:
         required_token: str | None = None,
         json_response: bool = False,
         port: int = 0,
+        legacy: bool = False,
     ) -> None:
         self.name = name
         self.tools = echo_tools() if tools is None else tools  # a property: reassign to change them
@@ -200,6 +204,8 @@ class McpTestServer:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._json_response = json_response
+        self.legacy = legacy
+        self.initializations = 0
         self._thread: threading.Thread | None = None
         self._uvicorn: uvicorn.Server | None = None
         self.port = port
@@ -340,6 +346,11 @@ class McpTestServer:
                 await mcp_app(scope, receive, send)
                 return
             body = await _read_body(receive)
+            if b'"initialize"' in body:
+                self.initializations += 1
+            if self.legacy and b'"server/discover"' in body:
+                await _plain(send, 400, "unknown method server/discover")
+                return
             fault = self._record(body, headers, authorized)
             if not authorized:
                 await _plain(send, 401, "missing or wrong bearer token")

@@ -25,7 +25,7 @@ from typing import Any, Final, Literal
 import httpx2
 import mcp_types as types
 from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
+from mcp.client.streamable_http import DEFAULT_MAX_SSE_EVENT_SIZE, streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import HEADER_MISMATCH, REQUEST_TIMEOUT
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
@@ -33,7 +33,14 @@ from pydantic import TypeAdapter, ValidationError
 from toolbus_contracts.errors import Timeout, ToolbusError, UpstreamError, UpstreamUnreachable
 
 from toolbus_mcp_client._errors import classify, protocol_error
-from toolbus_mcp_client._fast_call import HeaderMap, build_call, build_list, header_map, post_request
+from toolbus_mcp_client._fast_call import (
+    HeaderMap,
+    build_call,
+    build_list,
+    header_map,
+    post_request,
+    too_large,
+)
 from toolbus_mcp_client._http1 import Http1Pool, Redirected, Unsendable
 from toolbus_mcp_client._transport import Attempt, build_http_client, current_attempt, tls_context
 
@@ -147,8 +154,9 @@ class McpConnection:
 
         `fast_calls=False` sends 2026-era tool calls through the SDK client too (the two paths
         give the same results and errors; the fast one costs a fraction of the CPU).
-        `max_body`: answers longer than this many bytes are not read on: `OutputTooLarge` (both
-        fast-path stacks; a 2025-era session's answers go through the SDK, which has no cap).
+        `max_body`: answers longer than this many bytes are not read on: `OutputTooLarge`, not
+        retryable (on every path: the lean pool and httpx2 on the fast path, and the SDK's
+        transport for 2025-era sessions and `fast_calls=False`, where `WatchingTransport` counts).
         Raises `UpstreamUnreachable`, `CredentialsRejected`, `Timeout` or `UpstreamError`, naming
         the server.
         """
@@ -212,7 +220,13 @@ class McpConnection:
         token = current_attempt.set(attempt)
         try:
             async with AsyncExitStack() as stack:
-                transport = streamable_http_client(self.url, http_client=self._http, terminate_on_close=True)
+                transport = streamable_http_client(
+                    self.url,
+                    http_client=self._http,
+                    terminate_on_close=True,
+                    # one SSE event may be as long as the cap (the transport caps each answer)
+                    max_sse_event_size=self._max_body or DEFAULT_MAX_SSE_EVENT_SIZE,
+                )
                 client = await stack.enter_async_context(Client(transport, mode=self._mode))
                 current_attempt.reset(token)
                 live.client = client
@@ -323,6 +337,7 @@ class McpConnection:
                 body, headers = build_list(client.session._stamp, request_id, cursor)
                 async with asyncio.timeout(timeout):
                     return await self._post(body, headers, request_id, attempt)
+            attempt.max_body = self._max_body  # the SDK reads whole bodies: the transport caps
             page: dict[str, Any] = await client.session.send_request(
                 types.ListToolsRequest(params=types.PaginatedRequestParams(cursor=cursor)),
                 _RAW_RESULT,
@@ -337,6 +352,7 @@ class McpConnection:
             raise protocol_error(self.server_name, "listing tools", str(exc)) from None
         finally:
             current_attempt.reset(token)
+        self._raise_if_too_large(attempt)
         raise classify(self.server_name, attempt, error, what="listing tools", timeout=timeout)
 
     async def call_tool(
@@ -405,7 +421,8 @@ class McpConnection:
             return await self._send_call_fast(live, name, arguments, key, timeout, input_schema, header_retry)
         client = live.client
         assert client is not None
-        attempt = Attempt(idempotency_key=key)
+        # The SDK reads whole bodies and has no cap: the transport stops this answer at the cap.
+        attempt = Attempt(idempotency_key=key, max_body=self._max_body)
         token = current_attempt.set(attempt)
         request = types.CallToolRequest(
             params=types.CallToolRequestParams(
@@ -418,6 +435,7 @@ class McpConnection:
             )
             return raw
         except MCPError as exc:
+            self._raise_if_too_large(attempt)
             if attempt.status == 404 and not live.modern and attempt.network_error is None:
                 raise _SessionLost from None
             if exc.code == HEADER_MISMATCH and header_retry and live.modern:
@@ -497,6 +515,12 @@ class McpConnection:
                 pass  # a header the lean path does not write: httpx2 validates and sends it
         return await post_request(self._http, self.url, body, headers, request_id, self._max_body)
 
+    def _raise_if_too_large(self, attempt: Attempt) -> None:
+        """`OutputTooLarge` (not retried) when the transport stopped an answer at the cap: the
+        SDK then reports a parse error or a failed stream, which is not what happened."""
+        if attempt.too_large and self._max_body is not None:
+            raise too_large(self._max_body) from None
+
     def _param_headers(self, name: str, input_schema: Mapping[str, Any] | None) -> HeaderMap | None:
         """The `Mcp-Param-*` map for a call: from the caller's schema, else from the last listing."""
         if input_schema is None:
@@ -515,7 +539,7 @@ class McpConnection:
         client = live.client
         assert client is not None
         cursor: str | None = None
-        attempt = Attempt()
+        attempt = Attempt(max_body=self._max_body)
         token = current_attempt.set(attempt)
         what = f"listing tools to call '{name}'"
         try:
@@ -525,6 +549,7 @@ class McpConnection:
                 if cursor is None or any(tool.name == name for tool in page.tools):
                     return
         except MCPError as exc:
+            self._raise_if_too_large(attempt)
             raise classify(self.server_name, attempt, exc, what=what, timeout=timeout) from None
         except ValidationError as exc:
             raise protocol_error(self.server_name, what, str(exc)) from None

@@ -4,7 +4,8 @@ The SDK's streamable HTTP transport runs each request's POST in a task of its ow
 HTTP statuses into generic JSON-RPC errors; a network error raised there would tear the whole
 connection down. So this transport never raises: it records what happened (sent or not, status,
 network error) on the `Attempt` of the call that caused the request and hands the SDK a plain
-error response instead. The SDK copies the caller's `contextvars` into the POST task, so the
+error response instead. It also counts each answer's bytes against the `Attempt`'s `max_body`
+and stops reading there (the SDK reads bodies whole and has no cap of its own). The SDK copies the caller's `contextvars` into the POST task, so the
 `Attempt` is found through a context variable with no lookup at all; the same path sets the
 `Idempotency-Key` header of a tool call.
 """
@@ -48,6 +49,11 @@ class Attempt:
     network_error: str | None = None
     # The error status came with a JSON body: a JSON-RPC error the SDK passes on as it is.
     status_has_json: bool = False
+    # The longest answer read, in bytes over all of the operation's exchanges (None: no cap);
+    # past it the body is not read on and `too_large` is set (see `BodyOverCap`).
+    max_body: int | None = None
+    received: int = 0
+    too_large: bool = False
 
     @property
     def failed_before_sending(self) -> bool:
@@ -69,23 +75,46 @@ def _describe(exc: Exception) -> str:
     return text
 
 
+class BodyOverCap(httpx2.SSEError, httpx2.StreamError):
+    """The answer passed its operation's `max_body`: reading stopped there (the connection is
+    closed with the rest unread). Both bases on purpose: the SDK's JSON reader turns a
+    `StreamError` into a parse error and its SSE reader an `SSEError` into "stream failed", each
+    at once (any other error would make an SSE reader with an event id reconnect and read on);
+    the caller sees `Attempt.too_large` and raises `OutputTooLarge`."""
+
+
 class _WatchedStream(httpx2.AsyncByteStream):
-    """A response body that ends (instead of raising) when the connection breaks mid-body."""
+    """A response body that ends (instead of raising) when the connection breaks mid-body, and
+    stops at the attempt's `max_body` (raising `BodyOverCap`)."""
 
-    __slots__ = ("_attempt", "_inner")
+    __slots__ = ("_attempt", "_inner", "_over")
 
-    def __init__(self, inner: httpx2.AsyncByteStream, attempt: Attempt | None) -> None:
+    def __init__(self, inner: httpx2.AsyncByteStream, attempt: Attempt | None, *, over: bool = False) -> None:
         self._inner = inner
         self._attempt = attempt
+        self._over = over  # the declared length is over the cap already: read nothing
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in self._inner:
-                yield chunk
-        except httpx2.TransportError as exc:
-            if self._attempt is not None:
-                self._attempt.network_error = _describe(exc)
-            logger.debug("MCP response body broke off: %s", type(exc).__name__)
+        attempt = self._attempt
+        limit = attempt.max_body if attempt is not None else None
+        if not self._over:
+            try:
+                async for chunk in self._inner:
+                    if limit is not None:
+                        assert attempt is not None
+                        attempt.received += len(chunk)
+                        if attempt.received > limit:
+                            self._over = True
+                            break
+                    yield chunk
+            except httpx2.TransportError as exc:
+                if attempt is not None:
+                    attempt.network_error = _describe(exc)
+                logger.debug("MCP response body broke off: %s", type(exc).__name__)
+        if self._over:
+            assert attempt is not None
+            attempt.too_large = True
+            raise BodyOverCap(f"the answer is longer than {limit} bytes (the output cap)")
 
     async def aclose(self) -> None:
         await self._inner.aclose()
@@ -121,7 +150,11 @@ class WatchingTransport(httpx2.AsyncBaseTransport):
                     attempt.status_has_json = content_type.lower().startswith("application/json")
         stream = response.stream
         assert isinstance(stream, httpx2.AsyncByteStream)
-        response.stream = _WatchedStream(stream, attempt)
+        over = False
+        if attempt is not None and attempt.max_body is not None:
+            declared = response.headers.get("content-length", "")
+            over = declared.isdigit() and attempt.received + int(declared) > attempt.max_body
+        response.stream = _WatchedStream(stream, attempt, over=over)
         return response
 
     async def aclose(self) -> None:
