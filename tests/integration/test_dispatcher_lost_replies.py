@@ -7,6 +7,7 @@ script ran, the dispatcher cannot tell, and its retry must answer the same and f
   (and then resumed as interrupted: `outcomeUnknown` for an `at_most_once` tool never sent).
 - `create` (`calls.start` answered `unavailable`, the client sends it again): the call admitted
   by the first create runs, once.
+- `park` (a 401): the retry announces the park (`CallParked`), which the first run never got to.
 - `runs.close` retried after its first run's follow-up was lost: same answer, waiting invokers
   answered, run credentials deleted, and the `RunClosed` command in JetStream exactly once.
 """
@@ -29,8 +30,10 @@ from toolbus_dispatcher.store import CallStore
 
 from tests.integration.test_dispatcher_calls import Worker
 from tests.integration.test_dispatcher_helpers import Harness, host_tool, wait_until
+from tests.integration.test_dispatcher_mcp import mcp_toolset
 from tests.support.cutting_proxy import CuttingProxy
 from tests.support.infra import js_name
+from tests.support.mcp_servers import McpTestServer
 
 pytestmark = pytest.mark.integration
 
@@ -211,3 +214,71 @@ async def test_a_run_closed_without_its_command_gets_it_on_the_next_close_once(h
         assert await h.ok(h.subjects.runs_close, {"runId": run}) == {"runId": run, "cancelled": 0}
     messages = await _run_closed_messages(h, run)
     assert [m["callIds"] for m in messages] == [[]]
+
+
+async def test_a_park_whose_reply_was_lost_is_announced_when_retried(
+    h: Harness, proxy: CuttingProxy, creds: StaticCredentials
+) -> None:
+    async with McpTestServer(name="guarded", required_token="good-token") as srv:
+        run = await h.open_run(await mcp_toolset(h, srv.url, name="crm"))
+        creds.set("run", run, {"crm": {"Authorization": "Bearer stale-token"}})
+        park = _store(h)._park
+        assert h.redis is not None
+        await h.redis.script_load(park.script)  # type: ignore[attr-defined,no-untyped-call]
+        cuts = proxy.cuts
+        proxy.arm(park.sha.encode())  # type: ignore[attr-defined]
+        started = await h.ok(
+            h.subjects.calls_start, {"runId": run, "tool": "crm.echo", "input": {"text": "p"}}
+        )
+        got = await h.wait_state(started["callId"], "parked")
+        assert got["attempts"] == 0
+        parked = await _internal_for_call(h, h.subjects.internal_calls_park, started["callId"])
+    assert proxy.cuts == cuts + 1
+    assert parked["server"] == "crm" and parked["level"] == "run" and parked["runId"] == run
+
+
+async def _internal_for_call(h: Harness, subject: str, call_id: str) -> dict[str, Any]:
+    assert h.nc is not None
+    sub = await h.nc.jetstream().subscribe(subject, ordered_consumer=True)
+    try:
+        while True:
+            msg = await sub.next_msg(timeout=10)
+            body: dict[str, Any] = json.loads(msg.data)
+            if body["callId"] == call_id:
+                return body
+    finally:
+        await sub.unsubscribe()
+
+
+async def test_a_finish_whose_answer_never_comes_is_retried_after_the_reply_timeout(
+    h: Harness, ts: str, proxy: CuttingProxy
+) -> None:
+    # The connection stays open and silent (no reset): the dispatcher cannot tell the script ran.
+    # The pipe gives up on it after its reply timeout (shortened here), and the retry hands the
+    # slot over as above.
+    pipe = h.apps[0]._pipe
+    assert pipe is not None
+    default, pipe.reply_timeout = pipe.reply_timeout, 0.5
+    try:
+        run = await h.open_run(ts)
+        gates = Gates()
+        async with Worker(h, "one", gates.work) as worker:
+            first = await h.ok(h.subjects.calls_start, {"runId": run, "tool": "one", "input": {"i": 0}})
+            await wait_until(lambda: len(worker.tasks) == 1, what="the first call running")
+            second = await h.ok(h.subjects.calls_start, {"runId": run, "tool": "one", "input": {"i": 1}})
+            await h.wait_state(second["callId"], "waitingSlot")
+            cuts = proxy.cuts
+            proxy.arm(_store(h)._finish.sha.encode(), stall=True)
+            gates.gate(0).set()
+            gates.gate(1).set()
+            await h.wait_state(second["callId"], "done", within=30)
+        assert proxy.cuts == cuts + 1
+        for started in (first, second):
+            got = await h.ok(h.subjects.calls_get, {"callId": started["callId"]})
+            assert got["outcome"] == {"status": "ok", "output": "ok"} and got["attempts"] == 1, got
+        assert [(t["callId"], t["attempt"]) for t in worker.tasks] == [
+            (first["callId"], 1),
+            (second["callId"], 1),
+        ]
+    finally:
+        pipe.reply_timeout = default

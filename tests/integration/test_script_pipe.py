@@ -76,3 +76,30 @@ def test_database_and_password_come_from_the_url() -> None:
     with pytest.raises(ValueError, match="redis://"):
         ScriptPipe("http://host/0")
     assert ScriptPipe("rediss://host/0")._ssl is not None
+
+
+async def test_a_connection_that_stops_answering_is_closed_after_the_reply_timeout(redis_url: str) -> None:
+    # A Redis that vanished without a reset: the proxy keeps the connection open and drops the
+    # answer. The command fails with PipeConnectionError once it waited `reply_timeout` (the
+    # outer bound is a liveness limit, not a timing assertion); the next one reconnects.
+    from urllib.parse import urlsplit
+
+    from tests.support.cutting_proxy import CuttingProxy
+
+    parts = urlsplit(redis_url)
+    proxy = await CuttingProxy(parts.hostname or "127.0.0.1", parts.port or 6379).start()
+    redis: Any = Redis.from_url(redis_url)
+    pipe = ScriptPipe(proxy.url, reply_timeout=0.5)
+    try:
+        sha = await redis.script_load(ECHO)
+        assert await pipe.evalsha(sha, ["k"], ["before", 1]) == [b"k", b"before", 2]
+        proxy.arm(sha.encode(), stall=True)
+        async with asyncio.timeout(30):
+            with pytest.raises(PipeConnectionError):
+                await pipe.evalsha(sha, ["k"], ["lost", 1])
+        assert proxy.cuts == 1
+        assert await pipe.evalsha(sha, ["k"], ["after", 1]) == [b"k", b"after", 2]
+    finally:
+        await pipe.aclose()
+        await proxy.stop()
+        await redis.aclose()

@@ -3,7 +3,8 @@
 `arm(marker)`: the next command carrying `marker` (e.g. a Lua script's SHA1) is passed on to
 Redis, which runs it; when Redis answers, the proxy drops that answer and closes the connection
 on both sides, so the client sees its connection break with the command in flight and cannot
-tell whether it ran. Every other byte is passed through unchanged.
+tell whether it ran. `arm(marker, stall=True)`: the answer is dropped and the connection left
+open, silent (a peer that vanished without a reset). Every other byte is passed through unchanged.
 
     proxy = await CuttingProxy("127.0.0.1", 6379).start()
     proxy.url                      # redis://127.0.0.1:<port>
@@ -23,6 +24,7 @@ class CuttingProxy:
         self._target = (host, port)
         self._server: asyncio.Server | None = None
         self._marker: bytes | None = None
+        self._stall = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
         self.port = 0
@@ -32,9 +34,10 @@ class CuttingProxy:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}"
 
-    def arm(self, marker: bytes) -> None:
-        """Lose the answer to the next command that carries `marker`."""
+    def arm(self, marker: bytes, *, stall: bool = False) -> None:
+        """Lose the answer to the next command that carries `marker` (and close, or stall)."""
         self._marker = marker
+        self._stall = stall
 
     async def start(self) -> CuttingProxy:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -63,6 +66,7 @@ class CuttingProxy:
             return
         self._writers.update((client_w, server_w))
         doomed = asyncio.Event()  # set once this connection carried the armed command
+        stall = False
 
         def cut() -> None:
             for writer in (client_w, server_w):
@@ -70,10 +74,12 @@ class CuttingProxy:
                     writer.transport.abort()
 
         async def upstream() -> None:
+            nonlocal stall
             while data := await client_r.read(65536):
                 marker = self._marker
                 if marker is not None and marker in data:
                     self._marker = None
+                    stall = self._stall
                     doomed.set()
                 server_w.write(data)
                 await server_w.drain()
@@ -82,6 +88,9 @@ class CuttingProxy:
             while data := await server_r.read(65536):
                 if doomed.is_set():
                     self.cuts += 1
+                    if stall:  # swallow everything from now on, keep the connection open
+                        while await server_r.read(65536):
+                            pass
                     cut()
                     return
                 client_w.write(data)

@@ -10,6 +10,12 @@ Commands made in one event-loop turn leave in one write. It does nothing else: n
 run; the caller decides), reconnect on the next call, and a `NOSCRIPT` reply is returned as
 `NoScript` so the caller can load the script (with redis-py) and run it again.
 
+A connection that stops answering without closing (a Redis host that vanished with no reset, a
+stalled network: the kernel would only notice after TCP keepalive's two hours) is closed once
+commands have waited `reply_timeout` seconds (default 10) with no byte of reply: its commands fail
+with `PipeConnectionError`, as if it had broken, and the caller's retry goes out on a new one. One
+timer per pipe, armed while commands wait, checks every quarter of the timeout.
+
 Production settings: `rediss://` (or an `ssl` context) speaks TLS; a password and user come from
 the URL or the arguments; `locate` (an async function giving the master's host and port, e.g.
 `SentinelConnectionPool.get_master_address`) is asked on every (re)connect, so after a Sentinel
@@ -61,13 +67,17 @@ class _Protocol(asyncio.Protocol):
         self._pending = pending
         self._reader = hiredis.Reader(replyError=ScriptReplyError)
         self.transport: asyncio.Transport | None = None
-        self.closed = asyncio.get_running_loop().create_future()
+        self.loop = asyncio.get_running_loop()
+        self.closed = self.loop.create_future()
+        self.progress = self.loop.time()
+        """When a byte of reply last came, or commands began to wait on an idle connection."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports do not subclass asyncio.Transport; they have the same methods.
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        self.progress = self.loop.time()
         self._reader.feed(data)
         while (reply := self._reader.gets()) is not False:
             future = self._pending.popleft()
@@ -108,6 +118,7 @@ class ScriptPipe:
         password: str | None = None,
         ssl: ssl_module.SSLContext | None = None,
         locate: Callable[[], Awaitable[tuple[str, int]]] | None = None,
+        reply_timeout: float | None = 10.0,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("redis", "rediss", ""):
@@ -126,6 +137,9 @@ class ScriptPipe:
         self._outgoing: list[bytes] = []
         self._protocol: _Protocol | None = None
         self._connecting: asyncio.Future[_Protocol] | None = None
+        self.reply_timeout = reply_timeout
+        self._watch: asyncio.TimerHandle | None = None
+        self._watched: _Protocol | None = None
 
     async def _connect(self) -> _Protocol:
         loop = asyncio.get_running_loop()
@@ -170,13 +184,32 @@ class ScriptPipe:
         self, protocol: _Protocol, command: tuple[bytes | str | int | float, ...]
     ) -> asyncio.Future[Any]:
         """Queue the command; everything queued in one event-loop turn leaves in one write."""
-        loop = asyncio.get_running_loop()
+        loop = protocol.loop
         future: asyncio.Future[Any] = loop.create_future()
+        if not self._pending:
+            protocol.progress = loop.time()  # an idle connection: the wait starts now
         self._pending.append(future)
+        self._watched = protocol
+        if self._watch is None and self.reply_timeout is not None:
+            self._watch = loop.call_later(self.reply_timeout / 4, self._check)
         if not self._outgoing:
             loop.call_soon(self._flush, protocol)
         self._outgoing.append(_encode(command))
         return future
+
+    def _check(self) -> None:
+        """Close the connection last sent on if its waiting commands got no byte of reply for
+        `reply_timeout`; look again in a quarter of it while commands wait."""
+        self._watch = None
+        protocol, timeout = self._watched, self.reply_timeout
+        if protocol is None or timeout is None or protocol.transport is None:
+            return
+        if protocol.transport.is_closing() or not self._pending:
+            return  # the next command arms the timer again
+        if protocol.loop.time() - protocol.progress > timeout:
+            protocol.transport.abort()  # connection_lost fails what waits: PipeConnectionError
+            return
+        self._watch = protocol.loop.call_later(timeout / 4, self._check)
 
     def _flush(self, protocol: _Protocol) -> None:
         data, self._outgoing = b"".join(self._outgoing), []
@@ -206,6 +239,9 @@ class ScriptPipe:
         return await self._send(protocol, ("EVALSHA", sha, len(keys), *keys, *args))
 
     async def aclose(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
         protocol, self._protocol = self._protocol, None
         if protocol is not None and protocol.transport is not None:
             protocol.transport.close()
