@@ -7,6 +7,8 @@ script ran, the dispatcher cannot tell, and its retry must answer the same and f
   (and then resumed as interrupted: `outcomeUnknown` for an `at_most_once` tool never sent).
 - `create` (`calls.start` answered `unavailable`, the client sends it again): the call admitted
   by the first create runs, once.
+- an approval decision applied (`release_waiting`): an approved call admitted by the first run
+  runs once, attempt 1; a denied call's waiting invoker is answered.
 - `park` (a 401): the retry announces the park (`CallParked`), which the first run never got to.
 - `runs.close` retried after its first run's follow-up was lost: same answer, waiting invokers
   answered, run credentials deleted, and the `RunClosed` command in JetStream exactly once.
@@ -69,7 +71,13 @@ async def h(
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
 async def ts(h: Harness) -> str:
     return await h.toolset(
-        {"host": [host_tool("one", concurrency=1, onInterruption="at_most_once"), host_tool("hang")]}
+        {
+            "host": [
+                host_tool("one", concurrency=1, onInterruption="at_most_once"),
+                host_tool("hang"),
+                host_tool("guarded", approval=True, onInterruption="at_most_once"),
+            ]
+        }
     )
 
 
@@ -282,3 +290,74 @@ async def test_a_finish_whose_answer_never_comes_is_retried_after_the_reply_time
         ]
     finally:
         pipe.reply_timeout = default
+
+
+async def _needed(h: Harness, call_id: str) -> dict[str, Any]:
+    return await _internal_for_call(h, h.subjects.internal_approval_requests, call_id)
+
+
+async def _decide(h: Harness, needed: dict[str, Any], ts: str, decision: str) -> None:
+    assert h.nc is not None
+    body = {
+        "approvalId": needed["approvalId"],
+        "callId": needed["callId"],
+        "runId": needed["runId"],
+        "toolsetId": ts,
+        "tool": "guarded",
+        "inputDigest": needed["inputDigest"],
+        "decision": decision,
+        "reason": "no",
+    }
+    await h.nc.jetstream().publish(h.subjects.internal_approval_decisions, json.dumps(body).encode())
+
+
+async def _arm_release(h: Harness, proxy: CuttingProxy) -> int:
+    release = _store(h)._release
+    assert h.redis is not None
+    await h.redis.script_load(release.script)  # type: ignore[attr-defined,no-untyped-call]
+    cuts = proxy.cuts
+    proxy.arm(release.sha.encode())  # type: ignore[attr-defined]
+    return cuts
+
+
+async def test_an_approval_whose_reply_was_lost_runs_the_approved_call_once(
+    h: Harness, ts: str, proxy: CuttingProxy
+) -> None:
+    run = await h.open_run(ts)
+    gates = Gates()
+    gates.gate(7).set()
+    async with Worker(h, "guarded", gates.work) as worker:
+        started = await h.ok(h.subjects.calls_start, {"runId": run, "tool": "guarded", "input": {"i": 7}})
+        needed = await _needed(h, started["callId"])
+        cuts = await _arm_release(h, proxy)
+        await _decide(h, needed, ts, "approved")
+        got = await h.wait_state(started["callId"], "done", within=30)
+    assert proxy.cuts == cuts + 1
+    assert got["outcome"] == {"status": "ok", "output": "ok"} and got["attempts"] == 1, got
+    assert [(t["callId"], t["attempt"]) for t in worker.tasks] == [(started["callId"], 1)]
+
+
+async def test_a_denial_whose_reply_was_lost_still_answers_the_waiting_invoker(
+    h: Harness, ts: str, proxy: CuttingProxy
+) -> None:
+    run = await h.open_run(ts)
+    waiter = asyncio.create_task(h.invoke(run, "guarded", {"i": 8}, idempotencyKey="deny-lost"))
+    needed = await _internal_for_run(h, h.subjects.internal_approval_requests, run)
+    cuts = await _arm_release(h, proxy)
+    await _decide(h, needed, ts, "denied")
+    data = await waiter
+    assert proxy.cuts == cuts + 1
+    assert data["outcome"] == {"status": "error", "error": {"code": "denied", "message": "no"}}
+
+
+async def _internal_for_run(h: Harness, subject: str, run: str) -> dict[str, Any]:
+    assert h.nc is not None
+    sub = await h.nc.jetstream().subscribe(subject, ordered_consumer=True)
+    try:
+        while True:
+            msg = await sub.next_msg(timeout=10)
+            body: dict[str, Any] = json.loads(msg.data)
+            if body["runId"] == run:
+                return body
+    finally:
+        await sub.unsubscribe()

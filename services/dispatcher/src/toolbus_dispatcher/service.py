@@ -244,7 +244,7 @@ class DispatcherService:
             result = await self._store.release_waiting(
                 decision.call_id, "awaitingApproval", now=now, approval=match
             )
-            if result.status == "queued":
+            if result.status in ("queued", "skipped"):  # skipped: a repeat may hand calls back
                 self._runner.start(result.admitted)
             return
         outcome = failed("denied", decision.reason or "The call was denied.")
@@ -276,7 +276,7 @@ class DispatcherService:
                     await self._end_held(call_id, result.run_id, result.replies, result.key, outcome)
                 continue
             result = await self._store.release_waiting(call_id, "parked", now=now)
-            if result.status == "queued":
+            if result.status in ("queued", "skipped"):  # skipped: a repeat may hand calls back
                 self._runner.start(result.admitted)
 
     async def _end_held(

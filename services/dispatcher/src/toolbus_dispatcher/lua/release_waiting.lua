@@ -8,7 +8,17 @@
 local ck = KEYS[1]
 local cid = ARGV[1]
 local c = redis.call('HMGET', ck, 'state', 'approval', 'tool', 'ts', 'digest', 'run', 'key')
-if c[1] ~= ARGV[2] then return {'skipped', {}, {}, '', ''} end
+if c[1] == 'done' and ARGV[3] ~= '' and redis.call('HGET', ck, 'outcome') == ARGV[3] then
+  -- This very outcome ended it: a retry after the reply was lost. Same answer: who waits (kept
+  -- 5 minutes), so they are answered again.
+  return {'done', redis.call('LRANGE', KEYS[2], 0, -1), {}, c[6], c[7]}
+end
+if c[1] ~= ARGV[2] then
+  -- Moved on already: a stale decision or resume, or a retry of this script after its reply was
+  -- lost. Either way nothing moves; what a first run admitted and this owner holds without
+  -- running it is handed back (the dispatcher starts only those it does not run).
+  return {'skipped', {}, handed_back(ck, ARGV[7], ARGV[4]), c[6] or '', c[7] or ''}
+end
 if ARGV[10] ~= '' then
   if c[2] ~= ARGV[10] or c[3] ~= ARGV[11] or c[4] ~= ARGV[12] or c[5] ~= ARGV[13] then
     return {'mismatch', {}, {}, '', ''}
@@ -21,9 +31,12 @@ if ARGV[3] ~= '' then
     emit(ck, c[6], cid, 'denied', approval .. (ARGV[14] ~= '' and (',"reason":' .. cjson.encode(ARGV[14])) or ''))
   end
   emit(ck, c[6], cid, 'completed', ',"outcome":' .. ARGV[3])
-  return {'done', pop_replies(KEYS[2]), {}, c[6], c[7]}
+  local replies = redis.call('LRANGE', KEYS[2], 0, -1)
+  redis.call('EXPIRE', KEYS[2], 300)  -- kept a while for a retry of this script
+  return {'done', replies, {}, c[6], c[7]}
 end
 emit(ck, c[6], cid, ARGV[2] == 'awaitingApproval' and 'approved' or 'resumed', approval)
 enqueue(ck, cid)
 local admitted = admit_for(ck, KEYS[3], ARGV[7], ARGV[4], ARGV[6], tonumber(ARGV[8]), tonumber(ARGV[9]))
+record_handed(ck, admitted)
 return {'queued', {}, admitted, c[6], c[7]}
