@@ -5,6 +5,8 @@ Redis, which runs it; when Redis answers, the proxy drops that answer and closes
 on both sides, so the client sees its connection break with the command in flight and cannot
 tell whether it ran. `arm(marker, stall=True)`: the answer is dropped and the connection left
 open, silent (a peer that vanished without a reset). Every other byte is passed through unchanged.
+`down()`: Redis is away: every open connection is reset and new ones are accepted and reset at
+once (counted in `refused`) until `up()`.
 
     proxy = await CuttingProxy("127.0.0.1", 6379).start()
     proxy.url                      # redis://127.0.0.1:<port>
@@ -29,6 +31,8 @@ class CuttingProxy:
         self._writers: set[asyncio.StreamWriter] = set()
         self.port = 0
         self.cuts = 0
+        self.refused = 0
+        self._down = False
 
     @property
     def url(self) -> str:
@@ -38,6 +42,16 @@ class CuttingProxy:
         """Lose the answer to the next command that carries `marker` (and close, or stall)."""
         self._marker = marker
         self._stall = stall
+
+    def down(self) -> None:
+        """Reset every connection and refuse new ones until `up()`."""
+        self._down = True
+        for writer in list(self._writers):
+            if writer.transport is not None:
+                writer.transport.abort()
+
+    def up(self) -> None:
+        self._down = False
 
     async def start(self) -> CuttingProxy:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -59,6 +73,10 @@ class CuttingProxy:
                 await self._server.wait_closed()
 
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        if self._down:
+            self.refused += 1
+            client_w.transport.abort()
+            return
         try:
             server_r, server_w = await asyncio.open_connection(*self._target)
         except OSError:

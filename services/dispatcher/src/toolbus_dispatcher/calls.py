@@ -226,13 +226,19 @@ class CallRunner:
                 return await executor.execute(attempt)
         except TimeoutError:
             raise Interrupted(
-                Timeout(f"Tool '{tool.name}' gave no answer within {tool.policy.timeout}.")
+                Timeout(f"Tool '{tool.name}' gave no answer within {tool.policy.timeout}."),
+                sent=attempt.progress.sending,  # False: timed out before sending (credentials)
             ) from None
         except (ToolbusError, Interrupted, NeedsCredentials):
             raise
         except Exception as exc:
             if not is_backing_store_fault(exc):
                 raise
+            if not attempt.progress.sending:
+                raise Interrupted(
+                    UpstreamUnreachable(f"A backing store failed before '{tool.name}' was sent."),
+                    sent=False,
+                ) from None
             # NATS went away mid-attempt (host tools, workflows): the task may have left.
             raise Interrupted(
                 UpstreamUnreachable(f"The message bus failed during the attempt of '{tool.name}'.")

@@ -10,7 +10,7 @@ An executor runs one attempt and returns the tool's output, or raises:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from toolbus_common.toolsets import Tool
@@ -53,6 +53,19 @@ class Attempt:
     http_allow: tuple[str, ...] = ()
     """The toolset's http allow-list (the http tool only)."""
     workflow_version: str | None = None
+    progress: Progress = field(default_factory=lambda: Progress(), compare=False)
+    """Where the attempt is: an executor marks the steps before anything is sent, so an attempt
+    that times out there is known not to have been sent."""
+
+
+class Progress:
+    """`sending` is False while an executor is still preparing (e.g. resolving credentials): a
+    timeout then interrupts an attempt that provably sent nothing."""
+
+    __slots__ = ("sending",)
+
+    def __init__(self) -> None:
+        self.sending = True
 
 
 class Executor(Protocol):

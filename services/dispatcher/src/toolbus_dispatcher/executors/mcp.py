@@ -1,15 +1,29 @@
 """MCP tools: one `tools/call` through the pooled `toolbus_mcp_client` connection of the server and
-credential set, with the idempotency key in the `Idempotency-Key` header and in `_meta`."""
+credential set, with the idempotency key in the `Idempotency-Key` header and in `_meta`.
+
+The credential headers are resolved first (from memory, or from Redis on a cache miss such as a
+run's first call). A Redis fault there is a store step like the others: waited out with backoff
+(0.05 s doubling to 2 s) within the attempt's timeout, never the call's outcome, and the attempt
+is marked unsent until resolution is done (a timeout there is an interruption with `sent=False`).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import random
+from collections.abc import Mapping
 from typing import Any, Protocol
 
+from toolbus_common.faults import is_backing_store_fault
 from toolbus_contracts import ToolbusError
+from toolbus_contracts.credentials import CredentialLevel
 from toolbus_contracts.errors import CredentialsRejected, ToolError, UpstreamError
 
 from toolbus_dispatcher.credentials import CredentialResolver
 from toolbus_dispatcher.executors.base import Attempt, Interrupted, NeedsCredentials
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 300.0
 
@@ -65,9 +79,9 @@ class McpExecutor:
         if tool.url is None:
             raise UpstreamError(f"MCP tool '{tool.name}' has no server url pinned.")
         version = self._credentials.seen_version()
-        headers, level = await self._credentials.resolve(
-            call.toolset_id, call.namespace, call.run_id, tool.target
-        )
+        attempt.progress.sending = False
+        headers, level = await self._resolve(attempt)
+        attempt.progress.sending = True
         try:
             conn = await self._pool.get(tool.url, dict(headers), server_name=tool.target)
             result = await conn.call_tool(
@@ -92,3 +106,21 @@ class McpExecutor:
         if result.structured_content is not None:
             return result.structured_content
         return {"content": [_jsonable(b) for b in result.content or []]}
+
+    async def _resolve(self, attempt: Attempt) -> tuple[Mapping[str, str], CredentialLevel]:
+        call = attempt.call
+        pause = 0.05
+        while True:
+            try:
+                return await self._credentials.resolve(
+                    call.toolset_id, call.namespace, call.run_id, attempt.tool.target
+                )
+            except Exception as exc:
+                if not is_backing_store_fault(exc):
+                    raise
+                log.warning(
+                    "resolving credentials: a backing store did not answer; trying again",
+                    extra={"callId": call.call_id, "error": type(exc).__name__},
+                )
+            await asyncio.sleep(pause * random.uniform(0.8, 1.2))
+            pause = min(pause * 2, 2.0)
