@@ -150,7 +150,7 @@ class DispatcherApp:
             toolsets=toolsets,
             executors=executors,
             outputs=outputs,
-            nc=nc,
+            publish_reply=self.bus.reply,
             js=js,
             subjects=subjects,
             retry_backoff=s.dispatcher_retry_backoff,

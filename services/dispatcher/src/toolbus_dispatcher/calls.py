@@ -22,14 +22,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import orjson
-from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
-from toolbus_common.bus import RawJson, encode_ok
+from toolbus_common.bus import RawJson, encode_error, encode_ok
 from toolbus_common.clock import now_iso
 from toolbus_common.faults import is_backing_store_fault
 from toolbus_common.toolsets import Tool, ToolsetStore
 from toolbus_contracts import Subjects, ToolbusError, duration_seconds
-from toolbus_contracts.errors import Timeout, UpstreamUnreachable
+from toolbus_contracts.errors import Internal, Timeout, UpstreamUnreachable
 from toolbus_contracts.internal import CallParked
 from toolbus_contracts.registry import ToolKind
 
@@ -42,6 +41,10 @@ from toolbus_dispatcher.store import CallStore
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+PublishReply = Callable[[str, bytes], Awaitable[None]]
+"""The service's guarded reply publish (`Bus.reply`): too large → `outputTooLarge`, publish
+failed → `unavailable` sent once more; never silence."""
 
 
 class _NoLongerOurs(Exception):
@@ -73,7 +76,7 @@ class CallRunner:
         toolsets: ToolsetStore,
         executors: Mapping[ToolKind, Executor],
         outputs: OutputStore,
-        nc: NatsClient,
+        publish_reply: PublishReply,
         js: JetStreamContext,
         subjects: Subjects,
         retry_backoff: float,
@@ -83,7 +86,7 @@ class CallRunner:
         self._toolsets = toolsets
         self._executors = executors
         self._outputs = outputs
-        self._nc = nc
+        self._publish_reply = publish_reply
         self._js = js
         self._subjects = subjects
         self._backoff = retry_backoff
@@ -273,10 +276,13 @@ class CallRunner:
         if result.admitted:  # before any await: these are ours and nobody else starts them
             self.start(result.admitted)
         if result.replies:
-            body = reply_body(rec.call_id, rec.idempotency_key, outcome_json)
-            for reply in result.replies:
-                with contextlib.suppress(Exception):  # the invoker can still read calls.get
-                    await self._nc.publish(reply, body)
+            try:
+                body = reply_body(rec.call_id, rec.idempotency_key, outcome_json)
+            except Exception:  # a bug: the stored outcome is JSON text already
+                log.exception("invoke reply is not serializable", extra={"callId": rec.call_id})
+                body = encode_error(Internal("toolbus built a reply it cannot encode; it was logged."))
+            for reply in result.replies:  # each waiting invoker gets exactly one reply
+                await self._publish_reply(reply, body)
 
     async def _park(self, rec: CallRecord, exc: NeedsCredentials) -> None:
         now = now_iso()
