@@ -8,6 +8,7 @@ the next call."""
 
 from __future__ import annotations
 
+import tracemalloc
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,7 +18,7 @@ import pytest
 from toolbus_contracts.errors import OutputTooLarge
 from toolbus_mcp_client import McpConnection
 
-from tests.support.mcp_servers import McpTestServer, echo_handler, echo_tools
+from tests.support.mcp_servers import Fault, McpTestServer, echo_handler, echo_tools
 
 pytestmark = pytest.mark.integration
 
@@ -105,3 +106,34 @@ async def test_answers_over_the_cap_are_output_too_large_on_every_path(
         finally:
             await conn.aclose()
     assert (server.initializations > 0) == (stack == "session")
+
+
+@pytest.mark.parametrize("stack", ["httpx2", "sdk", "session"])
+async def test_a_compressed_answer_is_decoded_within_the_cap_on_the_httpx2_paths(stack: str) -> None:
+    """httpx2 would inflate each network read whole (a 64 KiB read of a gzip bomb is 64 MiB) before
+    the cap looks at it: the transport decodes instead, at most one byte past the cap. A small
+    gzip answer decodes as it should; a 100 MB one (~100 KB on the wire) is `OutputTooLarge` with
+    Python's allocations staying near the cap (tracemalloc's peak, not RSS or time)."""
+    async with McpTestServer(TOOLS, handler, name="caps", legacy=stack == "session") as server:
+        conn = await McpConnection.open(
+            server.url, {}, server_name="caps", max_body=CAP, fast_calls=stack == "httpx2"
+        )
+        conn._lean = None
+        try:
+            server.add_fault(Fault(gzip_text=1000))
+            small = await conn.call_tool("echo", {"text": "x"}, idempotency_key=uuid.uuid4().hex, timeout=30)
+            assert [b["text"] if isinstance(b, dict) else b.text for b in small.content] == ["a" * 1000]
+            server.add_fault(Fault(gzip_text=100_000_000))
+            tracemalloc.start()
+            try:
+                with pytest.raises(OutputTooLarge) as err:
+                    await conn.call_tool("echo", {"text": "x"}, idempotency_key=uuid.uuid4().hex, timeout=30)
+                _, peak = tracemalloc.get_traced_memory()
+            finally:
+                tracemalloc.stop()
+            assert err.value.details["limit"] == CAP
+            assert peak < 8 * 1024 * 1024, peak  # httpx2 decoding it whole: ~100 MB
+            again = await conn.call_tool("echo", {"text": "c"}, idempotency_key=uuid.uuid4().hex, timeout=30)
+            assert again.structured_content == {"text": "c"}
+        finally:
+            await conn.aclose()

@@ -25,6 +25,7 @@ import logging
 import socket
 import threading
 import time
+import zlib
 from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
@@ -65,12 +66,16 @@ class Fault:
     - `drop`: run the tool, then abort the connection without sending its answer.
     - `hang`: never answer (until the client gives up or the server stops).
     - `delay`: wait this many seconds, then answer normally.
+    - `gzip_text`: answer, without running the tool, a gzip-compressed JSON result (sent with
+      `Content-Encoding: gzip` whatever the request accepts) whose text block is this many `a`s
+      decoded: 100 MB of it is ~100 KB on the wire (a "gzip bomb").
     """
 
     status: int | None = None
     drop: bool = False
     hang: bool = False
     delay: float = 0.0
+    gzip_text: int = 0
 
 
 class _DropConnection(Exception):
@@ -364,6 +369,9 @@ class McpTestServer:
                     return
                 if fault.delay:
                     await asyncio.sleep(fault.delay)
+                if fault.gzip_text:
+                    await _gzip_result(send, body, fault.gzip_text)
+                    return
             if self.call_delay and _is_call(body):
                 await asyncio.sleep(self.call_delay)
             replay = _replay(body, receive)
@@ -447,6 +455,28 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 
 async def _swallow(message: Message) -> None:
     return None
+
+
+async def _gzip_result(send: Send, request: bytes, size: int) -> None:
+    request_id = json.dumps(json.loads(request).get("id"))
+    co = zlib.compressobj(9, zlib.DEFLATED, zlib.MAX_WBITS | 16)
+    parts = [
+        co.compress(
+            b'{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":"' % request_id.encode()
+        )
+    ]
+    piece = b"a" * (1 << 20)
+    for start in range(0, size, len(piece)):
+        parts.append(co.compress(piece[: min(len(piece), size - start)]))
+    parts.append(co.compress(b'"}],"resultType":"complete"}}') + co.flush())
+    body = b"".join(parts)
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-encoding", b"gzip"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def _plain(send: Send, status: int, text: str) -> None:

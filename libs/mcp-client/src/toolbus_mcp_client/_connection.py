@@ -329,7 +329,7 @@ class McpConnection:
         SDK's models cost ~3 ms a 100-tool page), else through the SDK session."""
         client = live.client
         assert client is not None
-        attempt = Attempt()
+        attempt = Attempt(max_body=self._max_body)  # httpx2 paths: the transport caps (and decodes)
         token = current_attempt.set(attempt)
         try:
             if self._fast_calls and live.modern:
@@ -337,7 +337,6 @@ class McpConnection:
                 body, headers = build_list(client.session._stamp, request_id, cursor)
                 async with asyncio.timeout(timeout):
                     return await self._post(body, headers, request_id, attempt)
-            attempt.max_body = self._max_body  # the SDK reads whole bodies: the transport caps
             page: dict[str, Any] = await client.session.send_request(
                 types.ListToolsRequest(params=types.PaginatedRequestParams(cursor=cursor)),
                 _RAW_RESULT,

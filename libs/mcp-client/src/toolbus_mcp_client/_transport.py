@@ -5,7 +5,8 @@ HTTP statuses into generic JSON-RPC errors; a network error raised there would t
 connection down. So this transport never raises: it records what happened (sent or not, status,
 network error) on the `Attempt` of the call that caused the request and hands the SDK a plain
 error response instead. It also counts each answer's bytes against the `Attempt`'s `max_body`
-and stops reading there (the SDK reads bodies whole and has no cap of its own). The SDK copies the caller's `contextvars` into the POST task, so the
+and stops reading there (the SDK reads bodies whole and has no cap of its own); a compressed
+answer is decoded here, within that cap (`decoding`), instead of whole by httpx2. The SDK copies the caller's `contextvars` into the POST task, so the
 `Attempt` is found through a context variable with no lookup at all; the same path sets the
 `Idempotency-Key` header of a tool call.
 """
@@ -16,11 +17,14 @@ import contextvars
 import functools
 import logging
 import ssl
+import zlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import httpcore2
 import httpx2
+
+from toolbus_mcp_client.decoding import BoundedDecoder, OverLimit
 
 logger = logging.getLogger("toolbus_mcp_client")
 
@@ -87,19 +91,28 @@ class _WatchedStream(httpx2.AsyncByteStream):
     """A response body that ends (instead of raising) when the connection breaks mid-body, and
     stops at the attempt's `max_body` (raising `BodyOverCap`)."""
 
-    __slots__ = ("_attempt", "_inner", "_over")
+    __slots__ = ("_attempt", "_decoder", "_inner", "_over")
 
-    def __init__(self, inner: httpx2.AsyncByteStream, attempt: Attempt | None, *, over: bool = False) -> None:
+    def __init__(
+        self,
+        inner: httpx2.AsyncByteStream,
+        attempt: Attempt | None,
+        *,
+        over: bool = False,
+        decoder: BoundedDecoder | None = None,
+    ) -> None:
         self._inner = inner
         self._attempt = attempt
         self._over = over  # the declared length is over the cap already: read nothing
+        self._decoder = decoder  # the body's Content-Encoding, undone here within the cap
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         attempt = self._attempt
         limit = attempt.max_body if attempt is not None else None
         if not self._over:
             try:
-                async for chunk in self._inner:
+                async for raw in self._inner:
+                    chunk = self._decoded(raw)
                     if limit is not None:
                         assert attempt is not None
                         attempt.received += len(chunk)
@@ -107,6 +120,14 @@ class _WatchedStream(httpx2.AsyncByteStream):
                             self._over = True
                             break
                     yield chunk
+                if self._decoder is not None and not self._over:
+                    tail = self._decoded(b"", end=True)
+                    if tail:
+                        assert attempt is not None
+                        attempt.received += len(tail)
+                        yield tail
+            except OverLimit:
+                self._over = True
             except httpx2.TransportError as exc:
                 if attempt is not None:
                     attempt.network_error = _describe(exc)
@@ -115,6 +136,15 @@ class _WatchedStream(httpx2.AsyncByteStream):
             assert attempt is not None
             attempt.too_large = True
             raise BodyOverCap(f"the answer is longer than {limit} bytes (the output cap)")
+
+    def _decoded(self, raw: bytes, *, end: bool = False) -> bytes:
+        decoder = self._decoder
+        if decoder is None:
+            return raw
+        try:
+            return decoder.flush() if end else decoder.feed(raw)
+        except zlib.error:
+            raise httpx2.DecodingError("the body does not decode as its Content-Encoding says") from None
 
     async def aclose(self) -> None:
         await self._inner.aclose()
@@ -154,6 +184,14 @@ class WatchingTransport(httpx2.AsyncBaseTransport):
         if attempt is not None and attempt.max_body is not None:
             declared = response.headers.get("content-length", "")
             over = declared.isdigit() and attempt.received + int(declared) > attempt.max_body
+            decoder = BoundedDecoder(
+                response.headers.get("content-encoding", ""), attempt.max_body - attempt.received
+            )
+            if decoder.decodes:  # decoded here within the cap, so httpx2 must not decode it again
+                del response.headers["content-encoding"]
+                response.headers.pop("content-length", None)
+                response.stream = _WatchedStream(stream, attempt, over=over, decoder=decoder)
+                return response
         response.stream = _WatchedStream(stream, attempt, over=over)
         return response
 

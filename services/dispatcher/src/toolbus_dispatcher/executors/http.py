@@ -1,7 +1,12 @@
 """The built-in `http.fetch` tool: one pooled httpx client, redirects followed here so that every
 hop is checked against the toolset's allow-list (and never from https down to http), every
 connection made to an address checked by `guard` (no private address behind a public name),
-headers checked before anything is sent, bodies read up to the output cap (`outputTooLarge`)."""
+headers checked before anything is sent, bodies read up to the output cap (`outputTooLarge`).
+
+The cap counts decoded bytes, and decoding is bounded too: the raw body is read as it comes and
+inflated by `toolbus_mcp_client.decoding` at most one byte past what is left under the cap per
+network read, so a compressed body over the cap (a "gzip bomb") costs the cap, not its decoded
+size. `Accept-Encoding` is `gzip, deflate` (the codings decoded so) unless the input sets it."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import base64
 import codecs
 import re
 import ssl
+import zlib
 from collections import OrderedDict
 from typing import Any
 from urllib.parse import urljoin, urlunsplit
@@ -21,6 +27,7 @@ from toolbus_contracts.errors import (
     UpstreamError,
     UpstreamUnreachable,
 )
+from toolbus_mcp_client.decoding import BoundedDecoder, OverLimit
 
 from toolbus_dispatcher.allowlist import AllowList
 from toolbus_dispatcher.executors.base import Attempt, Interrupted
@@ -103,6 +110,10 @@ def encode_body(data: bytes, content_type: str) -> tuple[str, str]:
     return base64.b64encode(data).decode("ascii"), "base64"
 
 
+ACCEPT_ENCODING = "gzip, deflate"
+"""The codings asked for unless the input sets `Accept-Encoding`: the ones decoded with a bound."""
+
+
 class HttpExecutor:
     """Runs `http.fetch` attempts."""
 
@@ -149,6 +160,8 @@ class HttpExecutor:
         body: str | None = inp.get("body")
         headers = checked_headers(inp.get("headers"))
         headers["Idempotency-Key"] = attempt.call.idempotency_key
+        if not any(k.lower() == "accept-encoding" for k in headers):
+            headers["Accept-Encoding"] = ACCEPT_ENCODING
         url = str(inp["url"])
         parts = allow.check(url)
         for _ in range(self._max_redirects + 1):
@@ -211,14 +224,18 @@ class HttpExecutor:
         declared = response.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > self._max_body:
             raise self._too_large(host)
+        decoder = BoundedDecoder(response.headers.get("content-encoding", ""), self._max_body)
         chunks: list[bytes] = []
-        size = 0
         try:
-            async for chunk in response.aiter_bytes():
-                size += len(chunk)
-                if size > self._max_body:
-                    raise self._too_large(host)
-                chunks.append(chunk)
+            async for raw in response.aiter_raw():  # raw: decoded here, within the cap
+                chunks.append(decoder.feed(raw))
+            chunks.append(decoder.flush())
+        except OverLimit:
+            raise self._too_large(host) from None
+        except zlib.error:
+            raise UpstreamError(
+                f"The response of '{host}' does not decode as its Content-Encoding says."
+            ) from None
         except httpx.TransportError as exc:
             raise Interrupted(
                 UpstreamUnreachable(f"The connection to '{host}' failed mid-response: {type(exc).__name__}.")
