@@ -78,6 +78,9 @@ class Settings(BaseSettings):
     webhook_url: str | None = None
     webhook_secret: SecretStr | None = None
     module_name: str = "rewind:tools"
+    registry_max_listing_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    """The registry: the most of one server's tool listing it reads (each answer, and all pages
+    together); more is `upstreamError` naming the server."""
     http_host: str = "127.0.0.1"
     http_port: int = 0
     log_level: str = "INFO"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import logging
 from collections.abc import Mapping
 from contextlib import AsyncExitStack
@@ -24,6 +25,7 @@ from typing import Any, Final, Literal
 
 import httpx2
 import mcp_types as types
+import orjson
 from mcp import Client
 from mcp.client.streamable_http import DEFAULT_MAX_SSE_EVENT_SIZE, streamable_http_client
 from mcp.shared.exceptions import MCPError
@@ -93,6 +95,14 @@ class _Live:
     @property
     def modern(self) -> bool:
         return self.client is not None and self.client.protocol_version in MODERN_PROTOCOL_VERSIONS
+
+
+def _json_size(value: Any) -> int:
+    """Bytes of `value` as JSON (a listed page: parsed JSON, so always encodable)."""
+    try:
+        return len(orjson.dumps(value))
+    except TypeError:  # an integer beyond 64 bits, which orjson refuses
+        return len(json.dumps(value))
 
 
 class McpConnection:
@@ -294,13 +304,21 @@ class McpConnection:
 
     # operations ------------------------------------------------------------------------------
 
-    async def list_tools(self, *, timeout: float = 60.0) -> list[dict[str, Any]]:  # noqa: ASYNC109
+    async def list_tools(
+        self,
+        *,
+        timeout: float = 60.0,  # noqa: ASYNC109
+        max_bytes: int | None = None,
+    ) -> list[dict[str, Any]]:
         """Every tool the server lists, following `nextCursor` to the end, in wire (camelCase) form.
 
         Each dict holds the keys the server sent among name, title, description, inputSchema,
-        outputSchema and annotations. `timeout` bounds each page.
+        outputSchema and annotations. `timeout` bounds each page. `max_bytes` bounds the listing:
+        its pages' tools (as JSON) past that many bytes in all raise `OutputTooLarge` (each answer
+        is bounded by the connection's `max_body` already).
         """
         tools: list[dict[str, Any]] = []
+        total = 0
         seen: set[str] = set()
         cursor: str | None = None
         live = await self._current()
@@ -309,6 +327,10 @@ class McpConnection:
             raw_tools = page.get("tools")
             if not isinstance(raw_tools, list):
                 raise protocol_error(self.server_name, "listing tools", "the result has no tools list")
+            if max_bytes is not None:
+                total += _json_size(raw_tools)
+                if total > max_bytes:
+                    raise too_large(max_bytes)
             tools.extend({k: t[k] for k in TOOL_KEYS if t.get(k) is not None} for t in raw_tools)
             next_cursor = page.get("nextCursor")
             if not next_cursor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from toolbus_common import Settings, ensure_kv
@@ -41,7 +42,7 @@ class RegistryApp:
         self.service = RegistryService(
             toolsets,
             workflows,
-            list_server_tools,
+            functools.partial(list_server_tools, max_bytes=s.registry_max_listing_bytes),
             credentials=credentials,
             module_name=s.module_name,
             max_payload=nc.max_payload,
