@@ -140,7 +140,7 @@ class DispatcherApp:
         outputs = self.outputs = OutputStore(
             js,
             s.js_name("outputs"),
-            ttl=s.dispatcher_output_ttl,
+            ttl=s.output_ttl,
             inline_limit=inline,
             placement=JsPlacement.of(s),
         )

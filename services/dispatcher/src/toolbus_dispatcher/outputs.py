@@ -8,6 +8,7 @@ outcome, whatever the tool returned; any JetStream object-store client reads the
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from typing import Any
 
@@ -50,6 +51,11 @@ class OutputStore:
                 ttl=self._ttl, storage=p.storage, replicas=p.replicas, max_bytes=p.max_bytes
             )
             self._store = await self._js.create_object_store(self.bucket, config=config)
+            return
+        # An existing bucket takes the TTL the settings give now (it follows the run retention).
+        info = await self._js.stream_info(f"OBJ_{self.bucket}")
+        if abs((info.config.max_age or 0.0) - self._ttl) > 1e-3:
+            await self._js.update_stream(dataclasses.replace(info.config, max_age=self._ttl))
 
     async def outcome_json(self, call_id: str, outcome: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         """(stored JSON, wire dict) of an outcome: as it is when it fits, else with its output

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from toolbus_common.settings import Settings
 
 
@@ -26,10 +26,35 @@ class DispatcherSettings(Settings):
     dispatcher_inline_output_bytes: int | None = Field(default=None, gt=0)
     """Largest outcome sent inline; larger ones keep their output in the `‹P›_outputs` object
     store. Default: what fits in one NATS message (the server's max_payload) less 16 KiB."""
-    dispatcher_output_ttl: float = Field(default=30 * 86400.0, gt=0)
-    """How long a stored output is kept from when it was stored: longer than a closed run's calls
-    (`dispatcher_run_retention`); a run left open longer than this outlives its outputs."""
+    dispatcher_output_ttl: float | None = Field(default=None, gt=0)
+    """How long a stored output is kept from when it was stored (see `output_ttl`): at least
+    `dispatcher_run_retention` (refused at start otherwise)."""
     http_max_body: int | None = Field(default=None, gt=0)
     """Largest response body the http tool reads (default: `max_output_bytes`); larger is
     `outputTooLarge`."""
     http_max_redirects: int = Field(default=10, ge=0)
+
+    @model_validator(mode="after")
+    def _outputs_outlive_records(self) -> DispatcherSettings:
+        if (
+            self.dispatcher_output_ttl is not None
+            and self.dispatcher_output_ttl < self.dispatcher_run_retention
+        ):
+            raise ValueError(
+                "TOOLBUS_DISPATCHER_OUTPUT_TTL must be at least TOOLBUS_DISPATCHER_RUN_RETENTION: "
+                "an output would be gone while its call's record still points at it"
+            )
+        return self
+
+    @property
+    def output_ttl(self) -> float:
+        """The stored outputs' TTL: `dispatcher_output_ttl`, else the run retention plus
+        `OPEN_RUN_ALLOWANCE` (30 days with the default 7-day retention)."""
+        if self.dispatcher_output_ttl is not None:
+            return self.dispatcher_output_ttl
+        return self.dispatcher_run_retention + OPEN_RUN_ALLOWANCE
+
+
+OPEN_RUN_ALLOWANCE = 23 * 86400.0
+"""How long after an output was stored its run may stay open and the output still outlive the
+call's record (the record lasts until the run is closed plus the run retention)."""
