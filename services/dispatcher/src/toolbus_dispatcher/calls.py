@@ -94,7 +94,9 @@ class CallRunner:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._leased: set[str] = set()
         self._finishing: set[str] = set()
-        """Calls whose outcome is being stored: still leased, never cancelled by a renewal."""
+        """Calls whose outcome is being stored, or that are being parked and announced: a
+        renewal that finds them no longer running (the script already took their lease) never
+        cancels them."""
         self._timeouts: dict[str | None, float | None] = {None: None}
 
     # ---- admission ------------------------------------------------------------------------------
@@ -285,6 +287,16 @@ class CallRunner:
                 await self._publish_reply(reply, body)
 
     async def _park(self, rec: CallRecord, exc: NeedsCredentials) -> None:
+        # Parking ends the lease in the script: a renewal sent meanwhile reports the call lost,
+        # possibly before the park's own reply is read. Cancelling the task then would leave the
+        # call parked with no CallParked sent, so no set would ever resume it.
+        self._finishing.add(rec.call_id)
+        try:
+            await self._park_and_announce(rec, exc)
+        finally:
+            self._finishing.discard(rec.call_id)
+
+    async def _park_and_announce(self, rec: CallRecord, exc: NeedsCredentials) -> None:
         now = now_iso()
         result = await self._persist(
             rec, "parking a call", lambda: self._store.park(rec.call_id, exc.server, exc.level, now)
