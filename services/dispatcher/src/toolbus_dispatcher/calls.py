@@ -287,40 +287,36 @@ class CallRunner:
                 await self._publish_reply(reply, body)
 
     async def _park(self, rec: CallRecord, exc: NeedsCredentials) -> None:
-        # Parking ends the lease in the script: a renewal sent meanwhile reports the call lost,
-        # possibly before the park's own reply is read. Cancelling the task then would leave the
-        # call parked with no CallParked sent, so no set would ever resume it.
+        """Park the call; the script also puts its CallParked command in the outbox (the relay
+        publishes it), so a crash right after parking cannot leave the call parked unannounced.
+
+        Parking ends the lease in the script: a renewal sent meanwhile reports the call lost,
+        possibly before the park's own reply is read. The task is not cancelled for that (it is
+        in `_finishing`), so the calls the park admitted are started."""
         self._finishing.add(rec.call_id)
         try:
-            await self._park_and_announce(rec, exc)
+            now = now_iso()
+            parked = CallParked(
+                call_id=rec.call_id,
+                run_id=rec.run_id,
+                toolset_id=rec.toolset_id,
+                namespace=rec.namespace,
+                server=exc.server,
+                level=exc.level,
+                parked_at=now,
+                credentials_version=exc.version,
+            )
+            announce = (self._subjects.internal_calls_park, parked.wire_json())
+            result = await self._persist(
+                rec,
+                "parking a call",
+                lambda: self._store.park(rec.call_id, exc.server, exc.level, now, announce=announce),
+            )
         finally:
             self._finishing.discard(rec.call_id)
-
-    async def _park_and_announce(self, rec: CallRecord, exc: NeedsCredentials) -> None:
-        now = now_iso()
-        result = await self._persist(
-            rec, "parking a call", lambda: self._store.park(rec.call_id, exc.server, exc.level, now)
-        )
-        self._leased.discard(rec.call_id)
-        if result.status != "parked":
-            return
-        if result.admitted:
+            self._leased.discard(rec.call_id)
+        if result.status == "parked" and result.admitted:
             self.start(result.admitted)
-        parked = CallParked(
-            call_id=rec.call_id,
-            run_id=rec.run_id,
-            toolset_id=rec.toolset_id,
-            namespace=rec.namespace,
-            server=exc.server,
-            level=exc.level,
-            parked_at=now,
-            credentials_version=exc.version,
-        )
-        await self._persist(
-            rec,
-            "announcing a parked call",
-            lambda: self._js.publish(self._subjects.internal_calls_park, parked.wire_json()),
-        )
 
     # ---- leases ---------------------------------------------------------------------------------
 

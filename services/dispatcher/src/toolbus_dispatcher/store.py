@@ -296,8 +296,13 @@ class CallStore:
         )
         return Finished(_s(res[0]), [_s(r) for r in res[1]], [CallRecord.from_script(i) for i in res[2]])
 
-    async def park(self, call_id: str, server: str, level: str, now: str) -> Finished:
+    async def park(
+        self, call_id: str, server: str, level: str, now: str, *, announce: tuple[str, bytes]
+    ) -> Finished:
+        """Park a running call of ours; `announce` (subject, body: the CallParked command) goes
+        into the outbox in the same script, for the relay to publish."""
         k = self.keys
+        subject, body = announce
         res = await self._park(
             keys=[k.call(call_id), k.call_leases, self.outbox],
             args=[
@@ -310,6 +315,8 @@ class CallStore:
                 self._call_prefix,
                 RUN_LIMIT,
                 MAX_SCAN,
+                subject,
+                body,
                 now,
                 self.events_prefix,
             ],

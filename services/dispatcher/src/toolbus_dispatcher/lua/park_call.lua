@@ -1,7 +1,11 @@
 -- Park a running call this dispatcher owns (its server answered 401): it holds no slot, and the
--- attempt that met the 401 is given back. Its slots go to the next waiting calls.
+-- attempt that met the 401 is given back. Its slots go to the next waiting calls. The CallParked
+-- command for the credentials service goes into the outbox in the same step (the relay publishes
+-- it to the INTERNAL stream, message id `park:<callId>:<n>`): a dispatcher dying right after the
+-- park can no longer leave the call parked with nobody told.
 -- KEYS: call, leases, outbox
--- ARGV: callId, owner, server, level, now, expiry, callPrefix, runLimit, maxScan, now, eventsPrefix
+-- ARGV: callId, owner, server, level, now, expiry, callPrefix, runLimit, maxScan, CallParked
+--       subject, CallParked JSON, now, eventsPrefix (the last two: see admit.lua)
 local ck = KEYS[1]
 local cid = ARGV[1]
 local c = redis.call('HMGET', ck, 'state', 'owner', 'run', 'server', 'level')
@@ -15,6 +19,8 @@ release(ck, cid, KEYS[2])
 redis.call('HINCRBY', ck, 'attempts', -1)
 redis.call('HSET', ck, 'state', 'parked', 'server', ARGV[3], 'level', ARGV[4], 'parkedAt', ARGV[5])
 emit(ck, c[3], cid, 'parked', ',"server":' .. cjson.encode(ARGV[3]) .. ',"level":' .. cjson.encode(ARGV[4]))
+local n = redis.call('HGET', ck, 'evseq')
+redis.call('XADD', KEYS[3], '*', 's', ARGV[10], 'i', 'park:' .. cid .. ':' .. n, 'b', ARGV[11])
 local admitted = admit_for(ck, KEYS[2], ARGV[7], ARGV[2], ARGV[6], tonumber(ARGV[8]), tonumber(ARGV[9]))
 record_handed(ck, admitted)
 return {'parked', admitted}
