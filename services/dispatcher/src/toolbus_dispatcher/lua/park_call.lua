@@ -10,8 +10,8 @@ local ck = KEYS[1]
 local cid = ARGV[1]
 local c = redis.call('HMGET', ck, 'state', 'owner', 'run', 'server', 'level')
 if c[1] == 'parked' and c[2] == ARGV[2] and c[4] == ARGV[3] and c[5] == ARGV[4] then
-  -- This owner parked it already: a retry after the reply was lost. Same answer (the dispatcher
-  -- then announces the park, which the first run's caller never got to), nothing moves.
+  -- This owner parked it already: a retry after the reply was lost. Same answer (the first run
+  -- already put the CallParked command in the outbox), nothing moves.
   return {'parked', handed_back(ck, ARGV[7], ARGV[2])}
 end
 if c[1] ~= 'running' or c[2] ~= ARGV[2] then return {'stale', {}} end
