@@ -47,7 +47,7 @@ async def test_a_renewal_during_a_park_does_not_cancel_it() -> None:
         toolsets=None,  # type: ignore[arg-type]
         executors={},
         outputs=None,  # type: ignore[arg-type]
-        nc=None,  # type: ignore[arg-type]
+        publish_reply=None,  # type: ignore[arg-type]
         js=None,  # type: ignore[arg-type]
         subjects=subjects,
         retry_backoff=0.01,
