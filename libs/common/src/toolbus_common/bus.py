@@ -66,7 +66,7 @@ from pydantic import BaseModel
 from toolbus_contracts import Subjects, ToolbusError, WireModel, parse_body, reply_error
 from toolbus_contracts.errors import ErrorCode, Internal, OutputTooLarge, Unavailable
 
-from toolbus_common.connections import nats_options
+from toolbus_common.connections import flush, nats_options
 from toolbus_common.faults import is_backing_store_fault, unavailable
 from toolbus_common.settings import Settings
 
@@ -646,7 +646,7 @@ class Bus:
             self._subs.append(await self.nc.subscribe(subject, queue=queue, cb=cb))
         # nats-py buffers SUB lines; a PING/PONG round trip proves the server has them, so a request
         # sent once `start()` returns (the service reports ready) always finds its subscriber.
-        await self.nc.flush()
+        await flush(self.nc)
         self._started = True
 
     def ready(self) -> bool:

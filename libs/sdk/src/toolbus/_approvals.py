@@ -17,6 +17,7 @@ from toolbus_contracts import (
 )
 
 from toolbus._client import build
+from toolbus._connection import flush
 
 if TYPE_CHECKING:
     from nats.aio.msg import Msg
@@ -68,7 +69,7 @@ class Approvals:
                     queue.put_nowait(event)
 
         sub = await self._tb.nc.subscribe(self._tb.subjects.approvals_requested, cb=on_msg)
-        await self._tb.nc.flush()
+        await flush(self._tb.nc)
         seen: set[str] = set()
         try:
             for pending in await self.list(run_id=run_id, namespace=namespace):

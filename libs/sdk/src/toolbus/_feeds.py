@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 import orjson
 from pydantic import BaseModel, ValidationError
 
+from toolbus._connection import flush
 from toolbus._errors import Timeout
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ class Feed(Generic[E]):
     async def open(cls, tb: Toolbus, subject: str, model: type[E], keep: Callable[[E], bool]) -> Feed[E]:
         feed = cls(model, keep)
         feed._sub = await tb.nc.subscribe(subject, cb=feed._on_msg)
-        await tb.nc.flush()
+        await flush(tb.nc)
         return feed
 
     async def _on_msg(self, msg: Msg) -> None:

@@ -21,6 +21,7 @@ from toolbus_common.connections import (
     connect_script_pipe,
     ensure_stream,
     events_stream_limits,
+    flush,
     internal_stream_limits,
 )
 from toolbus_common.keys import Keys
@@ -175,7 +176,7 @@ class DispatcherApp:
             asyncio.create_task(self._every(s.dispatcher_lease / 3, runner.renew_leases, "lease renewal")),
             asyncio.create_task(self._every(s.dispatcher_lease / 3, runner.reap, "reaper", jitter=True)),
         ]
-        await nc.flush()
+        await flush(nc)
         self._ready = True
 
     async def _every(
