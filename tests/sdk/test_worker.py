@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from pydantic import BaseModel
 from toolbus import CallContext, HostTool, Toolbus, ToolError, Worker, host_tool
@@ -148,3 +149,42 @@ async def test_sigterm_mid_call_finishes_the_calls_in_flight(tb: Toolbus, stack:
     assert all(r.output["attempt"] == 1 for r in results)
     assert [(await c.status()).attempts for c in calls] == [1, 1]
     await run.close()
+
+
+async def test_the_result_goes_to_the_reply_subject_and_to_host_result_without_one(tb: Toolbus) -> None:
+    """The dispatcher sends each task with reply subject `host.result.<callId>`: the worker's
+    result is its reply, nothing else is sent there first. A task with no reply subject, or an
+    inbox one (an older dispatcher's request), is answered on `host.result.<callId>` all the same."""
+
+    @host_tool(name="reply.echo")
+    async def echo(text: str) -> dict[str, str]:
+        return {"text": text}
+
+    seen: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue()
+
+    async def on_result(msg: Any) -> None:
+        seen.put_nowait((msg.subject, msg.data))
+
+    s = tb.subjects
+    sub = await tb.nc.subscribe(s.host_result("*"), cb=on_result)
+    try:
+        async with Worker(tb, tools=[echo]):
+            for n, reply in enumerate([s.host_result("c_r0"), "", "_INBOX.old.dispatcher"]):
+                task = {
+                    "callId": f"c_r{n}",
+                    "attempt": 1,
+                    "idempotencyKey": "k",
+                    "runId": "run_r",
+                    "namespace": None,
+                    "toolsetId": "ts_r",
+                    "tool": "reply.echo",
+                    "input": {"text": str(n)},
+                    "heartbeatTimeout": "60s",
+                }
+                await tb.nc.publish(s.host_call("reply.echo"), orjson.dumps(task), reply=reply)
+                subject, data = await asyncio.wait_for(seen.get(), 10)
+                assert subject == s.host_result(f"c_r{n}")
+                assert orjson.loads(data) == {"attempt": 1, "output": {"text": str(n)}}
+        assert seen.empty()  # one message per task: no empty acknowledgement before the result
+    finally:
+        await sub.unsubscribe()

@@ -20,10 +20,17 @@ from typing import Any
 import nats
 import pytest
 from nats.aio.client import Client
-from toolbus_common.connections import ensure_object_store, ensure_stream
+from toolbus import Toolbus, Worker, host_tool
+from toolbus_common.connections import ensure_object_store, ensure_stream, flush
 from toolbus_common.nats_auth import NatsAuth
+from toolbus_common.toolsets import Tool
+from toolbus_contracts import Subjects
+from toolbus_contracts.registry import EffectivePolicy, PolicySpec
 from toolbus_devstack import free_port, start_nats_server
 from toolbus_devstack.nats_conf import dev_nkeys, render_auth_conf
+from toolbus_dispatcher.executors.base import Attempt, Interrupted
+from toolbus_dispatcher.executors.host import HostExecutor
+from toolbus_dispatcher.records import CallRecord
 
 from tests.security.conftest import SecuredNats
 
@@ -48,13 +55,13 @@ class Probe:
                 return i
         return None
 
-    async def refused(self, action: str, subject: str) -> bool:
+    async def refused(self, action: str, subject: str, payload: bytes = b"{}") -> bool:
         """Do `action` on `subject`, then publish a marker no role may publish: the server reports
         refusals of one connection in order, so once the marker's refusal is in, the probe's is in
         too, or there was none."""
         before = len(self.errors)
         if action == "pub":
-            await self.nc.publish(subject, b"{}")
+            await self.nc.publish(subject, payload)
         elif action == "sub":
             await self.nc.subscribe(subject)
         else:  # "qsub": in the workers' queue group
@@ -120,7 +127,8 @@ MATRIX: list[tuple[str, str, str, bool]] = [
     # worker: host calls only in the queue group; heartbeats and results
     ("worker", "qsub", f"{P}.host.call.crm.find_customer", True),
     ("worker", "pub", f"{P}.host.heartbeat.call1", True),
-    ("worker", "pub", f"{P}.host.result.call1", True),
+    # a result only as the reply to a call it was sent (see the host-call tests below)
+    ("worker", "pub", f"{P}.host.result.call1", False),
     ("worker", "sub", f"{P}.host.call.>", False),
     ("worker", "sub", f"{P}.host.result.*", False),
     ("worker", "sub", f"{P}.events.>", False),
@@ -198,8 +206,12 @@ async def test_each_role_is_allowed_and_refused_as_the_matrix_says(secured_nats:
 async def test_requests_cross_private_inboxes_and_a_worker_answers_a_host_call_once(
     secured_nats: SecuredNats,
 ) -> None:
-    """harness -> registry (reply to `_INBOX.harness.*`), dispatcher -> worker (the worker may
-    answer the call's request once, by `allow_responses`, and publish its result)."""
+    """harness -> registry (reply to `_INBOX.harness.*`), dispatcher -> worker (the call's reply
+    subject is `host.result.<callId>`, which the worker may publish to once, by `allow_responses`).
+
+    Every `subscribe()` is followed by `flush(nc)`, not `nc.flush()`: nats-py writes a flush's PING
+    ahead of the SUB lines still in its buffer, so under load the request on the other connection
+    could reach the server first (the NoRespondersError this test used to flake with)."""
     async with (
         connect_as(secured_nats, "harness") as harness,
         connect_as(secured_nats, "registry") as registry,
@@ -211,7 +223,7 @@ async def test_requests_cross_private_inboxes_and_a_worker_answers_a_host_call_o
             await msg.respond(b'{"ok": true, "data": {"id": "ts_x"}}')
 
         await registry.nc.subscribe(f"{P}.toolsets.get", queue="toolbus-registry", cb=serve_get)
-        await registry.nc.flush()
+        await flush(registry.nc)
         reply = await harness.nc.request(f"{P}.toolsets.get", b'{"id": "ts_x"}', timeout=5)
         assert json.loads(reply.data)["data"]["id"] == "ts_x"
         assert reply.subject.startswith("_INBOX.harness.")
@@ -226,19 +238,82 @@ async def test_requests_cross_private_inboxes_and_a_worker_answers_a_host_call_o
 
         async def serve_call(msg: Any) -> None:
             replies.append(msg.reply)
-            await msg.respond(b"ack")
             call = json.loads(msg.data)
             await worker.nc.publish(
                 f"{P}.host.result.{call['callId']}", b'{"attempt": 1, "output": {"a": 1}}'
             )
 
         await worker.nc.subscribe(f"{P}.host.call.crm.find", queue="toolbus-workers", cb=serve_call)
-        await worker.nc.flush()
-        ack = await dispatcher.nc.request(f"{P}.host.call.crm.find", b'{"callId": "c1"}', timeout=5)
-        assert ack.data == b"ack"
+        await flush(worker.nc)
+        await flush(dispatcher.nc)
+        await dispatcher.nc.publish(
+            f"{P}.host.call.crm.find", b'{"callId": "c1"}', reply=f"{P}.host.result.c1"
+        )
         assert json.loads(await asyncio.wait_for(results.get(), 5)) == {"attempt": 1, "output": {"a": 1}}
-        # allow_responses permits one reply per request: a second one to the same inbox is refused.
+        assert replies == [f"{P}.host.result.c1"]
+        # allow_responses permits one reply per request: a second one to the same subject is refused.
         assert await worker.refused("pub", replies[0])
+        assert worker._seen("publish", f"{P}.host.result.c1", 0) is not None
+
+
+def _host_tool(name: str, heartbeat: str = "10s") -> Tool:
+    policy = EffectivePolicy.for_kind("host", PolicySpec(heartbeat_timeout=heartbeat))
+    return Tool({"name": name, "kind": "host"}, policy, name, name)
+
+
+def _attempt(call_id: str, tool: Tool, number: int = 1) -> Attempt:
+    call = CallRecord(
+        call_id, "run_x", tool.name, "{}", "key-" + call_id, "ts_x", None, "retry", number, "running"
+    )
+    return Attempt(call, tool, number, {"id": "42"}, None)
+
+
+async def test_a_worker_may_answer_only_a_call_it_was_sent_and_only_once(secured_nats: SecuredNats) -> None:
+    """The dispatcher's own HostExecutor sends call X to the SDK Worker (one `worker` connection),
+    which publishes its result to the call's reply subject: the call completes with it. A second
+    `worker` connection, which was not sent X, publishing `host.result.X` (with the right attempt
+    number) is refused by the server and does not complete the call; the first worker's second
+    result for the same attempt is refused too."""
+    started = asyncio.Event()
+    release = asyncio.Event()
+
+    @host_tool(name="crm.lookup")
+    async def lookup(id: str) -> dict[str, str]:
+        started.set()
+        await release.wait()
+        return {"name": f"customer {id}"}
+
+    async with (
+        connect_as(secured_nats, "dispatcher") as dispatcher,
+        connect_as(secured_nats, "worker") as sent,
+        connect_as(secured_nats, "worker") as other,
+    ):
+        subjects = Subjects(P)
+        host = HostExecutor(dispatcher.nc, subjects)
+        await dispatcher.nc.subscribe(subjects.host_results, cb=host.on_result)
+        await dispatcher.nc.subscribe(subjects.host_heartbeats, cb=host.on_heartbeat)
+        await flush(dispatcher.nc)
+        tb = Toolbus(sent.nc, P, owns_connection=False)
+        async with Worker(tb, tools=[lookup]):
+            call = asyncio.create_task(host.execute(_attempt("call_x1", _host_tool("crm.lookup"))))
+            await asyncio.wait_for(started.wait(), 10)
+            # The other worker connection forges X's result while X runs: refused, X still runs.
+            forged = json.dumps({"attempt": 1, "output": {"name": "forged"}}).encode()
+            assert await other.refused("pub", subjects.host_result("call_x1"), forged)
+            assert not call.done()
+            release.set()
+            output = await asyncio.wait_for(call, 10)
+            assert output == {"name": "customer 42"}
+            assert sent._seen("publish", subjects.host_result("call_x1"), 0) is None
+            # The worker that was sent X: a second result for the same attempt is refused.
+            assert await sent.refused("pub", subjects.host_result("call_x1"), forged)
+
+        # No worker subscribed: the server's no-responders status comes to the dispatcher's own
+        # host.result.* subscription, and the attempt was never sent.
+        with pytest.raises(Interrupted) as unsent:
+            await asyncio.wait_for(host.execute(_attempt("call_x2", _host_tool("crm.nobody"))), 10)
+        assert unsent.value.sent is False
+        assert unsent.value.error.code == "upstreamUnreachable"
 
 
 async def test_jetstream_streams_and_stores_are_reachable_only_by_their_roles(

@@ -112,7 +112,8 @@ async def _run_through(prefix: str, secure_dir: Path) -> None:
         # The worker serves a host tool in the workers' queue group.
         async def serve(msg: Any) -> None:
             task = json.loads(msg.data)
-            await msg.respond(b"")
+            # The reply subject is host.result.<callId>: the worker may publish there once.
+            assert msg.reply == f"{p}.host.result.{task['callId']}"
             out = {"attempt": task["attempt"], "output": {"name": f"customer {task['input']['id']}"}}
             await worker.publish(f"{p}.host.result.{task['callId']}", json.dumps(out).encode())
 

@@ -28,6 +28,11 @@ from toolbus_contracts import WORKER_QUEUE, Subjects
 
 INBOX = "_INBOX"
 
+RESPONSE_EXPIRES = "24h"
+"""How long a received request's reply subject stays publishable (`allow_responses`): nats-server's
+default is 2 minutes, shorter than a host-tool attempt (no limit but heartbeats) or a workflow
+(`TOOLBUS_DISPATCHER_WORKFLOW_TIMEOUT`, default 1 h) may run."""
+
 
 def js_name(prefix: str, name: str) -> str:
     """Same rule as `toolbus_common.settings.stream_name` (devstack does not import common)."""
@@ -83,7 +88,8 @@ class Role:
     publish: list[str]
     subscribe: list[str]
     allow_responses: bool = False
-    """Publish one reply to the reply subject of each request it received, and nothing more."""
+    """Publish one reply to the reply subject of each message it received (for `RESPONSE_EXPIRES`),
+    and nothing more there: `allow_responses: {max: 1}`."""
     service: bool = False
 
     @property
@@ -119,8 +125,11 @@ def roles(prefix: str = "toolbus") -> list[Role]:
         ),
         Role(
             "worker",
-            f"serve host tools in the queue group {WORKER_QUEUE}; heartbeats and results",
-            publish=[s.host_heartbeats, s.host_results],
+            f"serve host tools in the queue group {WORKER_QUEUE}; heartbeats; one result per call "
+            "it was sent (the call's reply subject)",
+            # No `host.result.*` here: each host call comes with reply subject
+            # `host.result.<callId>`, which allow_responses lets this connection publish once.
+            publish=[s.host_heartbeats],
             subscribe=[f"{s.host_call('>')} {WORKER_QUEUE}"],
             allow_responses=True,
         ),
@@ -249,7 +258,7 @@ def render_auth_conf(prefix: str = "toolbus", *, nkeys: dict[str, str] | None = 
         lines.append(f"  publish: {{ allow: {_list(r.publish, '  ')} }}")
         lines.append(f"  subscribe: {{ allow: {_list([*r.subscribe, f'{r.inbox}.>'], '  ')} }}")
         if r.allow_responses:
-            lines.append("  allow_responses: true")
+            lines.append(f'  allow_responses: {{ max: 1, expires: "{RESPONSE_EXPIRES}" }}')
         lines.append("}")
         lines.append("")
     lines.append("authorization {")

@@ -19,6 +19,7 @@ from nats.errors import MaxPayloadError
 from pydantic import ValidationError
 from toolbus_contracts import WORKER_QUEUE, HostCallTask, duration_seconds
 
+from toolbus._connection import flush
 from toolbus._host_tools import CallContext, HostTool
 
 if TYPE_CHECKING:
@@ -35,11 +36,16 @@ class Worker:
 
     Each attempt gets heartbeats on `host.heartbeat.<callId>` every quarter of its
     `heartbeatTimeout` from the moment it arrives (also while it waits for one of the
-    `concurrency` slots), and one result on `host.result.<callId>`: the output, or the exception's
-    message as the error. On `stop()` (SIGTERM under `run()`) the worker unsubscribes, so new calls
-    go to other workers, and waits up to `grace` seconds for the calls it holds; any still running
-    then are cancelled and their heartbeats stop, so the dispatcher treats them as interrupted
-    (sent again under `retry`, `outcomeUnknown` under `at_most_once`).
+    `concurrency` slots), and one result: the output, or the exception's message as the error. The
+    result goes to the task's reply subject, which the dispatcher sets to `host.result.<callId>`
+    (a worker whose NATS user has `allow_responses` and no other permission on `host.result.>`, as
+    in deploy/nats/, can publish there once, and only for calls it was sent); with no such reply
+    subject, to `host.result.<callId>` itself.
+
+    On `stop()` (SIGTERM under `run()`) the worker unsubscribes, so new calls go to other workers,
+    and waits up to `grace` seconds for the calls it holds; any still running then are cancelled
+    and their heartbeats stop, so the dispatcher treats them as interrupted (sent again under
+    `retry`, `outcomeUnknown` under `at_most_once`).
     """
 
     def __init__(
@@ -81,7 +87,7 @@ class Worker:
         for name in self.tools:
             subject = self._tb.subjects.host_call(name)
             self._subs.append(await self._tb.nc.subscribe(subject, queue=self._queue, cb=self._on_task))
-        await self._tb.nc.flush()
+        await flush(self._tb.nc)
         self.ready.set()
         log.info("serving host tools %s", ", ".join(sorted(self.tools)))
 
@@ -103,7 +109,7 @@ class Worker:
             if pending:
                 await asyncio.wait(pending)
         with contextlib.suppress(Exception):
-            await self._tb.nc.flush()
+            await flush(self._tb.nc)
         self._stopped.set()
         self.handed_back = handed_back
         return handed_back
@@ -148,21 +154,22 @@ class Worker:
     # ---- one attempt --------------------------------------------------------------------------
 
     async def _on_task(self, msg: Msg) -> None:
-        if msg.reply:
-            # The dispatcher sends the task as a request to learn "no worker" at once; ack it.
-            with contextlib.suppress(Exception):
-                await msg.respond(b"")
+        # No ack on the reply subject: it is where the result goes, and a worker user may publish
+        # there once per call.
         try:
             task = HostCallTask.model_validate(orjson.loads(msg.data))
         except (orjson.JSONDecodeError, ValidationError, TypeError):
             log.warning("dropped a host task that is not a HostCallTask on %s", msg.subject)
             return
-        job = asyncio.create_task(self._serve(task))
+        result_prefix = self._tb.subjects.host_result("")
+        # An older dispatcher sends the task as a request with an inbox reply subject: answer on
+        # host.result.<callId> then, as the contract says.
+        reply = msg.reply if msg.reply.startswith(result_prefix) else result_prefix + task.call_id
+        job = asyncio.create_task(self._serve(task, reply))
         self._tasks.add(job)
         job.add_done_callback(self._tasks.discard)
 
-    async def _serve(self, task: HostCallTask) -> None:
-        subjects = self._tb.subjects
+    async def _serve(self, task: HostCallTask, reply: str) -> None:
         beat = asyncio.create_task(self._heartbeat(task))
         result: dict[str, Any]
         try:
@@ -196,14 +203,14 @@ class Worker:
         except TypeError as exc:
             data = orjson.dumps({"attempt": task.attempt, "error": {"message": f"output is not JSON: {exc}"}})
         try:
-            await self._tb.nc.publish(subjects.host_result(task.call_id), data)
-        except MaxPayloadError:
+            await self._tb.nc.publish(reply, data)
+        except MaxPayloadError:  # raised before anything is sent: the reply is still unused
             message = f"the output ({len(data)} bytes) is larger than one NATS message"
             await self._tb.nc.publish(
-                subjects.host_result(task.call_id),
+                reply,
                 orjson.dumps({"attempt": task.attempt, "error": {"message": message}}),
             )
-        await self._tb.nc.flush()
+        await flush(self._tb.nc)
         self.completed += 1
 
     async def _heartbeat(self, task: HostCallTask) -> None:

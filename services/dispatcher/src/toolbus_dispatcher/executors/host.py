@@ -4,8 +4,14 @@
 
 One wildcard subscription per process for heartbeats and one for results route messages to the
 attempt waiting here; a message for an attempt that is not current is dropped. A heartbeat missing
-for `heartbeatTimeout` interrupts the attempt. The task is sent as a request so that "no
-responders" (no worker subscribed: the task never left) is known at once; workers need not reply.
+for `heartbeatTimeout` interrupts the attempt.
+
+The task is published with reply subject `host.result.<callId>`: the worker's result is its reply.
+That is what lets the NATS `worker` user (deploy/nats/) answer only the calls it was sent, once
+each (`allow_responses`, no publish permission on `host.result.>`). It also keeps "no responders"
+known at once: with no worker subscribed the server sends a status 503 to the reply subject, on
+this connection's own `host.result.*` subscription only (`subForReply` in nats-server), and the
+attempt was never sent.
 """
 
 from __future__ import annotations
@@ -19,18 +25,21 @@ from typing import Any
 import orjson
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
-from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeout
 from toolbus_contracts import Subjects, duration_seconds
 from toolbus_contracts.errors import Timeout, ToolError, UpstreamUnreachable
 
 from toolbus_dispatcher.executors.base import Attempt, Interrupted
 
+NO_RESPONDERS = "503"
+"""The status nats-server puts in the header of the message it sends to the reply subject of a
+publish that reached no subscriber."""
+
 
 @dataclass(slots=True)
 class _Waiter:
     attempt: int
-    result: asyncio.Future[dict[str, Any]]
+    result: asyncio.Future[dict[str, Any] | None]
+    """The worker's result; None: no worker was subscribed (the task never left)."""
     last_beat: float = field(default_factory=time.monotonic)
 
 
@@ -59,6 +68,9 @@ class HostExecutor:
         waiter = self._waiters.get(msg.subject[self._result_at :])
         if waiter is None or waiter.result.done():
             return
+        if msg.headers and msg.headers.get("Status") == NO_RESPONDERS:
+            waiter.result.set_result(None)
+            return
         try:
             body = orjson.loads(msg.data)
         except orjson.JSONDecodeError:
@@ -83,9 +95,12 @@ class HostExecutor:
         }
         waiter = _Waiter(attempt.number, asyncio.get_running_loop().create_future())
         self._waiters[call.call_id] = waiter
-        send = asyncio.create_task(self._send(attempt.tool.name, orjson.dumps(task), hb))
-        watch: set[asyncio.Future[Any]] = {waiter.result, send}
         try:
+            await self._nc.publish(
+                self._subjects.host_call(attempt.tool.name),
+                orjson.dumps(task),
+                reply=self._subjects.host_result(call.call_id),
+            )
             while True:
                 remaining = waiter.last_beat + hb - time.monotonic()
                 if remaining <= 0:
@@ -95,36 +110,19 @@ class HostExecutor:
                             f"for {attempt.tool.policy.heartbeat_timeout}."
                         )
                     )
-                done, _ = await asyncio.wait(watch, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-                if waiter.result.done():
-                    body = waiter.result.result()
+                with contextlib.suppress(TimeoutError):
+                    body = await asyncio.wait_for(asyncio.shield(waiter.result), remaining)
                     break
-                if send in done:
-                    watch.discard(send)
-                    if not send.result():
-                        raise Interrupted(
-                            UpstreamUnreachable(
-                                f"No worker is subscribed for host tool '{attempt.tool.name}'."
-                            ),
-                            sent=False,
-                        )
         finally:
             if self._waiters.get(call.call_id) is waiter:
                 del self._waiters[call.call_id]
-            if not send.done():
-                send.cancel()
+        if body is None:
+            raise Interrupted(
+                UpstreamUnreachable(f"No worker is subscribed for host tool '{attempt.tool.name}'."),
+                sent=False,
+            )
         error = body.get("error")
         if error is not None:
             message = error.get("message") if isinstance(error, dict) else None
             raise ToolError(str(message or "the host tool reported an error")[:2000])
         return body.get("output")
-
-    async def _send(self, tool: str, data: bytes, hb: float) -> bool:
-        """Send the task; False only when no worker is subscribed (never sent)."""
-        try:
-            await self._nc.request(self._subjects.host_call(tool), data, timeout=min(hb, 2.0))
-        except NoRespondersError:
-            return False
-        except (TimeoutError, NatsTimeout):
-            return True
-        return True
