@@ -11,13 +11,18 @@ from typing import Any
 
 import pytest
 from cryptography.fernet import Fernet
+from toolbus_devstack.redis_acl import redis_users
 
 from tests.deploy.conftest import COMPOSE, ROOT, compose_env, run_compose
 from tests.deploy.settings_catalogue import SERVICES, all_settings, service_settings
 
 NATS_CONF = ROOT / "deploy" / "nats"
+# The Redis ACL users of deploy/redis/ (toolbus_devstack.redis_acl): one password each, which
+# compose hands the redis service (all of them) and each service (its own, as TOOLBUS_REDIS_PASSWORD).
+REDIS_USERS = [user.name for user in redis_users("toolbus")]
+REDIS_USER_PASSWORDS = {f"TOOLBUS_REDIS_PASSWORD_{name.upper()}" for name in REDIS_USERS}
 # Variables the compose file itself reads, that no service does.
-COMPOSE_ONLY = {"TOOLBUS_IMAGE_PREFIX", "TOOLBUS_IMAGE_TAG"}
+COMPOSE_ONLY = {"TOOLBUS_IMAGE_PREFIX", "TOOLBUS_IMAGE_TAG", *REDIS_USER_PASSWORDS}
 # Settings a service reads that compose does not hand it, and why:
 NOT_GIVEN = {
     # compose authenticates to NATS with user and password (deploy/nats/); no token, creds or nkey files.
@@ -107,7 +112,17 @@ def test_redis_is_append_only_with_a_password_and_a_volume(compose_config: dict[
         "--dir /data",
     ):
         assert flag in script
-    assert "requirepass" in script and "TOOLBUS_REDIS_PASSWORD" in script
+    # One ACL user per service, its password from the environment; no single shared password.
+    assert "requirepass" not in script
+    assert "user default on >%s" in script and '"$$TOOLBUS_REDIS_PASSWORD"' in script
+    for name in REDIS_USERS:
+        assert f"user {name} on >%s resetchannels" in script
+        assert f'"$$TOOLBUS_REDIS_PASSWORD_{name.upper()}"' in script
+    assert set(redis["environment"]) == {
+        "TOOLBUS_REDIS_PASSWORD",
+        "TOOLBUS_REDIS_PREFIX",
+        *REDIS_USER_PASSWORDS,
+    }
     assert {(v["target"], v["source"]) for v in redis["volumes"]} == {("/data", "redis-data")}
     assert "redis-cli ping" in " ".join(redis["healthcheck"]["test"])
     assert redis["user"] == "redis"
@@ -170,6 +185,16 @@ def test_service_gets_every_setting_it_reads_and_only_its_own_nats_password(
     }
     assert others.isdisjoint(env.values())
     assert (env["TOOLBUS_HTTP_HOST"], env["TOOLBUS_HTTP_PORT"]) == ("0.0.0.0", "8080")
+    if service in REDIS_USERS:
+        # Its own Redis ACL user and password; never the default user's or another service's.
+        assert env["TOOLBUS_REDIS_USERNAME"] == service
+        assert env["TOOLBUS_REDIS_PASSWORD"] == dotenv[f"TOOLBUS_REDIS_PASSWORD_{service.upper()}"]
+        other_redis = {
+            v
+            for k, v in dotenv.items()
+            if k.startswith("TOOLBUS_REDIS_PASSWORD") and k != f"TOOLBUS_REDIS_PASSWORD_{service.upper()}"
+        }
+        assert other_redis.isdisjoint(env.values())
     # What .env leaves commented out stays unset in the container: the service's default applies.
     assert env["TOOLBUS_LOG_LEVEL"] is None
 
@@ -178,7 +203,10 @@ def test_compose_env_fills_every_secret_with_a_fresh_value() -> None:
     example = (COMPOSE / ".env.example").read_text()
     first, second = compose_env.render(example), compose_env.render(example)
     values = dict(line.split("=", 1) for line in first.splitlines() if re.match(r"^TOOLBUS_\w+=", line))
-    assert set(values) == {"TOOLBUS_SECRET_KEY", "TOOLBUS_REDIS_PASSWORD"} | nats_conf_variables()
+    assert (
+        set(values)
+        == {"TOOLBUS_SECRET_KEY", "TOOLBUS_REDIS_PASSWORD"} | REDIS_USER_PASSWORDS | nats_conf_variables()
+    )
     Fernet(values.pop("TOOLBUS_SECRET_KEY").encode())
     for value in values.values():
         # nats-server reads these as configuration values: a letter then hex stays a string.
@@ -254,9 +282,11 @@ async def test_nats_service_of_compose_runs_on_a_real_nats_server(
 async def test_redis_service_of_compose_runs_on_a_real_redis_server(
     compose_config: dict[str, Any], tmp_path: Path
 ) -> None:
-    """The compose file's Redis command (its shell script, the password from the environment),
-    run with a real redis-server outside Docker on a free loopback port: the password is required,
-    the server is append-only and never evicts, and the password is not on its command line."""
+    """The compose file's Redis command (its shell script, the passwords from the environment),
+    run with a real redis-server outside Docker on a free loopback port: a password is required,
+    the server is append-only and never evicts, no password is on its command line, and each
+    service's ACL user (with the password compose hands that service) has exactly the key patterns
+    of toolbus_devstack.redis_acl: the approval user is refused a credentials key and FLUSHALL."""
     import redis.asyncio as aioredis
     import redis.exceptions
     from toolbus_devstack import find_redis_server, free_port, spawn, stop_process
@@ -270,10 +300,11 @@ async def test_redis_service_of_compose_runs_on_a_real_redis_server(
     assert binary, "no redis-server"
     script = script.replace("exec redis-server", f"exec {binary}")
     password = spec["environment"]["TOOLBUS_REDIS_PASSWORD"]
+    server_env = {k: v for k, v in spec["environment"].items() if v is not None}
     proc = spawn(
         [*spec["command"][:-1], script],
         tmp_path / "redis.log",
-        env={"TOOLBUS_REDIS_PASSWORD": password, "PATH": "/usr/bin:/bin"},
+        env={**server_env, "PATH": "/usr/bin:/bin"},
         detach=False,
     )
     client = aioredis.Redis(host="127.0.0.1", port=port, password=password)
@@ -292,7 +323,43 @@ async def test_redis_service_of_compose_runs_on_a_real_redis_server(
         with pytest.raises(redis.exceptions.AuthenticationError):
             await anonymous.ping()
         cmdline = await asyncio.to_thread(Path(f"/proc/{proc.pid}/cmdline").read_text)
-        assert password not in cmdline
+        for value in server_env.values():
+            assert value not in cmdline
+        # Each service's user has the key patterns deploy/redis/ defines, and no more.
+        acl = {line.split()[1]: line.split() for line in await client.acl_list()}
+        for user in redis_users("toolbus"):
+            assert {w[1:] for w in acl[user.name] if w.startswith("~")} == set(user.key_patterns)
+            assert "-@dangerous" in acl[user.name]
+        users: dict[str, aioredis.Redis] = {}
+        for name in REDIS_USERS:
+            env = compose_config["services"][name]["environment"]
+            users[name] = aioredis.Redis(
+                host="127.0.0.1",
+                port=port,
+                username=env["TOOLBUS_REDIS_USERNAME"],
+                password=env["TOOLBUS_REDIS_PASSWORD"],
+            )
+        try:
+            reach: dict[str, bool] = {}
+            for name, user_client in users.items():
+                try:
+                    await user_client.get("toolbus:cred:toolset:ts_x")
+                    reach[name] = True
+                except redis.exceptions.NoPermissionError:
+                    reach[name] = False
+            assert reach == {"dispatcher": True, "credentials": True, "approval": False}
+            await users["approval"].zcard("toolbus:{approvals}:pending")  # its own keys
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                await users["approval"].flushall()
+            wrong = aioredis.Redis(host="127.0.0.1", port=port, username="approval", password=password)
+            try:
+                with pytest.raises(redis.exceptions.AuthenticationError):
+                    await wrong.ping()
+            finally:
+                await wrong.aclose()
+        finally:
+            for user_client in users.values():
+                await user_client.aclose()
     finally:
         await client.aclose()
         await anonymous.aclose()

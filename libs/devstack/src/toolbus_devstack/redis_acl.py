@@ -1,8 +1,8 @@
 """Redis ACL users of a toolbus deployment: one per service that uses Redis, each limited to its
 own keys, so that the encrypted credentials (`<K>:cred:*`) are readable by the credentials
 service and the dispatcher only. `render_acl(prefix, passwords)` writes a Redis ACL file
-(`aclfile`) with SHA-256 password hashes, never the passwords; `deploy/redis/users.acl.example`
-is its output for the default prefix with placeholder hashes.
+(`aclfile`) with SHA-256 password hashes, never the passwords (`make up` with `TOOLBUS_SECURE=1`);
+deploy/compose/compose.yaml writes the same users, checked against `redis_users()` by tests/deploy.
 
 The registry does not use Redis. Harnesses, workers and approvers never connect to Redis.
 """
