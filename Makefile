@@ -91,12 +91,18 @@ SERVICES := registry dispatcher approval credentials
 IMAGE_PREFIX ?= toolbus-
 IMAGE_TAG ?= dev
 
-images: ## build the four service images (toolbus-<service>:$(IMAGE_TAG)) from deploy/image/Dockerfile; needs a Docker engine
-	@for s in $(SERVICES); do \
-		echo "== $(IMAGE_PREFIX)$$s:$(IMAGE_TAG)"; \
-		DOCKER_BUILDKIT=1 docker build -f deploy/image/Dockerfile --build-arg SERVICE=$$s \
-			-t $(IMAGE_PREFIX)$$s:$(IMAGE_TAG) . || exit $$?; \
-	done
+images: ## build the four service images (toolbus-<service>:$(IMAGE_TAG)) from deploy/image/Dockerfile: with Docker, else with buildah (scripts/images_buildah.sh)
+	@if docker info >/dev/null 2>&1; then \
+		for s in $(SERVICES); do \
+			echo "== $(IMAGE_PREFIX)$$s:$(IMAGE_TAG)"; \
+			DOCKER_BUILDKIT=1 docker build -f deploy/image/Dockerfile --build-arg SERVICE=$$s \
+				-t $(IMAGE_PREFIX)$$s:$(IMAGE_TAG) . || exit $$?; \
+		done; \
+	elif command -v buildah >/dev/null 2>&1; then \
+		sh scripts/images_buildah.sh $(IMAGE_TAG) $(IMAGE_PREFIX) $(SERVICES); \
+	else \
+		echo "no Docker engine and no buildah: apt-get install -y buildah debootstrap" >&2; exit 1; \
+	fi
 
 compose-env: .venv/.synced ## write deploy/compose/.env from .env.example with fresh secrets (keeps an existing one)
 	$(PYTHON) scripts/compose_env.py
