@@ -23,6 +23,16 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+# Before numpy is imported: the tests run the registry (its embedding encoder, numpy matmuls on an
+# executor thread) in this process and also fork service processes from it (with a preexec_fn).
+# numpy's OpenBLAS (0.3.31) deadlocks a fork() made while another thread is inside a
+# multi-threaded matmul: the suite hung twice in tests/sdk's stack fixture, the main thread in
+# Popen._execute_child, a leftover Encoder._forward on a worker thread (py-spy). One BLAS thread
+# has nothing to stop at fork: 1,995 forks in 20 s beside a busy matmul thread, against a hang
+# within seconds with the default (a standalone repro, see the report of 2026-12-01).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+assert "numpy" not in sys.modules, "numpy was imported before OPENBLAS_NUM_THREADS could be set"
+
 import pytest
 import pytest_asyncio
 
