@@ -29,7 +29,7 @@ from typing import Any
 # multi-threaded matmul: the suite hung twice in tests/sdk's stack fixture, the main thread in
 # Popen._execute_child, a leftover Encoder._forward on a worker thread (py-spy). One BLAS thread
 # has nothing to stop at fork: 1,995 forks in 20 s beside a busy matmul thread, against a hang
-# within seconds with the default (a standalone repro, see the report of 2026-12-01).
+# within seconds with the default (`bench/fork_blas_deadlock.py`).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 assert "numpy" not in sys.modules, "numpy was imported before OPENBLAS_NUM_THREADS could be set"
 
