@@ -16,7 +16,7 @@ NPM_DIR := .cache/npm
 NPM_BIN := $(CURDIR)/$(NPM_DIR)/node_modules/.bin
 NPM_TOOLS := $(NPM_DIR)/node_modules/.bin/tsc $(NPM_DIR)/node_modules/@modelcontextprotocol/server-everything/dist/index.js
 
-.PHONY: help install up down logs status test lint docs bench bench-peers bench-alternatives bench-profile bench-memory images compose-env charts helm-lint npm-tools
+.PHONY: help install up down logs status test lint docs bench bench-peers bench-alternatives bench-profile bench-memory bench-cpu bench-callgrind images compose-env charts helm-lint npm-tools
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -83,6 +83,12 @@ bench-alternatives: ## own HTTP/1.1 and Redis clients vs aiohttp, httpx2, redis-
 
 bench-profile: ## where the dispatcher's time goes per call (py-spy on a live dispatcher)
 	$(UV) run --frozen python bench/profile.py $(ARGS)
+
+bench-cpu: ## the dispatcher's CPU per call (ARGS="--dispatchers 2 --repeat 3", "--strace" for syscalls per call)
+	$(UV) run --frozen python bench/cpu.py $(ARGS)
+
+bench-callgrind: ## the dispatcher's instructions per call under valgrind's callgrind (repeatable under load)
+	$(UV) run --frozen python bench/callgrind.py $(ARGS)
 
 bench-memory: ## what holds each service's memory (RSS by import, tracemalloc by package)
 	$(UV) run --frozen python bench/memory.py $(ARGS)

@@ -9,7 +9,8 @@ The echo server is registered as a gateway (`POST /gateways`, streamable HTTP), 
 virtual server (`POST /servers`), and called through `/servers/<id>/mcp` with a bare `mcp.Client`
 (Bearer JWT made with ContextForge's own `create_jwt_token`). Its settings beyond the defaults
 are only what a loopback bench needs: `SSRF_ALLOW_LOCALHOST=true` (the echo server is on
-127.0.0.1), the admin API on and the UI off, random secrets.
+127.0.0.1), `RATE_LIMITING_ENABLED=false` (its default limit of 100 MCP requests a minute turns
+most calls of a throughput run into 429s), the admin API on and the UI off, random secrets.
 
 Optional, not in CI: when ContextForge cannot be installed or started, it prints why and exits 0.
 
@@ -101,6 +102,10 @@ class ContextForge:
             "MCPGATEWAY_UI_ENABLED": "false",
             "MCPGATEWAY_ADMIN_API_ENABLED": "true",
             "SSRF_ALLOW_LOCALHOST": "true",
+            # Its default rate limiting (100 MCP requests a minute per client, a burst of 20, a
+            # 15-minute lockout after 5 violations) answers most of a throughput bench with 429:
+            # that, not its own speed, is what failed with 16 in flight before.
+            "RATE_LIMITING_ENABLED": "false",
             "USE_STATEFUL_SESSIONS": "true" if stateful else "false",
             "LOG_LEVEL": "ERROR",
         }
@@ -179,6 +184,41 @@ class ContextForge:
                 self.proc.wait(5)
 
 
+def leaf_errors(exc: BaseException) -> str:
+    """The innermost exceptions of an exception (group), as `Type: message`, deduplicated."""
+    leaves: list[str] = []
+
+    def walk(e: BaseException) -> None:
+        if isinstance(e, BaseExceptionGroup):
+            for sub in e.exceptions:
+                walk(sub)
+        else:
+            text = f"{type(e).__name__}: {str(e)[:200]}"
+            if text not in leaves:
+                leaves.append(text)
+
+    walk(exc)
+    return "; ".join(leaves) or type(exc).__name__
+
+
+async def own_client(token: str, url: str, opened: asyncio.Future[Any], finished: asyncio.Event) -> None:
+    """Open a bare `mcp.Client` on a gateway, hand it over, keep it open until `finished`."""
+    try:
+        async with (
+            create_mcp_http_client(headers={"Authorization": f"Bearer {token}"}) as http,
+            Client(streamable_http_client(url, http_client=http), mode="auto") as client,
+        ):
+            opened.set_result(client)
+            await finished.wait()
+    except BaseException as exc:
+        if not opened.done():
+            if isinstance(exc, asyncio.CancelledError):
+                opened.cancel()
+            else:
+                opened.set_exception(exc)
+        raise
+
+
 async def main(calls: int, version: str) -> None:
     why = install(version)
     if why is not None:
@@ -207,9 +247,11 @@ async def main(calls: int, version: str) -> None:
             "toolbus calls.invoke": stack.invoke,
         }
         gateways: list[ContextForge] = []
-        closers: list[Any] = []
+        owners: dict[str, asyncio.Task[None]] = {}
+        finished = asyncio.Event()
         rss: dict[str, float] = {}
         errors: dict[str, dict[str, int]] = {}
+        died: dict[str, str] = {}
         try:
             gateways = [ContextForge(stateful) for stateful in (False, True)]
             started = await asyncio.gather(
@@ -220,11 +262,20 @@ async def main(calls: int, version: str) -> None:
                 if isinstance(mcp_url, BaseException):  # report and go on: the peer is optional
                     print(f"{label}: could not be started or configured: {mcp_url}")
                     continue
-                gw_http = create_mcp_http_client(headers={"Authorization": f"Bearer {gw.token}"})
-                gw_client = Client(streamable_http_client(mcp_url, http_client=gw_http), mode="auto")
-                await gw_http.__aenter__()
-                await gw_client.__aenter__()
-                closers += [gw_client, gw_http]
+                # The SDK client runs its transport in a task group whose cancel scope belongs to
+                # the task that opened it: when the gateway's transport fails (as it did with 16
+                # in flight), that task is cancelled. Opened here, that was this bench's main
+                # task: the CancelledError got past the per-call `except Exception`, the cleanup
+                # failed on the cancelled scope and nothing was printed. So each gateway's client
+                # is opened and owned by a task of its own, and what ended it is reported.
+                opened: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+                owner = asyncio.create_task(own_client(gw.token, mcp_url, opened, finished))
+                owners[label] = owner
+                try:
+                    gw_client = await opened
+                except BaseException as exc:
+                    print(f"{label}: its MCP session could not be opened: {leaf_errors(exc)}")
+                    continue
 
                 async def through(client: Any = gw_client, tool: str = gw.tool, label: str = label) -> object:
                     try:
@@ -254,11 +305,12 @@ async def main(calls: int, version: str) -> None:
                         f"ContextForge {'stateful' if gw.env['USE_STATEFUL_SESSIONS'] == 'true' else 'defaults'}"
                     ] = rss_mib(gw.proc.pid)
         finally:
-            for closer in closers:
-                try:  # a gateway session may already be gone; closing is cleanup only
-                    await closer.__aexit__(None, None, None)
-                except BaseException as exc:
-                    print(f"closing a ContextForge client: {type(exc).__name__}", file=sys.stderr)
+            finished.set()
+            for label, owner in owners.items():
+                try:
+                    await asyncio.wait_for(owner, 30)
+                except BaseException as exc:  # the gateway's transport failed under load: say how
+                    died[label] = leaf_errors(exc)
             for gw in gateways:
                 await asyncio.to_thread(gw.stop)
             await bare.__aexit__(None, None, None)
@@ -281,6 +333,8 @@ async def main(calls: int, version: str) -> None:
     for name, failed in errors.items():
         for what, count in failed.items():
             figures.append(Figure(SECTION, f"{name}: calls that failed", count, "calls", note=what))
+    for name, why in died.items():
+        print(f"{name}: its MCP client session ended with: {why}")
     print_table(
         figures,
         f"bench-peers on commit {info['commit']}{' (dirty)' if info['dirty'] else ''}; {calls} calls per row and round,"

@@ -46,7 +46,12 @@ SERVICES = ("registry", "dispatcher", "approval", "credentials")
 class BenchStack:
     """All four services, one MCP echo server, one registered toolset and one open run."""
 
-    def __init__(self, services: tuple[str, ...] = SERVICES) -> None:
+    def __init__(
+        self, services: tuple[str, ...] = SERVICES, *, python: dict[str, str] | None = None, ready: float = 90
+    ) -> None:
+        """`python`: the interpreter (or a wrapper such as valgrind's) to start a service with."""
+        self.python = python or {}
+        self.ready_timeout = ready
         self.prefix = unique_prefix("tbbench")
         self.subjects = Subjects(self.prefix)
         self.env = {
@@ -70,11 +75,13 @@ class BenchStack:
         """RSS (MiB) of each service once ready, before any request (the toolset is registered after)."""
 
     async def _start(self, names: tuple[str, ...]) -> list[ServiceProcess]:
-        started = [launch_service(name, self.env) for name in names]  # spawned on this (main) thread
+        started = [  # spawned on this (main) thread
+            launch_service(name, self.env, python=self.python.get(name)) for name in names
+        ]
         try:
             await asyncio.gather(
                 *(
-                    asyncio.to_thread(wait_ready, s.ready_url, s.proc, s.log_path, what=s.name, timeout=90)
+                    asyncio.to_thread(wait_ready, s.ready_url, s.proc, s.log_path, what=s.name, timeout=self.ready_timeout)
                     for s in started
                 )
             )
