@@ -267,7 +267,7 @@ async def test_close_cancels_waiting_and_running_calls(h: Harness, ts: str) -> N
         assert closed == {"runId": run, "cancelled": 5}
         invoked = await waiter
     assert invoked["outcome"]["error"]["code"] == "cancelled"
-    closed_msg = await _first_internal_for_run(h, h.subjects.internal_runs_closed, run)
+    closed_msg = await h.first_internal(h.subjects.internal_runs_closed, "runId", run)
     assert closed_msg["toolsetId"] == ts and len(closed_msg["callIds"]) == 5
     for start in starts:
         got = await h.ok(h.subjects.calls_get, {"callId": start["callId"]})
@@ -351,17 +351,4 @@ async def test_approval_denied_ends_with_the_reason(h: Harness, ts: str) -> None
 
 
 async def _first_needed_for_run(h: Harness, run: str) -> dict[str, Any]:
-    return await _first_internal_for_run(h, h.subjects.internal_approval_requests, run)
-
-
-async def _first_internal_for_run(h: Harness, subject: str, run: str) -> dict[str, Any]:
-    assert h.nc is not None
-    sub = await h.nc.jetstream().subscribe(subject, ordered_consumer=True)
-    try:
-        while True:
-            msg = await sub.next_msg(timeout=10)
-            body: dict[str, Any] = json.loads(msg.data)
-            if body["runId"] == run:
-                return body
-    finally:
-        await sub.unsubscribe()
+    return await h.first_internal(h.subjects.internal_approval_requests, "runId", run)

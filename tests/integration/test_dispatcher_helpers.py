@@ -170,6 +170,20 @@ class Harness:
             await self.nc.flush()
             await sub.unsubscribe()
 
+    async def first_internal(self, subject: str, field: str, value: str) -> dict[str, Any]:
+        """The first message on an INTERNAL-stream `subject` whose body has `field == value` (read
+        with an ordered consumer from the start of the stream)."""
+        assert self.nc is not None
+        sub = await self.nc.jetstream().subscribe(subject, ordered_consumer=True)
+        try:
+            while True:
+                msg = await sub.next_msg(timeout=10)
+                body: dict[str, Any] = json.loads(msg.data)
+                if body[field] == value:
+                    return body
+        finally:
+            await sub.unsubscribe()
+
 
 async def wait_until(predicate: Any, within: float = 15.0, what: str = "condition") -> None:
     await until(predicate, what, limit=within)

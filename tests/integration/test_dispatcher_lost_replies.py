@@ -240,22 +240,9 @@ async def test_a_park_whose_reply_was_lost_is_announced_when_retried(
         )
         got = await h.wait_state(started["callId"], "parked")
         assert got["attempts"] == 0
-        parked = await _internal_for_call(h, h.subjects.internal_calls_park, started["callId"])
+        parked = await h.first_internal(h.subjects.internal_calls_park, "callId", started["callId"])
     assert proxy.cuts == cuts + 1
     assert parked["server"] == "crm" and parked["level"] == "run" and parked["runId"] == run
-
-
-async def _internal_for_call(h: Harness, subject: str, call_id: str) -> dict[str, Any]:
-    assert h.nc is not None
-    sub = await h.nc.jetstream().subscribe(subject, ordered_consumer=True)
-    try:
-        while True:
-            msg = await sub.next_msg(timeout=10)
-            body: dict[str, Any] = json.loads(msg.data)
-            if body["callId"] == call_id:
-                return body
-    finally:
-        await sub.unsubscribe()
 
 
 async def test_a_finish_whose_answer_never_comes_is_retried_after_the_reply_timeout(
@@ -293,7 +280,7 @@ async def test_a_finish_whose_answer_never_comes_is_retried_after_the_reply_time
 
 
 async def _needed(h: Harness, call_id: str) -> dict[str, Any]:
-    return await _internal_for_call(h, h.subjects.internal_approval_requests, call_id)
+    return await h.first_internal(h.subjects.internal_approval_requests, "callId", call_id)
 
 
 async def _decide(h: Harness, needed: dict[str, Any], ts: str, decision: str) -> None:
@@ -342,22 +329,9 @@ async def test_a_denial_whose_reply_was_lost_still_answers_the_waiting_invoker(
 ) -> None:
     run = await h.open_run(ts)
     waiter = asyncio.create_task(h.invoke(run, "guarded", {"i": 8}, idempotencyKey="deny-lost"))
-    needed = await _internal_for_run(h, h.subjects.internal_approval_requests, run)
+    needed = await h.first_internal(h.subjects.internal_approval_requests, "runId", run)
     cuts = await _arm_release(h, proxy)
     await _decide(h, needed, ts, "denied")
     data = await waiter
     assert proxy.cuts == cuts + 1
     assert data["outcome"] == {"status": "error", "error": {"code": "denied", "message": "no"}}
-
-
-async def _internal_for_run(h: Harness, subject: str, run: str) -> dict[str, Any]:
-    assert h.nc is not None
-    sub = await h.nc.jetstream().subscribe(subject, ordered_consumer=True)
-    try:
-        while True:
-            msg = await sub.next_msg(timeout=10)
-            body: dict[str, Any] = json.loads(msg.data)
-            if body["runId"] == run:
-                return body
-    finally:
-        await sub.unsubscribe()
