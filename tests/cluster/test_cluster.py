@@ -18,7 +18,7 @@ import nats
 import pytest
 from redis.asyncio import Redis
 from toolbus_common.keys import Keys
-from toolbus_common.nats_auth import NatsAuth
+from toolbus_nats_connect import NatsAuth
 from toolbus_devstack.nats_conf import client_env, dev_credentials, server_env
 
 from tests.support.burst import run_burst

@@ -22,7 +22,7 @@ import pytest
 from nats.aio.client import Client
 from toolbus import Toolbus, Worker, host_tool
 from toolbus_common.connections import ensure_object_store, ensure_stream, flush
-from toolbus_common.nats_auth import NatsAuth
+from toolbus_nats_connect import NatsAuth
 from toolbus_common.toolsets import Tool
 from toolbus_contracts import Subjects
 from toolbus_contracts.registry import EffectivePolicy, PolicySpec

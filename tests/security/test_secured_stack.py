@@ -20,7 +20,7 @@ from typing import Any
 import nats
 import pytest
 import redis
-from toolbus_common.nats_auth import NatsAuth
+from toolbus_nats_connect import NatsAuth
 
 from tests.integration.test_infra_stack import _stack
 from tests.support.infra import port_in_use, request, unique_prefix

@@ -18,7 +18,7 @@ import nats
 import pytest
 import redis
 from toolbus_common.connections import connect_redis, connect_script_pipe
-from toolbus_common.nats_auth import NatsAuth
+from toolbus_nats_connect import NatsAuth
 from toolbus_common.script_pipe import PipeConnectionError
 from toolbus_common.settings import Settings
 from toolbus_devstack.tls import DevPki, make_dev_pki

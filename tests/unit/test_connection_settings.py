@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 from toolbus_common.connections import JsPlacement, events_stream_limits, nats_connect_options
-from toolbus_common.nats_auth import NatsAuth
+from toolbus_nats_connect import NatsAuth
 from toolbus_common.settings import Settings
 from toolbus_devstack.tls import make_dev_pki
 

@@ -3,6 +3,7 @@ breaking change), and connect options become the right nats-py arguments with no
 
 from __future__ import annotations
 
+import json
 import ssl
 
 import pytest
@@ -81,7 +82,7 @@ ENVS = [
 
 @pytest.mark.parametrize("env", ENVS)
 def test_connect_options_give_nats_py_what_the_services_builder_gives(env: dict[str, str]) -> None:
-    from toolbus_common.nats_auth import NatsAuth
+    from toolbus_nats_connect import NatsAuth
 
     ours = ConnectOptions.from_env(env).nats_kwargs()
     theirs = NatsAuth.from_env(env).connect_options()
@@ -113,3 +114,22 @@ def test_tls_options_build_an_ssl_context() -> None:
     context = opts.nats_kwargs()["tls"]
     assert isinstance(context, ssl.SSLContext) and context.verify_mode is ssl.CERT_REQUIRED
     assert "tls" not in ConnectOptions().nats_kwargs()
+
+
+def test_the_sdk_and_cli_import_no_service_runtime() -> None:
+    """The SDK shares the services' connection builder (`toolbus_nats_connect`) without loading
+    their runtime: `toolbus_common` brings Redis, FastStream and Starlette (~1 s per CLI start)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys, toolbus, toolbus.cli; roots = ('toolbus_common', 'redis', 'faststream', "
+        "'starlette', 'toolbus_nats_connect'); print(json.dumps(sorted(m for m in sys.modules if "
+        "m.split('.')[0] in roots)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == [
+        "toolbus_nats_connect",
+        "toolbus_nats_connect.auth",
+        "toolbus_nats_connect.flush",
+    ]

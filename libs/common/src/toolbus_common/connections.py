@@ -18,8 +18,9 @@ from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
+from toolbus_nats_connect import NatsAuth
+from toolbus_nats_connect import flush as flush  # the services take it from here
 
-from toolbus_common.nats_auth import NatsAuth
 from toolbus_common.script_pipe import ScriptPipe
 from toolbus_common.settings import Settings
 
@@ -30,21 +31,6 @@ if TYPE_CHECKING:
 # process ~19 MiB resident, and the registry, which never talks to Redis, imports this module.
 
 log = logging.getLogger(__name__)
-
-
-async def flush(nc: NatsClient) -> None:
-    """`nc.flush()` that also covers the SUB and PUB lines still in nats-py's pending buffer, so
-    that once it returns the server has every subscription made before it.
-
-    nats-py 2.16 writes flush()'s PING straight to the socket, while `subscribe()` and `publish()`
-    append to a buffer its flusher task writes later: the PONG can come back before the server has
-    a subscription made just before (measured: 43 of 2,000 `subscribe(); flush()` on one
-    connection followed by a request on another got no responders, 0 of 2,000 with the buffer
-    forced out first). `_flush_pending(force_flush=True)` waits for the flusher to write it."""
-    force = getattr(nc, "_flush_pending", None)
-    if force is not None and nc.is_connected:
-        await force(force_flush=True)
-    await nc.flush()
 
 
 def nats_auth(settings: Settings) -> NatsAuth:
@@ -66,7 +52,7 @@ def nats_auth(settings: Settings) -> NatsAuth:
 
 def nats_connect_options(settings: Settings) -> dict[str, Any]:
     """Keyword arguments of `nats.connect` (and FastStream's `NatsBroker`) for these settings:
-    servers, authentication, TLS and the inbox prefix (see `toolbus_common.nats_auth`)."""
+    servers, authentication, TLS and the inbox prefix (see `toolbus_nats_connect.NatsAuth`)."""
     return nats_auth(settings).connect_options()
 
 

@@ -26,7 +26,7 @@ class Settings(BaseSettings):
     redis_url: str = "redis://127.0.0.1:6379/0"
     """`redis://` or `rediss://` (TLS); with Sentinel only its scheme, credentials and db are used."""
 
-    # ---- NATS authentication and TLS (see toolbus_common.nats_auth; any one way to authenticate)
+    # ---- NATS authentication and TLS (see toolbus_nats_connect; any one way to authenticate)
     nats_user: str | None = None
     nats_password: SecretStr | None = None
     nats_token: SecretStr | None = None

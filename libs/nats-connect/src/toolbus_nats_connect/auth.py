@@ -1,5 +1,6 @@
-"""How a client authenticates to NATS and checks its TLS: one builder of `nats.connect` options
-for the services, the SDK and the CLI, from `TOOLBUS_NATS_*` settings.
+"""How a client authenticates to NATS and checks its TLS: the one builder of `nats.connect` options
+for the services (`toolbus_common.connections`), the SDK and the CLI (`toolbus.ConnectOptions`),
+from `TOOLBUS_NATS_*` settings.
 
 `NatsAuth` holds the settings as plain values (no pydantic) so a client library can fill it from
 its own arguments or from the environment (`NatsAuth.from_env()`); `connect_options()` turns it
@@ -20,13 +21,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ENV_PREFIX = "TOOLBUS_NATS_"
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
 
 @dataclass(frozen=True, slots=True)
 class NatsAuth:
     """Credentials and TLS of one NATS connection; the repr never shows a password or token."""
 
-    servers: list[str] = field(default_factory=lambda: ["nats://127.0.0.1:4222"])
+    servers: list[str] = field(default_factory=lambda: [DEFAULT_NATS_URL])
     user: str | None = None
     password: str | None = field(default=None, repr=False)
     token: str | None = field(default=None, repr=False)
@@ -49,7 +51,7 @@ class NatsAuth:
             value = env.get(ENV_PREFIX + name)
             return value if value else None
 
-        url = get("URL") or "nats://127.0.0.1:4222"
+        url = get("URL") or DEFAULT_NATS_URL
         return cls(
             servers=[u.strip() for u in url.split(",") if u.strip()],
             user=get("USER"),
