@@ -160,7 +160,13 @@ def test_build_stage_installs_only_the_service_and_what_it_needs(
     site = next((built_venvs[service] / "lib").glob("python3*/site-packages"))
     toolbus = {p.name.split("-")[0] for p in site.glob("toolbus_*.dist-info")}
     assert f"toolbus_{service}" in toolbus
-    assert toolbus <= {f"toolbus_{service}", "toolbus_common", "toolbus_contracts", "toolbus_mcp_client"}
+    assert toolbus <= {
+        f"toolbus_{service}",
+        "toolbus_common",
+        "toolbus_contracts",
+        "toolbus_nats_connect",
+        "toolbus_mcp_client",
+    }
     # Non-editable: the package lives in site-packages, no path back to the sources.
     assert (site / f"toolbus_{service}" / "__main__.py").is_file()
     assert all(str(ROOT) not in p.read_text() for p in site.glob("*.pth"))
