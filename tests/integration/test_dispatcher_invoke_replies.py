@@ -2,15 +2,20 @@
 Redis and an MCP server over streamable HTTP: every invoker waiting on the call gets exactly one
 reply, an error reply where the built one could not go.
 
-- too large for a NATS message (an inline limit set above the server's max_payload): each waiting
-  invoker gets `outputTooLarge`;
+- too large for a NATS message (the inline limit forced above the server's max_payload past the
+  clamp the dispatcher applies to its setting): each waiting invoker gets `outputTooLarge`;
 - the publish fails (the connection's buffer is full while reconnecting): that invoker gets
   `unavailable` (sent once more), the others their outcome.
-A connection that is gone cannot answer at all; the outcome is stored and `calls.get` serves it."""
+A connection that is gone cannot answer at all; the outcome is stored and `calls.get` serves it.
+
+And the setting itself: `TOOLBUS_DISPATCHER_INLINE_OUTPUT_BYTES` above what fits is lowered at
+start (a warning), so that the `completed` event of a large output goes by reference and reaches
+the stream instead of being refused by JetStream for ever."""
 
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -20,8 +25,10 @@ import nats.errors
 import pytest
 import pytest_asyncio
 from nats.aio.msg import Msg
+from toolbus_dispatcher.outputs import ENVELOPE_ROOM
 
 from tests.integration.test_dispatcher_helpers import Harness, wait_until
+from tests.support.infra import js_name
 from tests.support.mcp_servers import McpTestServer
 
 pytestmark = pytest.mark.integration
@@ -46,8 +53,11 @@ async def mcp() -> AsyncIterator[McpTestServer]:
 async def h(nats_url: str, redis_url: str) -> AsyncIterator[Harness]:
     harness = Harness(nats_url, redis_url)
     await harness.connect()
-    # Outputs up to 4 MiB inline: a reply can then be built larger than one NATS message.
-    await harness.dispatcher(dispatcher_inline_output_bytes=4 * 1024 * 1024)
+    # Outputs up to 4 MiB inline: a reply can then be built larger than one NATS message. The
+    # setting is clamped to what fits; the limit is forced past it here to reach the reply guard.
+    app = await harness.dispatcher(dispatcher_inline_output_bytes=4 * 1024 * 1024)
+    assert app.outputs is not None and app.outputs.inline_limit < 1024 * 1024
+    app.outputs.inline_limit = 4 * 1024 * 1024
     try:
         yield harness
     finally:
@@ -136,3 +146,48 @@ async def test_a_reply_whose_publish_fails_is_unavailable_for_that_invoker_only(
     assert failed_reply["ok"] is False and failed_reply["error"]["code"] == "unavailable"
     for reply in by_inbox.values():
         assert reply["ok"] is True and reply["data"]["outcome"] == {"status": "ok", "output": {"small": True}}
+
+
+async def test_an_inline_limit_above_what_fits_is_clamped_and_the_completed_event_reaches_the_stream(
+    nats_url: str, redis_url: str, mcp: McpTestServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    harness = Harness(nats_url, redis_url)
+    await harness.connect()
+    try:
+        with caplog.at_level(logging.WARNING, logger="toolbus_dispatcher.app"):
+            app = await harness.dispatcher(dispatcher_inline_output_bytes=64 * 1024 * 1024)
+        assert harness.nc is not None and app.outputs is not None
+        assert app.outputs.inline_limit == harness.nc.max_payload - ENVELOPE_ROOM
+        clamped = [r for r in caplog.records if "INLINE_OUTPUT_BYTES" in r.getMessage()]
+        assert len(clamped) == 1
+        ts = await harness.toolset({"servers": [{"name": "sizes", "url": mcp.url, "tools": TOOLS}]})
+        run = await harness.open_run(ts)
+        data = await harness.invoke(run, "sizes.blob", {})
+        ref = data["outcome"]["outputRef"]
+        assert data["outcome"]["status"] == "ok" and ref["size"] > BLOB
+        relay = app.relay
+        assert relay is not None
+        await wait_until(lambda: _outbox_empty(relay), what="the outbox relayed")
+        completed = await _completed_event(harness, run, data["callId"])
+        assert completed["outcome"] == data["outcome"]
+    finally:
+        await harness.close()
+
+
+async def _outbox_empty(relay: Any) -> bool:
+    return int(await relay.pending()) == 0
+
+
+async def _completed_event(h: Harness, run: str, call_id: str) -> dict[str, Any]:
+    assert h.nc is not None
+    sub = await h.nc.jetstream().subscribe(
+        h.subjects.call_events(run, call_id), stream=js_name(h.prefix, "EVENTS"), ordered_consumer=True
+    )
+    try:
+        while True:
+            msg = await sub.next_msg(timeout=10)
+            body: dict[str, Any] = json.loads(msg.data)
+            if body["type"] == "completed":
+                return body
+    finally:
+        await sub.unsubscribe()

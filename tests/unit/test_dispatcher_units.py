@@ -9,6 +9,7 @@ from toolbus_dispatcher.allowlist import AllowList, normalize_host
 from toolbus_dispatcher.executors.base import Interrupted
 from toolbus_dispatcher.executors.http import encode_body
 from toolbus_dispatcher.outcomes import after_interruption, backoff
+from toolbus_dispatcher.outputs import ENVELOPE_ROOM, MIN_INLINE, inline_limit
 from toolbus_dispatcher.validation import SchemaCache
 
 ALLOW = AllowList(["api.github.com", "*.example.com", "127.0.0.1", "Bücher.example", "[::1]"])
@@ -136,3 +137,13 @@ def test_backoff_doubles_up_to_the_cap() -> None:
 )
 def test_body_encoding(data: bytes, ctype: str, expected: tuple[str, str]) -> None:
     assert encode_body(data, ctype) == expected
+
+
+def test_the_inline_output_limit_is_clamped_to_what_fits_in_one_nats_message() -> None:
+    mib = 1024 * 1024
+    assert inline_limit(None, mib) == (mib - ENVELOPE_ROOM, False)
+    assert inline_limit(64 * mib, mib) == (mib - ENVELOPE_ROOM, True)
+    assert inline_limit(mib - ENVELOPE_ROOM, mib) == (mib - ENVELOPE_ROOM, False)
+    assert inline_limit(100_000, mib) == (100_000, False)
+    assert inline_limit(None, 8 * mib) == (8 * mib - ENVELOPE_ROOM, False)
+    assert inline_limit(None, 1000) == (MIN_INLINE, False)

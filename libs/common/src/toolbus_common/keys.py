@@ -53,9 +53,14 @@ class Keys:
 
     @property
     def call_events_outbox(self) -> str:
-        """Stream of call events written with the state change they report, until the dispatcher's
-        relay has them in JetStream (consumer group `relay`)."""
+        """Stream of call events (and the commands written with them) stored with the state change
+        they report, until the dispatcher's relay has them in JetStream (then deleted)."""
         return f"{self.prefix}:calls:outbox"
+
+    @property
+    def call_events_relay_lock(self) -> str:
+        """String with a TTL: the token of the one dispatcher replica relaying the outbox."""
+        return f"{self.prefix}:calls:outbox:relay"
 
     # ---- credentials --------------------------------------------------------------------------
     def credentials(self, level: str, scope: str) -> str:

@@ -40,7 +40,7 @@ from toolbus_dispatcher.executors.http import HttpExecutor
 from toolbus_dispatcher.executors.mcp import McpExecutor, McpPoolLike
 from toolbus_dispatcher.executors.workflow import WorkflowExecutor
 from toolbus_dispatcher.handlers import QUEUE, host_routes, routes
-from toolbus_dispatcher.outputs import ENVELOPE_ROOM, OutputStore
+from toolbus_dispatcher.outputs import OutputStore, inline_limit
 from toolbus_dispatcher.service import DispatcherService
 from toolbus_dispatcher.settings import DispatcherSettings
 from toolbus_dispatcher.store import CallStore
@@ -136,8 +136,25 @@ class DispatcherApp:
             runs_closed_subject=subjects.internal_runs_closed,
         )
         await store.load_scripts()
-        self.relay = EventRelay(redis, nc, store.outbox, self.owner)
-        inline = s.dispatcher_inline_output_bytes or max(4096, nc.max_payload - ENVELOPE_ROOM)
+        self.relay = EventRelay(
+            redis,
+            nc,
+            store.outbox,
+            self.owner,
+            lock=keys.call_events_relay_lock,
+            lock_ttl=s.dispatcher_relay_lock_ttl,
+        )
+        inline, clamped = inline_limit(s.dispatcher_inline_output_bytes, nc.max_payload)
+        if clamped:
+            log.warning(
+                "TOOLBUS_DISPATCHER_INLINE_OUTPUT_BYTES is more than fits in one NATS message; "
+                "outputs larger than the limit used go by reference",
+                extra={
+                    "configured": s.dispatcher_inline_output_bytes,
+                    "used": inline,
+                    "maxPayload": nc.max_payload,
+                },
+            )
         outputs = self.outputs = OutputStore(
             js,
             s.js_name("outputs"),

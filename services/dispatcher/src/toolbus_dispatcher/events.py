@@ -1,17 +1,33 @@
 """Call events on `events.calls.<runId>.<callId>`, captured by the `<P>_EVENTS` stream, that always
-agree with the calls' state.
+agree with the calls' state, each call's in order.
 
 The Lua script that changes a call writes the change's event into a Redis stream, the outbox
 (`Keys.call_events_outbox`), in the same atomic step (see `lua/admit.lua`). This relay moves
-events from there to JetStream: it publishes each with `Nats-Msg-Id: <callId>:<n>` and waits for
-JetStream's ack before it acknowledges and deletes the outbox entry. A crash or a NATS or Redis
-outage between the two only means the entry is published again, and JetStream's duplicate window
-(2 minutes by default) drops the second copy. So after any crash or restart each call's events
-are in the stream exactly once, ending with the outcome `calls.get` shows.
+entries from there to JetStream: it publishes each with its message id (`<callId>:<n>`,
+`park:<callId>:<n>`, `approvalNeeded:<callId>`, `runClosed:<runId>`) and deletes the entry only
+once JetStream acked it. A crash or a NATS or Redis outage between the two only means the entry is
+published again, and JetStream's duplicate window (2 minutes by default) drops the second copy. So
+after any crash or restart each call's events are in the stream exactly once, ending with the
+outcome `calls.get` shows.
 
-Every replica runs a relay in the consumer group `relay`; an entry is read by one of them, and the
-entries of a replica that died unacknowledged are claimed by another after `CLAIM_IDLE` seconds.
-Events of one batch are published in order, pipelined; an entry is deleted only once its ack came.
+Order per call: the entries of one call (its order key, `order_key`) are published one after the
+other, each only once JetStream acked the one before; when one fails, the later entries of that
+call stay in the outbox, untouched, until it went through (retried with a backoff of its own),
+while other calls' entries go on. A batch is published in rounds: the first pending entry of every
+call in the batch, pipelined, then the acks awaited, then the next of each, and so on. Every pass
+over the outbox starts from its oldest entry, so an entry held back is always met before the later
+entries of its call.
+
+One relay at a time: the replicas share a lock (`SET NX PX`, token per relay, renewed by the relay
+loop every third of its TTL, released on stop). The others try to take it every third of the TTL,
+so a dead holder is replaced within about the TTL plus a third. Before each batch and each round
+the holder checks that its lock is still valid by its own clock (the last renewal's send time plus
+two thirds of the TTL: fencing); when it is not, it stops publishing and competes again. Order
+does not rest on the lock: any relay publishes an entry only after the call's entry before it was
+acked by JetStream (stored, or a duplicate of one stored), so two relays briefly overlapping (a
+paused holder) only publish duplicates, which JetStream drops. The lock keeps the load of relaying
+on one replica and makes such overlaps rare.
+
 Acks come to one inbox subscription of the relay's (not a request and a task per event, as
 `JetStreamContext.publish` does: that costs more than the rest of a call's dispatching).
 """
@@ -22,30 +38,47 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import uuid
+from collections import deque
 from typing import Any
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
+from redis.exceptions import LockError, ResponseError
 
 log = logging.getLogger(__name__)
 
-GROUP = "relay"
 BATCH = 512
-CLAIM_IDLE = 10.0
-"""Seconds an entry read by another replica may stay unacknowledged before this one takes it."""
 ACK_WAIT = 5.0
-"""Seconds a batch waits for JetStream's acks; entries without one are sent again."""
+"""Seconds a round waits for JetStream's acks; an entry without one counts as failed (sent again)."""
+RETRY_MAX = 5.0
+"""Longest pause before a failed call's entry (or, after a batch where nothing went through, the
+next batch) is tried again; pauses start at `retry_pause` and double."""
+
+Entry = tuple[bytes, dict[bytes, bytes]]
 
 
 def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def order_key(msg_id: str) -> str:
+    """The entries that must reach JetStream in outbox order share this key: a call's events and
+    the commands written with them (`<callId>:<n>`, `park:<callId>:<n>`, `approvalNeeded:<callId>`)
+    have the call id; anything else (`runClosed:<runId>`) is its own."""
+    head, _, rest = msg_id.partition(":")
+    if head in ("park", "approvalNeeded"):
+        return rest.partition(":")[0]
+    if head == "runClosed":
+        return msg_id
+    return head
+
+
 class EventRelay:
-    """Publishes outbox entries to JetStream, once each (per message id), in order per batch."""
+    """Publishes outbox entries to JetStream, once each (per message id), in order per call; one
+    relay among the replicas at a time (see the module)."""
 
     def __init__(
         self,
@@ -54,6 +87,8 @@ class EventRelay:
         outbox: str,
         consumer: str,
         *,
+        lock: str | None = None,
+        lock_ttl: float = 3.0,
         block_ms: int = 1000,
         retry_pause: float = 0.2,
     ) -> None:
@@ -64,10 +99,79 @@ class EventRelay:
         self._acks: dict[str, asyncio.Future[bool]] = {}
         self._seq = itertools.count()
         self._sub: Subscription | None = None
-        self._consumer = consumer
-        self._block = block_ms
+        # redis-py's lock: SET NX PX to take it, a compare-and-PEXPIRE script to renew, a
+        # compare-and-DEL one to release; the token is this relay's, not the thread's.
+        self._lock = redis.lock(
+            lock or f"{outbox}:relay",
+            timeout=lock_ttl,
+            blocking=False,
+            thread_local=False,
+        )
+        self._token = f"{consumer}:{uuid.uuid4().hex[:8]}"
+        self._ttl = lock_ttl
+        self._valid_until = 0.0  # loop time until which the lock is ours for sure (fencing)
+        self._renew_at = 0.0
+        self._block = max(1, min(block_ms, int(lock_ttl * 1000 / 3)))
         self._pause = retry_pause
+        self._held: dict[str, float] = {}  # order key -> loop time its entry may be tried again
+        self._backoff: dict[str, float] = {}  # order key -> its last pause
         self.relayed = 0
+        self.acquired = 0
+        """How many times this relay took the lock (for tests and logs)."""
+
+    # ---- the lock -------------------------------------------------------------------------------
+
+    @property
+    def holding(self) -> bool:
+        """Whether this relay holds the lock by its own clock (and so may publish)."""
+        return asyncio.get_running_loop().time() < self._valid_until
+
+    async def _take(self) -> bool:
+        """Take the lock if free, or renew it if ours; True when ours. Redis errors propagate."""
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
+        was = sent < self._valid_until
+        ours = False
+        if self._lock.local.token is not None:
+            try:
+                ours = bool(await self._lock.reacquire())
+            except LockError:  # LockNotOwnedError: it lapsed and was taken, or Redis lost it
+                self._lock.local.token = None
+        if not ours:
+            ours = bool(await self._lock.acquire(blocking=False, token=self._token))
+            if ours:
+                self.acquired += 1
+                log.info("event relay: this replica relays the outbox now")
+        if ours:
+            self._valid_until = sent + self._ttl * 2 / 3
+            self._renew_at = sent + self._ttl / 3
+        else:
+            self._valid_until = 0.0
+            if was:
+                log.warning("event relay: lock lost to another replica; this one stops publishing")
+        return ours
+
+    async def _fence(self) -> bool:
+        """Renew the lock when due; True while it is ours (checked before each batch and round)."""
+        loop = asyncio.get_running_loop()
+        if loop.time() >= self._renew_at:
+            try:
+                await self._take()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis unreachable: the lock holds until its validity ends
+                log.warning("event relay: could not renew the lock", extra={"error": type(exc).__name__})
+                self._renew_at = loop.time() + min(0.2, self._ttl / 10)
+        return loop.time() < self._valid_until
+
+    async def release(self) -> None:
+        """Give the lock up (on stop), so that another replica takes over at once."""
+        self._valid_until = self._renew_at = 0.0
+        if self._lock.local.token is not None:
+            with contextlib.suppress(Exception):  # not ours any more, or Redis away: it lapses
+                await self._lock.release()
+
+    # ---- relaying -------------------------------------------------------------------------------
 
     async def _on_ack(self, msg: Msg) -> None:
         future = self._acks.pop(msg.subject, None)
@@ -82,83 +186,120 @@ class EventRelay:
         if self._sub is None:
             self._sub = await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_ack)
 
-    async def _ensure_group(self) -> None:
-        try:
-            await self._r.xgroup_create(self._outbox, GROUP, id="0", mkstream=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
-
     async def run(self) -> None:
-        """Relay until cancelled; outages are waited out (entries stay in the outbox meanwhile)."""
-        backlog = True  # start with entries this consumer read before and never acknowledged
+        """Relay while holding the lock, compete for it otherwise, until cancelled; outages are
+        waited out (entries stay in the outbox meanwhile)."""
         pause = self._pause
-        claim_at = 0.0
-        loop = asyncio.get_running_loop()
-        grouped = False
         while True:
             try:
-                if not grouped:
-                    await self._subscribe()
-                    await self._ensure_group()
-                    grouped = True
-                if loop.time() >= claim_at:
-                    claim_at = loop.time() + CLAIM_IDLE / 2
-                    if await self._claim_stale():
-                        backlog = True
-                entries = await self._read(backlog)
-                if backlog and not entries:
-                    backlog = False
+                await self._subscribe()
+                if not await self._take():
+                    await asyncio.sleep(self._ttl / 3)
                     continue
-                if entries and not await self._publish(entries):
-                    backlog = True
-                    await asyncio.sleep(pause)
-                    pause = min(pause * 2, 5.0)
-                    continue
+                await self._relay_while_held()
                 pause = self._pause
             except asyncio.CancelledError:
                 raise
             except ResponseError as exc:
-                if "NOGROUP" in str(exc):  # Redis lost the group (restarted without its data)
-                    grouped = False
-                    continue
                 log.warning("event relay: Redis refused a command", extra={"error": str(exc)[:200]})
                 await asyncio.sleep(pause)
-                pause = min(pause * 2, 5.0)
+                pause = min(pause * 2, RETRY_MAX)
             except Exception as exc:
                 log.warning("event relay: waiting for Redis", extra={"error": type(exc).__name__})
                 await asyncio.sleep(pause)
-                pause = min(pause * 2, 5.0)
+                pause = min(pause * 2, RETRY_MAX)
 
-    async def _read(self, backlog: bool, *, block: bool = True) -> list[tuple[bytes, dict[bytes, bytes]]]:
-        res = await self._r.xreadgroup(
-            GROUP,
-            self._consumer,
-            {self._outbox: "0" if backlog else ">"},
-            count=BATCH,
-            block=None if backlog or not block else self._block,
-        )
+    async def _relay_while_held(self) -> None:
+        """Passes over the outbox while the lock is ours. A pass starts at the oldest entry (again
+        whenever a held-back call's pause is over); between, the cursor only moves on, since every
+        entry before it was published and deleted or belongs to a held-back call."""
+        loop = asyncio.get_running_loop()
+        cursor = b"0-0"
+        pause = self._pause
+        while await self._fence():
+            now = loop.time()
+            if self._held:
+                due = min(self._held.values())
+                if due <= now:
+                    self._held = {k: t for k, t in self._held.items() if t > now}
+                    cursor = b"0-0"
+                    continue
+                wait = min(self._block, int((due - now) * 1000) + 1)
+            else:
+                wait = self._block
+            wait = max(1, min(wait, int((self._valid_until - now) * 1000)))
+            entries = await self._read(cursor, wait)
+            if not entries:
+                continue
+            cursor = entries[-1][0]
+            sent, failed = await self._publish(entries)
+            if failed and not sent:  # nothing went through: NATS or the stream is down, likely
+                await asyncio.sleep(min(pause, self._ttl / 3))  # never so long that the lock lapses
+                pause = min(pause * 2, RETRY_MAX)
+            else:
+                pause = self._pause
+
+    async def _read(self, cursor: bytes, block_ms: int | None) -> list[Entry]:
+        res = await self._r.xread({self._outbox: cursor}, count=BATCH, block=block_ms)
         if not res:
             return []
         _, entries = res[0]
         return [(eid, fields) for eid, fields in entries if fields]
 
-    async def _claim_stale(self) -> bool:
-        """Take over entries another (dead) replica read and never acknowledged."""
-        res = await self._r.xautoclaim(
-            self._outbox, GROUP, self._consumer, int(CLAIM_IDLE * 1000), start_id="0-0", count=BATCH
-        )
-        claimed = res[1] if len(res) > 1 else []
-        return bool(claimed)
-
-    async def _publish(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> bool:
-        """Publish a batch in order; acknowledge and delete what JetStream acked. False when some
-        entry failed (it stays pending and is published again)."""
+    async def _publish(self, entries: list[Entry]) -> tuple[int, int]:
+        """Publish a batch in order per call (in rounds); delete what JetStream acked. Returns
+        (published, failed); entries of held-back calls count as neither and stay."""
         await self._subscribe()
+        chains: dict[str, deque[Entry]] = {}
+        for entry in entries:
+            key = order_key(_s(entry[1][b"i"]))
+            if key in self._held:
+                continue
+            chain = chains.get(key)
+            if chain is None:
+                chains[key] = deque((entry,))
+            else:
+                chain.append(entry)
+        done: list[bytes] = []
+        failed = 0
+        error: BaseException | None = None
+        while chains:
+            if not await self._fence():
+                break
+            round_ = [(key, chain.popleft()) for key, chain in chains.items()]
+            results, error = await self._round([fields for _, (_, fields) in round_])
+            for (key, (eid, _)), ok in zip(round_, results, strict=True):
+                if ok:
+                    done.append(eid)
+                    if self._backoff:
+                        self._backoff.pop(key, None)
+                    if not chains[key]:
+                        del chains[key]
+                else:
+                    failed += 1
+                    self._hold(key)
+                    del chains[key]
+        if done:
+            await self._r.xdel(self._outbox, *done)
+            self.relayed += len(done)
+        if failed:
+            log.warning(
+                "event relay: JetStream did not take some events; those calls' events wait and are sent again",
+                extra={"failed": failed, "error": type(error).__name__ if error else "no ack"},
+            )
+        return len(done), failed
+
+    def _hold(self, key: str) -> None:
+        pause = min(self._backoff.get(key, self._pause / 2) * 2, RETRY_MAX)
+        self._backoff[key] = pause
+        self._held[key] = asyncio.get_running_loop().time() + pause
+
+    async def _round(self, batch: list[dict[bytes, bytes]]) -> tuple[list[bool], BaseException | None]:
+        """Publish one entry each of distinct calls, pipelined; wait for their acks."""
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[bool]] = []
         error: BaseException | None = None
-        for _, fields in entries:
+        for fields in batch:
             reply = f"{self._inbox}.{next(self._seq)}"
             future: asyncio.Future[bool] = loop.create_future()
             self._acks[reply] = future
@@ -171,46 +312,45 @@ class EventRelay:
                 error = exc
                 future.set_result(False)
                 break
-        if futures:
-            await asyncio.wait(futures, timeout=ACK_WAIT)
+        deadline = loop.time() + ACK_WAIT
+        while True:
+            pending = [f for f in futures if not f.done()]
+            left = deadline - loop.time()
+            if not pending or left <= 0:
+                break
+            # In slices no longer than the lock's validity, so that a slow ack never lets it lapse.
+            await asyncio.wait(pending, timeout=max(0.05, min(left, self._valid_until - loop.time())))
+            if any(not f.done() for f in pending) and not await self._fence():
+                break
         results = [f.done() and f.result() for f in futures]
+        results += [False] * (len(batch) - len(results))
         for future in futures:
             if not future.done():
                 future.cancel()
         for reply in [r for r, f in self._acks.items() if f.done()]:
             del self._acks[reply]
-        done = [eid for (eid, _), ok in zip(entries, results, strict=False) if ok]
-        if done:
-            async with self._r.pipeline(transaction=False) as pipe:
-                pipe.xack(self._outbox, GROUP, *done)
-                pipe.xdel(self._outbox, *done)
-                await pipe.execute()
-            self.relayed += len(done)
-        failed = len(entries) - len(done)
-        if failed:
-            log.warning(
-                "event relay: JetStream did not take some events; they are sent again",
-                extra={"failed": failed, "error": type(error).__name__ if error else "no ack"},
-            )
-        return failed == 0
+        return results, error
 
     async def drain(self, within: float) -> None:
         """On shutdown (the relay loop stopped): relay what the outbox holds, for up to `within`
-        seconds; what is left waits for the next relay (another replica, or this one restarted)."""
+        seconds, if this relay holds the lock (or can take it); then release the lock. What is
+        left waits for the next relay (another replica, or this one restarted)."""
         try:
             async with asyncio.timeout(within):
-                backlog = True
-                while True:
-                    entries = await self._read(backlog, block=False)
+                self._held.clear()
+                cursor = b"0-0"
+                while await self._fence():
+                    entries = await self._read(cursor, None)
                     if not entries:
-                        if not backlog:
-                            return
-                        backlog = False
-                        continue
-                    if not await self._publish(entries):
+                        return
+                    cursor = entries[-1][0]
+                    _, failed = await self._publish(entries)
+                    if failed:
                         return
         except Exception:
             log.warning("event relay: events left in the outbox at shutdown; the next relay sends them")
+        finally:
+            await self.release()
 
     async def pending(self) -> int:
         """Entries in the outbox not yet in JetStream (for tests and health)."""

@@ -21,6 +21,18 @@ from toolbus_common.connections import DEFAULT_PLACEMENT, JsPlacement
 
 ENVELOPE_ROOM = 16 * 1024
 """Bytes of a NATS message kept for what surrounds an outcome (reply envelope, event fields)."""
+MIN_INLINE = 4096
+
+
+def inline_limit(configured: int | None, max_payload: int) -> tuple[int, bool]:
+    """The largest outcome sent inline: `configured` (`TOOLBUS_DISPATCHER_INLINE_OUTPUT_BYTES`),
+    else, and at most, what fits in one NATS message with its envelope (the server's
+    `max_payload` less `ENVELOPE_ROOM`, at least `MIN_INLINE`): above that JetStream would refuse
+    the `completed` event for ever. Second: whether `configured` was lowered to fit."""
+    fits = max(MIN_INLINE, max_payload - ENVELOPE_ROOM)
+    if configured is None:
+        return fits, False
+    return (fits, True) if configured > fits else (configured, False)
 
 
 class OutputStore:

@@ -135,9 +135,26 @@ class DispatcherService:
         key = req.idempotency_key or uuid.uuid4().hex
         call_id = f"call_{uuid.uuid4().hex}"
         policy = tool.policy
+        now = now_iso()
         approval_id = digest = ""
+        announce: tuple[str, bytes] | None = None
         if policy.approval:
             approval_id, digest = f"apr_{uuid.uuid4().hex}", sha256_hex(req.input)
+            # The approval command goes into the outbox with the stored call (message id
+            # `approvalNeeded:<callId>`): a dispatcher dying right after the store can no longer
+            # leave the call waiting with the approval service never told.
+            needed = ApprovalNeeded.model_construct(  # every field is checked (the input by its schema)
+                approval_id=approval_id,
+                call_id=call_id,
+                run_id=req.run_id,
+                namespace=namespace,
+                toolset_id=toolset_id,
+                tool=tool.name,
+                input=req.input,
+                input_digest=digest,
+                requested_at=now,
+            )
+            announce = (self._subjects.internal_approval_requests, needed.wire_json())
         created = await self._store.create_call(
             call_id=call_id,
             run_id=req.run_id,
@@ -149,18 +166,16 @@ class DispatcherService:
             concurrency=policy.concurrency,
             on_interruption=policy.on_interruption,
             reply=reply,
-            now=now_iso(),
+            now=now,
             approval_id=approval_id,
             digest=digest,
+            announce=announce,
         )
         self._credentials.observe_version(created.cred_version)
         if created.status == "exists":
+            # (A call awaiting approval had its approval command queued by the first create.)
             if created.admitted:  # the first create's reply was lost: nobody runs these yet
                 self._runner.start(created.admitted)
-            if created.state == "awaitingApproval":
-                # The first request's approval command may not have reached JetStream (the caller
-                # retried after `unavailable`): send it again; the approval service dedups by id.
-                await self._resend_approval(created.call_id)
             return Started(created.call_id, key, created.outcome_json if created.state == "done" else None)
         if created.status != "created":
             self._runs.pop(req.run_id, None)
@@ -168,59 +183,12 @@ class DispatcherService:
                 f"Run '{req.run_id}' is not open; open it with runs.open.", details={"runId": req.run_id}
             )
         mine = next((r for r in created.admitted if r.call_id == call_id), None)
-        if created.state == "awaitingApproval":
-            await self._request_approval(req, call_id, toolset_id, tool.name, approval_id, digest)
         if mine is not None and run_here:
             self._runner.start([r for r in created.admitted if r is not mine])
             await self._runner.run_here(mine)
         elif created.admitted:
             self._runner.start(created.admitted)
         return Started(call_id, key)
-
-    async def _request_approval(
-        self, req: CallStartRequest, call_id: str, toolset_id: str, tool: str, approval_id: str, digest: str
-    ) -> None:
-        _, namespace = await self._run(req.run_id)
-        await self._send_approval_request(
-            ApprovalNeeded.model_construct(  # every field is already checked (the input by its schema)
-                approval_id=approval_id,
-                call_id=call_id,
-                run_id=req.run_id,
-                namespace=namespace,
-                toolset_id=toolset_id,
-                tool=tool,
-                input=req.input,
-                input_digest=digest,
-                requested_at=now_iso(),
-            )
-        )
-
-    async def _resend_approval(self, call_id: str) -> None:
-        held = await self._store.approval_of(call_id)
-        if held is None:
-            return
-        rec, approval_id, digest, requested_at = held
-        await self._send_approval_request(
-            ApprovalNeeded.model_construct(
-                approval_id=approval_id,
-                call_id=call_id,
-                run_id=rec.run_id,
-                namespace=rec.namespace,
-                toolset_id=rec.toolset_id,
-                tool=rec.tool,
-                input=rec.input,
-                input_digest=digest,
-                requested_at=requested_at,
-            )
-        )
-
-    async def _send_approval_request(self, needed: ApprovalNeeded) -> None:
-        """The approval command, once per approval id in JetStream's duplicate window."""
-        await self._js.publish(
-            self._subjects.internal_approval_requests,
-            needed.wire_json(),
-            headers={"Nats-Msg-Id": f"approval:{needed.approval_id}"},
-        )
 
     async def get_call(self, req: CallGetRequest) -> CallGetReply:
         found = await self._store.get_call(req.call_id)

@@ -18,6 +18,9 @@ class DispatcherSettings(Settings):
     """Limit of one workflow attempt when its policy sets no timeout."""
     dispatcher_run_retention: float = Field(default=7 * 86400.0, gt=0)
     """How long a closed run and its calls stay readable in Redis."""
+    dispatcher_relay_lock_ttl: float = Field(default=3.0, gt=0)
+    """TTL of the lock that makes one replica the event relay (renewed every third of it); a dead
+    relay is replaced within about this plus a third."""
     dispatcher_consumer: str = "dispatcher"
     """Durable consumer names on the INTERNAL stream start with this (shared by all replicas)."""
     max_output_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
@@ -25,7 +28,8 @@ class DispatcherSettings(Settings):
     reading stops there and the call ends with `outputTooLarge`."""
     dispatcher_inline_output_bytes: int | None = Field(default=None, gt=0)
     """Largest outcome sent inline; larger ones keep their output in the `‹P›_outputs` object
-    store. Default: what fits in one NATS message (the server's max_payload) less 16 KiB."""
+    store. Default, and most: what fits in one NATS message (the server's max_payload) less 16 KiB;
+    a larger value is lowered to that at start (with a warning)."""
     dispatcher_output_ttl: float | None = Field(default=None, gt=0)
     """How long a stored output is kept from when it was stored (see `output_ttl`): at least
     `dispatcher_run_retention` (refused at start otherwise)."""

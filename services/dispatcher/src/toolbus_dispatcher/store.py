@@ -204,7 +204,10 @@ class CallStore:
         now: str,
         approval_id: str,
         digest: str,
+        announce: tuple[str, bytes] | None = None,
     ) -> Created:
+        """Store a call (see the script). `announce` (subject, body: the ApprovalNeeded command of
+        a call that waits for approval) goes into the outbox in the same script."""
         k = self.keys
         res: list[Any] = await self._batch.run(
             self._create,
@@ -240,6 +243,7 @@ class CallStore:
                 MAX_SCAN,
                 self._replies_prefix,
                 run_id,
+                *(announce or ("", "")),
                 now,
                 self.events_prefix,
             ],

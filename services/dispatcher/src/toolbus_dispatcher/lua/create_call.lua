@@ -5,7 +5,10 @@
 --       outbox
 -- ARGV: callId, idemKey, tool, inputJson, toolsetId, conc, onInterruption, reply, now, expiry,
 --       owner, approvalId, digest, callPrefix, toolSlotsKey, runLimit, maxScan, repliesPrefix, runId,
---       now, eventsPrefix
+--       ApprovalNeeded subject, ApprovalNeeded JSON (both '' without approval), now, eventsPrefix
+-- A call that waits for approval has its ApprovalNeeded command put in the outbox here, with the
+-- stored call (message id `approvalNeeded:<callId>`, relayed to the INTERNAL stream after the call's
+-- `approvalRequested` event).
 local run = redis.call('HMGET', KEYS[1], 'state', 'toolsetId', 'namespace')
 local credv = redis.call('GET', KEYS[9]) or '0'
 if run[1] ~= 'open' then return {'notFound', credv} end
@@ -34,6 +37,9 @@ emit(ck, ARGV[19], cid, 'accepted')
 if ARGV[12] ~= '' then
   redis.call('HSET', ck, 'state', 'awaitingApproval')
   emit(ck, ARGV[19], cid, 'approvalRequested', ',"approvalId":' .. cjson.encode(ARGV[12]))
+  if ARGV[21] ~= '' then
+    redis.call('XADD', OUTBOX, '*', 's', ARGV[20], 'i', 'approvalNeeded:' .. cid, 'b', ARGV[21])
+  end
   return {'created', credv, cid, 'awaitingApproval', {}}
 end
 enqueue(ck, cid)
