@@ -27,7 +27,7 @@ def embedded_index(
 ) -> SearchIndex:
     """The index of `tools` with every tool's vector attached."""
     index = SearchIndex.build(tools, options)
-    index.attach(asyncio.run(embedder.embed(index.texts)))
+    index.attach(asyncio.run(embedder.embed(index.embedding_texts)))
     return index
 
 

@@ -55,20 +55,22 @@ def test_labelled_sets_are_over_tools_that_exist(small: SearchIndex, large: Sear
 
 
 def test_small_corpus_reaches_the_accuracy_floor(small: SearchIndex, embedder: Embedder) -> None:
-    # Measured: top-1 0.914, recall@5 0.991 on 116 queries (as before the action bonus and the
-    # int8 weights: the bar of 0.93 / 0.99 is not reached at top-1).
+    # Measured: top-1 0.922, recall@5 1.000 on 116 queries (0.879 / 1.000 on the even-indexed half
+    # the re-ranker was fitted on, 0.966 / 1.000 on the odd half; 0.914 / 0.991 before it). The
+    # issue's bar of 0.93 at top-1 is not reached.
     accuracy = run(small, embedder, load_queries())
-    assert accuracy.top1 >= 0.90, accuracy.misses
-    assert accuracy.recall5 >= 0.98, accuracy.misses
+    assert accuracy.top1 >= 0.91, accuracy.misses
+    assert accuracy.recall5 >= 0.99, accuracy.misses
 
 
 def test_large_corpus_reaches_the_accuracy_floor(large: SearchIndex, embedder: Embedder) -> None:
-    # Measured: top-1 0.478, recall@5 0.742 on 178 tasks (0.483 / 0.742 on the even-indexed half
-    # the action bonus was tuned on, 0.472 / 0.742 on the odd half; 0.427 / 0.730 before it; plain
-    # BM25 0.225 / 0.455). The targets (0.75 / 0.92) are not reached: see docs/design.md.
+    # Measured: top-1 0.506, recall@5 0.758 on 178 tasks (0.506 / 0.753 on the even-indexed half
+    # the re-ranker's weights were fitted on, 0.506 / 0.764 on the held-out odd half; 0.478 /
+    # 0.742 before it; plain BM25 0.225 / 0.455). The targets (0.75 / 0.92) are not
+    # reached: see docs/design.md.
     accuracy = run(large, embedder, load_twilio_tasks())
-    assert accuracy.top1 >= 0.46, accuracy.misses
-    assert accuracy.recall5 >= 0.72, accuracy.misses
+    assert accuracy.top1 >= 0.49, accuracy.misses
+    assert accuracy.recall5 >= 0.74, accuracy.misses
 
 
 def test_lexical_search_alone_reaches_its_floor(small: SearchIndex, embedder: Embedder) -> None:

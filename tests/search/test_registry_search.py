@@ -94,7 +94,8 @@ async def test_vectors_persist_across_a_restart_and_are_shared_by_a_replica(
     try:
         toolset_id = await register(nc, subjects, billing)
         await until(lambda: searcher_of(first).dense(toolset_id), "first registry embedded", 60)
-        assert searcher_of(first).embedder.encoded == len(TASKS)
+        # Two texts a tool: its text and its name's words (`SearchIndex.embedding_texts`).
+        assert searcher_of(first).embedder.encoded == 2 * len(TASKS)
         reply = await request(
             nc, subjects.toolsets_search, {"id": toolset_id, "query": "give the money back", "limit": 3}
         )
@@ -107,7 +108,7 @@ async def test_vectors_persist_across_a_restart_and_are_shared_by_a_replica(
             await replica.service.search(ToolsetSearchRequest(id=toolset_id, query="discount", limit=3))
             await until(lambda: searcher_of(replica).dense(toolset_id), "replica loaded vectors", 30)
             assert searcher_of(replica).embedder.encoded == 0
-            assert searcher_of(replica).embedder.loaded == len(TASKS)
+            assert searcher_of(replica).embedder.loaded == 2 * len(TASKS)
             hits = await replica.service.search(
                 ToolsetSearchRequest(id=toolset_id, query="chargebacks from banks", limit=1)
             )
@@ -123,7 +124,7 @@ async def test_vectors_persist_across_a_restart_and_are_shared_by_a_replica(
         assert await register(nc, subjects, billing) == toolset_id
         await until(lambda: searcher_of(again).dense(toolset_id), "restarted registry loaded vectors", 30)
         assert searcher_of(again).embedder.encoded == 0
-        assert searcher_of(again).embedder.loaded == len(TASKS)
+        assert searcher_of(again).embedder.loaded == 2 * len(TASKS)
     finally:
         await again.stop()
 

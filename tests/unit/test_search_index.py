@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 from toolbus_contracts import EffectivePolicy, ToolInfo
 from toolbus_registry.search import (
     Embedder,
@@ -19,7 +20,12 @@ from toolbus_registry.search import (
     to_hits,
 )
 from toolbus_registry.search.encoder import Vectors
-from toolbus_registry.search.index import shared_description_prefixes
+from toolbus_registry.search.index import (
+    FEATURES,
+    RerankWeights,
+    namespace_terms,
+    shared_description_prefixes,
+)
 
 
 def tool(name: str, description: str = "", properties: dict[str, Any] | None = None) -> ToolInfo:
@@ -55,7 +61,7 @@ def names(results: Sequence[Any]) -> list[str]:
 def dense(tools: Sequence[ToolInfo], embedder: Embedder | None = None) -> tuple[SearchIndex, Embedder]:
     embedder = embedder or Embedder(default_encoder)
     index = SearchIndex.build(tools)
-    index.attach(asyncio.run(embedder.embed(index.texts)))
+    index.attach(asyncio.run(embedder.embed(index.embedding_texts)))
     return index, embedder
 
 
@@ -110,12 +116,8 @@ def test_results_are_best_first_limited_and_scored() -> None:
 def test_attach_refuses_vectors_of_another_size() -> None:
     index, embedder = dense(TOOLS)
     other = SearchIndex.build(TOOLS[:3])
-    try:
-        other.attach(asyncio.run(embedder.embed(index.texts)))
-    except ValueError as exc:
-        assert "8 vectors for 3 tools" in str(exc)
-    else:
-        raise AssertionError("attach took vectors of another toolset")
+    with pytest.raises(ValueError, match="16 vectors for 3 tools"):
+        other.attach(asyncio.run(embedder.embed(index.embedding_texts)))
 
 
 def test_descriptions_lose_the_opening_their_whole_namespace_shares() -> None:
@@ -183,12 +185,45 @@ def test_the_action_asked_for_lifts_its_tool_over_a_near_twin() -> None:
     index, embedder = dense(twins)
     query = "cancel a pending verification"
     vector = embedder.encode_query(query)
-    plain = SearchIndex.build(twins, SearchOptions(action_weight=0.0))
-    plain.attach(asyncio.run(embedder.embed(plain.texts)))
+    no_action = RerankWeights(action=0.0, other_action=0.0)
+    plain = SearchIndex.build(twins, SearchOptions(rerank=no_action))
+    plain.attach(asyncio.run(embedder.embed(plain.embedding_texts)))
     with_bonus = index.search(query, 2, query_vector=vector)
     without = plain.search(query, 2, query_vector=vector)
     assert names(with_bonus)[0] == "api.UpdateVerification"
     bonus = {r.tool.name: r.score for r in with_bonus}
     base = {r.tool.name: r.score for r in without}
-    assert abs(bonus["api.UpdateVerification"] - base["api.UpdateVerification"] - 0.04) < 1e-4
-    assert abs(bonus["api.CreateVerification"] - base["api.CreateVerification"]) < 1e-4
+    weights = RerankWeights()
+    assert abs(bonus["api.UpdateVerification"] - base["api.UpdateVerification"] - weights.action) < 1e-4
+    assert abs(bonus["api.CreateVerification"] - base["api.CreateVerification"] - weights.other_action) < 1e-4
+
+
+def test_head_features_are_the_reranked_score() -> None:
+    index, embedder = dense(TOOLS)
+    query = "close an issue"
+    vector = embedder.encode_query(query)
+    head, features = index.head_features(query, vector)
+    assert features.shape == (len(TOOLS), len(FEATURES))  # a head larger than the toolset: all
+    by_name = {index.tools[i].name: row for i, row in zip(head.tolist(), features, strict=True)}
+    update = dict(zip(FEATURES, by_name["github.update_issue"].tolist(), strict=True))
+    # Its namespace is not asked for, its resource (issue) is, and the request asks for an update.
+    assert update["namespace_match"] == 0.0 and update["unasked_resource"] == 0.0
+    assert update["action"] == 1.0 and update["other_action"] == 0.0
+    create = dict(zip(FEATURES, by_name["github.create_issue"].tolist(), strict=True))
+    assert create["action"] == 0.0 and create["other_action"] == 1.0
+    browser = dict(zip(FEATURES, by_name["playwright.browser_close"].tolist(), strict=True))
+    assert browser["unasked_resource"] == 0.25  # "browser" is not asked for, "close" is
+    scores = {r.tool.name: r.score for r in index.search(query, len(TOOLS), query_vector=vector)}
+    weights = RerankWeights().vector()
+    for name, row in by_name.items():
+        assert abs(scores[name] - float(row @ weights)) < 1e-5
+
+
+def test_namespace_terms_leave_out_versions_and_words_most_namespaces_share() -> None:
+    spaces = ["twilio_api_v2010", "twilio_chat_v2", "twilio_voice_v1", "twilio_conversations_v1", "github"]
+    words = namespace_terms(spaces)
+    assert words["twilio_api_v2010"] == {"api"}
+    assert words["twilio_conversations_v1"] == {"convers"}
+    assert words["github"] == {"github"}
+    # Too few namespaces to tell what is shared: only the version tokens go.
+    assert namespace_terms(["twilio_api_v2010", "twilio_chat_v2"])["twilio_chat_v2"] == {"twilio", "chat"}

@@ -103,7 +103,7 @@ class Searcher:
         EMBEDDING.inc()
         encoded, loaded = self.embedder.encoded, self.embedder.loaded
         try:
-            index.attach(await self.embedder.embed(index.texts))
+            index.attach(await self.embedder.embed(index.embedding_texts))
         except Exception:
             # Search stays lexical for this toolset; the next search or registration tries again.
             log.exception("embedding toolset %s failed", toolset_id)

@@ -1,17 +1,20 @@
 """Search over the tools of one toolset: BM25F and dense retrieval, fused, the head re-ranked.
 
 `SearchIndex.build(tools)` does the lexical part only (milliseconds per thousand tools), so a
-toolset is searchable as soon as it is registered. Its tools' vectors (computed in the background
-by the registry's `Embedder`, from a persisted store when they were embedded before) are attached
-later with `attach`; from then on every search ranks every tool by cosine similarity to the query
-as well, fused with the lexical ranking by reciprocal rank fusion, and re-ranks the fused head.
+toolset is searchable as soon as it is registered. Its tools' vectors (two a tool: its text and
+its name's words; computed in the background by the registry's `Embedder`, from a persisted store
+when they were embedded before) are attached later with `attach`; from then on every search ranks
+every tool by cosine similarity to the query as well, fused with the lexical ranking by reciprocal
+rank fusion, and re-ranks the fused head with a linear model over the head's features
+(`head_features`, weighted by `RerankWeights`).
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -20,7 +23,58 @@ from toolbus_contracts import ToolInfo
 
 from toolbus_registry.search.encoder import Vectors
 from toolbus_registry.search.lexical import Bm25Params, LexicalIndex
-from toolbus_registry.search.text import ACTIONS, expand, request_action, split_identifier, terms, tool_action
+from toolbus_registry.search.text import (
+    ACTIONS,
+    expand,
+    request_action,
+    resource_words,
+    split_identifier,
+    terms,
+    tool_action,
+)
+
+
+@dataclass(frozen=True)
+class RerankWeights:
+    """The linear re-ranker of the fused head: a head tool's score is the sum of these weights
+    times its features (`SearchIndex.head_features`, same order as the fields). Fitted on the
+    even-indexed tasks of both labelled corpora only (tests/search; the odd half held out):
+    `bench/search_fit.py` fits a listwise logistic regression (softmax over each task's head,
+    standardised features, L2 0.03, numpy gradient descent), scales it so that `cosine` is 1, then
+    moves each weight by ±0.05 and ±0.02 while the even half's top-1 + recall@5 / 2 (summed over
+    both corpora) rises; the weights are that result, rounded."""
+
+    cosine: float = 1.0
+    """Cosine of the query with the tool's text (namespace, name words, description)."""
+    lexical: float = 0.36
+    """BM25F score over the query's best BM25F score."""
+    name_cosine: float = 0.36
+    """Cosine of the query with the tool's name words alone (a second vector per tool)."""
+    fused: float = 0.25
+    """Reciprocal-rank-fusion score over the best one."""
+    action: float = 0.07
+    """1 when the tool's verb is the action the request asks for (`text.request_action`)."""
+    other_action: float = -0.09
+    """1 when the request asks for an action and the tool's verb is another one."""
+    namespace_match: float = 0.12
+    """1 when a word of the tool's namespace (version tokens and words most namespaces share
+    left out) is among the query's terms or their synonyms."""
+    unasked_resource: float = -0.21
+    """Words of the tool's resource (its name without the verb) that the query does not mention
+    (synonyms count), over 4, at most 1: `CreateMessageFeedback` for "send a text"."""
+    namespace_cosine: float = 0.21
+    """Cosine of the query with the mean vector of the tool's namespace."""
+    namespace_top3: float = 0.44
+    """Mean cosine of the query with the three closest tools of the tool's namespace: a query
+    about conversations lifts every tool of the namespace that holds them."""
+
+    def vector(self) -> npt.NDArray[np.float32]:
+        """The weights in `FEATURES` order."""
+        return np.asarray([getattr(self, name) for name in FEATURES], dtype=np.float32)
+
+
+FEATURES: tuple[str, ...] = tuple(f.name for f in fields(RerankWeights))
+"""Names of the head features, in `RerankWeights.vector()` order."""
 
 
 @dataclass(frozen=True)
@@ -29,18 +83,12 @@ class SearchOptions:
 
     rrf_k: int = 60
     """Reciprocal rank fusion constant: a tool scores 1/(k + rank) in each ranking it is in."""
-    head: int = 30
-    """Tools taken from the top of the fused ranking and re-ranked by their blended score."""
+    head: int = 40
+    """Tools taken from the top of the fused ranking and re-ranked by `rerank`."""
     synonym_weight: float = 0.35
     coordination: float = 1.0
     """Exponent of the share of query words a tool matches, multiplied into its BM25F score."""
-    dense_weight: float = 1.0
-    lexical_weight: float = 0.3
-    """Weight of the BM25F score divided by the best BM25F score of the query, in the head's
-    blended score `dense_weight * cosine + lexical_weight * bm25 / best_bm25`."""
-    action_weight: float = 0.04
-    """Added to the blended score of a head tool whose name's verb is the action the query asks
-    for (`text.request_action`, `text.tool_action`)."""
+    rerank: RerankWeights = field(default_factory=RerankWeights)
     params_text_chars: int = 2000
     """Parameter text (names and descriptions) indexed per tool, at most."""
     bm25: Bm25Params = field(default_factory=Bm25Params)
@@ -131,6 +179,32 @@ def embedding_text(tool: ToolInfo, shared_prefix: str = "") -> str:
     return f"{head}: {description}" if description else head
 
 
+def name_text(tool: ToolInfo) -> str:
+    """What the encoder reads for a tool's second vector: the words of its own name."""
+    return " ".join(split_identifier(split_qualified_name(tool.name)[1]))
+
+
+_VERSION = re.compile(r"(v\d*|\d+)")
+
+
+def namespace_terms(namespaces: Sequence[str]) -> dict[str, frozenset[str]]:
+    """{namespace: its search terms}, without version tokens (`v`, `2010`) and, where there are
+    4+ namespaces, without the words more than half of them share (`twilio` of `twilio_api_v2010`):
+    what is left tells one namespace from another."""
+    words = {
+        ns: frozenset(terms(" ".join(w for w in split_identifier(ns) if not _VERSION.fullmatch(w))))
+        for ns in set(namespaces)
+    }
+    if len(words) >= 4:
+        counts: dict[str, int] = {}
+        for ws in words.values():
+            for w in ws:
+                counts[w] = counts.get(w, 0) + 1
+        common = {w for w, c in counts.items() if c * 2 > len(words)}
+        words = {ns: ws - common for ns, ws in words.items()}
+    return words
+
+
 class SearchIndex:
     """A ranked search over one toolset's tools: lexical from the start, dense once the tools'
     vectors are attached. Safe to share across threads (attaching swaps one reference)."""
@@ -149,9 +223,22 @@ class SearchIndex:
             embedding_text(t, prefixes.get(split_qualified_name(t.name)[0], "")) for t in self.tools
         )
         """What the encoder reads for each tool, in `tools` order."""
+        self.name_texts: tuple[str, ...] = tuple(name_text(t) for t in self.tools)
+        """The words of each tool's own name: its second vector (`name_cosine`)."""
         self._vectors: Vectors | None = None
-        actions = [tool_action(split_qualified_name(t.name)[1]) for t in self.tools]
+        self._name_vectors: Vectors | None = None
+        self._centroids: Vectors | None = None
+        locals_ = [split_qualified_name(t.name) for t in self.tools]
+        actions = [tool_action(local) for _, local in locals_]
         self._actions = {a: np.asarray([x == a for x in actions], dtype=np.float32) for a in ACTIONS}
+        self._has_action = np.asarray([x is not None for x in actions], dtype=np.float32)
+        self._resources = tuple(frozenset(terms(" ".join(resource_words(local)))) for _, local in locals_)
+        namespaces = sorted({ns for ns, _ in locals_})
+        self._namespace_terms = namespace_terms(namespaces)
+        self._namespaces = namespaces
+        position = {ns: k for k, ns in enumerate(namespaces)}
+        self._namespace_of = np.asarray([position[ns] for ns, _ in locals_], dtype=np.intp)
+        self._members = [np.flatnonzero(self._namespace_of == k) for k in range(len(namespaces))]
 
     @classmethod
     def build(cls, tools: Sequence[ToolInfo], options: SearchOptions | None = None) -> SearchIndex:
@@ -179,11 +266,23 @@ class SearchIndex:
         """Whether the tools' vectors are attached (until then searches are lexical)."""
         return self._vectors is not None
 
+    @property
+    def embedding_texts(self) -> tuple[str, ...]:
+        """Every text the tools' vectors are made of: `texts`, then `name_texts`."""
+        return self.texts + self.name_texts
+
     def attach(self, vectors: Vectors) -> None:
-        """Attach the unit vectors of `texts`, shape (len(tools), dim)."""
-        if vectors.shape[0] != len(self.tools):
-            raise ValueError(f"{vectors.shape[0]} vectors for {len(self.tools)} tools")
-        self._vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        """Attach the unit vectors of `embedding_texts`, shape (2 * len(tools), dim)."""
+        n = len(self.tools)
+        if vectors.shape[0] != 2 * n:
+            raise ValueError(f"{vectors.shape[0]} vectors for {n} tools (two a tool)")
+        vectors = np.asarray(vectors, dtype=np.float32)
+        centroids = np.zeros((len(self._namespaces), vectors.shape[1]), dtype=np.float32)
+        np.add.at(centroids, self._namespace_of, vectors[:n])
+        centroids /= np.maximum(np.linalg.norm(centroids, axis=1, keepdims=True), 1e-12)
+        self._name_vectors = np.ascontiguousarray(vectors[n:])
+        self._centroids = centroids
+        self._vectors = np.ascontiguousarray(vectors[:n])  # last: `dense` turns true with all set
 
     def lexical_scores(self, query: str) -> npt.NDArray[np.float32]:
         """BM25F score of every tool for the query, synonyms included."""
@@ -196,19 +295,34 @@ class SearchIndex:
         Without vectors (none attached, or no `query_vector`): lexical only, and tools that share
         no term with the query are left out. With them: the dense ranking of every tool (cosine)
         and the lexical ranking are fused by reciprocal rank fusion; the fused head is re-ranked
-        by `dense_weight * cosine + lexical_weight * bm25 / best_bm25`, which is the
-        score.
+        by the linear model `options.rerank` over `head_features`, which is the score.
         """
         if limit < 1 or not self.tools:
             return []
-        groups = expand(terms(query), self.options.synonym_weight)
-        lex = self._lexical.scores(groups, self.options.coordination)
-        vectors = self._vectors
-        if vectors is None or query_vector is None:
+        if self._vectors is None or query_vector is None:
+            groups = expand(terms(query), self.options.synonym_weight)
+            lex = self._lexical.scores(groups, self.options.coordination)
             return self._top(lex, np.flatnonzero(lex > 0), limit)
+        head, features = self.head_features(query, query_vector, max(self.options.head, limit))
+        scores = np.zeros(len(self.tools), dtype=np.float32)
+        scores[head] = features @ self.options.rerank.vector()
+        return self._top(scores, head, limit)
+
+    def head_features(
+        self, query: str, query_vector: Vectors, head_size: int | None = None
+    ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float32]]:
+        """The fused head (tool ids, best fused first) and its features, one row per head tool,
+        columns as `FEATURES`. Needs the vectors attached."""
+        vectors, name_vectors, centroids = self._vectors, self._name_vectors, self._centroids
+        if vectors is None or name_vectors is None or centroids is None:
+            raise ValueError("no vectors attached")
         opts = self.options
+        query_terms = terms(query)
+        groups = expand(query_terms, opts.synonym_weight)
+        lex = self._lexical.scores(groups, opts.coordination)
         n = len(self.tools)
-        cosine = vectors @ query_vector.astype(np.float32)
+        q = query_vector.astype(np.float32)
+        cosine = vectors @ q
         ranks = np.arange(1, n + 1, dtype=np.float32)
         fused = np.zeros(n, dtype=np.float32)
         fused[np.argsort(-cosine, kind="stable")] += 1.0 / (opts.rrf_k + ranks)
@@ -216,16 +330,25 @@ class SearchIndex:
         if matched.size:
             by_lex = matched[np.argsort(-lex[matched], kind="stable")]
             fused[by_lex] += 1.0 / (opts.rrf_k + ranks[: by_lex.size])
-        head = self._top_ids(fused, np.arange(n), max(opts.head, limit))
+        head = self._top_ids(fused, np.arange(n), head_size or opts.head)
+        asked = {t for group in groups for t in group}
+        features = np.zeros((head.size, len(FEATURES)), dtype=np.float32)
         best = float(lex.max())
-        blended = np.zeros(n, dtype=np.float32)
-        blended[head] = opts.dense_weight * cosine[head] + opts.lexical_weight * (
-            lex[head] / best if best > 0 else lex[head]
-        )
+        features[:, 0] = cosine[head]
+        features[:, 1] = lex[head] / best if best > 0 else 0.0
+        features[:, 2] = name_vectors[head] @ q
+        features[:, 3] = fused[head] / float(fused.max())
         action = request_action(query)
-        if action is not None and opts.action_weight:
-            blended[head] += opts.action_weight * self._actions[action][head]
-        return self._top(blended, head, limit)
+        if action is not None:
+            features[:, 4] = self._actions[action][head]
+            features[:, 5] = self._has_action[head] - features[:, 4]
+        spaces = self._namespace_of[head]
+        features[:, 6] = [bool(self._namespace_terms[self._namespaces[k]] & asked) for k in spaces]
+        features[:, 7] = [min(len(self._resources[i] - asked), 4) / 4.0 for i in head.tolist()]
+        features[:, 8] = (centroids @ q)[spaces]
+        top3 = {k: float(np.sort(cosine[self._members[k]])[-3:].mean()) for k in set(spaces.tolist())}
+        features[:, 9] = [top3[k] for k in spaces.tolist()]
+        return head, features
 
     def _top_ids(
         self, scores: npt.NDArray[np.float32], ids: npt.NDArray[np.intp], k: int

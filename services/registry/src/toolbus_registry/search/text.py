@@ -193,6 +193,13 @@ def tool_action(local_name: str) -> str | None:
     return None
 
 
+def resource_words(local_name: str) -> list[str]:
+    """The words of a tool's name without its leading CRUD verb: what it acts on
+    (`CreateMessageFeedback` -> message feedback)."""
+    words = split_identifier(local_name)
+    return words[1:] if words and words[0] in _TOOL_VERBS else words
+
+
 def request_action(query: str) -> str | None:
     """The action a request asks for: "list" if it asks for every/all/which/how many, else the
     action of its first verb that names one, else None."""
