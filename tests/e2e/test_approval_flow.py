@@ -18,17 +18,20 @@ import pytest
 import pytest_asyncio
 from toolbus_contracts import Subjects
 
-from tests.support.infra import aservice_process, drop_deployment_state, js_name, request, unique_prefix
+from tests.support.bus_modes import Bus
+from tests.support.infra import drop_deployment_state, drop_redis_keys, js_name, request
 from tests.support.mcp_servers import McpTestServer
 
 pytestmark = pytest.mark.e2e
 
 
 class Client:
-    """A harness's view of toolbus: requests, `approval.requested` events, the run's events."""
+    """A harness's view of toolbus (requests, the run's events) and an approver's
+    (`approval.requested` events, listing and deciding): two connections, each as its role."""
 
-    def __init__(self, nc: Any, prefix: str) -> None:
+    def __init__(self, nc: Any, approver: Any, prefix: str) -> None:
         self.nc = nc
+        self.approver = approver
         self.js = nc.jetstream()
         self.prefix = prefix
         self.subjects = Subjects(prefix)
@@ -36,6 +39,12 @@ class Client:
 
     async def ok(self, subject: str, body: dict[str, Any], within: float = 10.0) -> dict[str, Any]:
         reply = await request(self.nc, subject, body, timeout=within)
+        assert reply["ok"] is True, reply
+        data: dict[str, Any] = reply["data"]
+        return data
+
+    async def approver_ok(self, subject: str, body: dict[str, Any], within: float = 10.0) -> dict[str, Any]:
+        reply = await request(self.approver, subject, body, timeout=within)
         assert reply["ok"] is True, reply
         data: dict[str, Any] = reply["data"]
         return data
@@ -82,9 +91,9 @@ async def mcp() -> AsyncIterator[McpTestServer]:
 
 
 @pytest.fixture(scope="module")
-def env(service_env: dict[str, str]) -> dict[str, str]:
+def env(service_env: dict[str, str], bus: Bus) -> dict[str, str]:
     """A prefix of this module's own, so no other test's consumers see its commands."""
-    prefix = unique_prefix("tbae")
+    prefix = bus.prefix("tbae")
     return {
         **service_env,
         "TOOLBUS_SUBJECT_PREFIX": prefix,
@@ -95,25 +104,29 @@ def env(service_env: dict[str, str]) -> dict[str, str]:
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
-async def client(env: dict[str, str], nats_url: str, redis_url: str) -> AsyncIterator[Client]:
-    import nats
-
+async def client(env: dict[str, str], bus: Bus, redis_url: str) -> AsyncIterator[Client]:
     prefix = env["TOOLBUS_SUBJECT_PREFIX"]
-    nc = await nats.connect(nats_url)
-    c = Client(nc, prefix)
-    sub = await nc.subscribe(c.subjects.approvals_requested, cb=c.on_requested)
+    nc = await bus.connect("harness")
+    approver = await bus.connect("approver")
+    c = Client(nc, approver, prefix)
+    sub = await approver.subscribe(c.subjects.approvals_requested, cb=c.on_requested)
+    await approver.flush()
     try:
         yield c
     finally:
         await sub.unsubscribe()
-        await drop_deployment_state(nc, redis_url, prefix)
+        if bus.secured:  # a server of the session's own, gone with it; no user there deletes streams
+            await drop_redis_keys(redis_url, prefix)
+        else:
+            await drop_deployment_state(nc, redis_url, prefix)
+        await approver.drain()
         await nc.drain()
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
-async def services(env: dict[str, str], client: Client) -> AsyncIterator[None]:
+async def services(env: dict[str, str], client: Client, bus: Bus) -> AsyncIterator[None]:
     """The registry and the approval service for the whole module (the dispatcher is per test)."""
-    async with aservice_process("registry", env), aservice_process("approval", env):
+    async with bus.service("registry", env), bus.service("approval", env):
         yield
 
 
@@ -149,9 +162,9 @@ def show(title: str, events: list[dict[str, Any]]) -> None:
 
 
 async def test_approved_call_reaches_the_server_once_and_denied_never(
-    env: dict[str, str], client: Client, toolset: str, mcp: McpTestServer
+    env: dict[str, str], client: Client, toolset: str, mcp: McpTestServer, bus: Bus
 ) -> None:
-    async with aservice_process("dispatcher", env):
+    async with bus.service("dispatcher", env):
         run_id = (await client.ok(client.subjects.runs_open, {"toolsetId": toolset, "namespace": "user-7"}))[
             "runId"
         ]
@@ -162,11 +175,11 @@ async def test_approved_call_reaches_the_server_once_and_denied_never(
         assert approval["input"] == {"text": "refund 5"}
         assert approval["namespace"] == "user-7"
         assert approval["toolsetId"] == toolset
-        listed = await client.ok(client.subjects.approvals_list, {"runId": run_id})
+        listed = await client.approver_ok(client.subjects.approvals_list, {"runId": run_id})
         assert [a["approvalId"] for a in listed["approvals"]] == [approval["approvalId"]]
         assert len(mcp.calls_to("echo")) == before  # nothing is sent before the decision
 
-        decided = await client.ok(
+        decided = await client.approver_ok(
             client.subjects.approvals_decide, {"approvalId": approval["approvalId"], "approve": True}
         )
         assert decided == {"approvalId": approval["approvalId"], "decision": "approved"}
@@ -179,7 +192,7 @@ async def test_approved_call_reaches_the_server_once_and_denied_never(
         ]
 
         denied_id, approval = await start_call(client, run_id, "refund 5000", "key-deny")
-        decided = await client.ok(
+        decided = await client.approver_ok(
             client.subjects.approvals_decide,
             {"approvalId": approval["approvalId"], "approve": False, "reason": "too large"},
         )
@@ -191,7 +204,7 @@ async def test_approved_call_reaches_the_server_once_and_denied_never(
         assert len(mcp.calls_to("echo")) == before + 1  # the denied call never reached the server
 
         again = await request(
-            client.nc,
+            client.approver,
             client.subjects.approvals_decide,
             {"approvalId": approval["approvalId"], "approve": True},
         )
@@ -208,20 +221,20 @@ async def test_approved_call_reaches_the_server_once_and_denied_never(
 
 
 async def test_decision_made_while_the_dispatcher_is_down_takes_effect_when_it_is_back(
-    env: dict[str, str], client: Client, toolset: str, mcp: McpTestServer
+    env: dict[str, str], client: Client, toolset: str, mcp: McpTestServer, bus: Bus
 ) -> None:
-    async with aservice_process("dispatcher", env) as dispatcher:
+    async with bus.service("dispatcher", env) as dispatcher:
         run_id = (await client.ok(client.subjects.runs_open, {"toolsetId": toolset}))["runId"]
         before = len(mcp.calls_to("echo"))
         call_id, approval = await start_call(client, run_id, "later", "key-restart")
         dispatcher.kill()  # a crash while the call waits
 
-    decided = await client.ok(
+    decided = await client.approver_ok(
         client.subjects.approvals_decide, {"approvalId": approval["approvalId"], "approve": True}
     )
     assert decided["decision"] == "approved"
 
-    async with aservice_process("dispatcher", env):
+    async with bus.service("dispatcher", env):
         done = await outcome_of(client, run_id, "later", "key-restart")
     assert done["callId"] == call_id
     assert done["outcome"] == {"status": "ok", "output": {"text": "later"}}
@@ -230,9 +243,9 @@ async def test_decision_made_while_the_dispatcher_is_down_takes_effect_when_it_i
 
 
 async def test_closing_the_run_cancels_its_pending_approval(
-    env: dict[str, str], client: Client, toolset: str, mcp: McpTestServer
+    env: dict[str, str], client: Client, toolset: str, mcp: McpTestServer, bus: Bus
 ) -> None:
-    async with aservice_process("dispatcher", env):
+    async with bus.service("dispatcher", env):
         run_id = (await client.ok(client.subjects.runs_open, {"toolsetId": toolset}))["runId"]
         before = len(mcp.calls_to("echo"))
         call_id, approval = await start_call(client, run_id, "closing", "key-close")
@@ -243,13 +256,13 @@ async def test_closing_the_run_cancels_its_pending_approval(
         assert got["outcome"]["error"]["code"] == "cancelled"
 
         for _ in range(400):  # the approval service applies RunClosed from its durable consumer
-            listed = await client.ok(client.subjects.approvals_list, {"runId": run_id})
+            listed = await client.approver_ok(client.subjects.approvals_list, {"runId": run_id})
             if not listed["approvals"]:
                 break
             await asyncio.sleep(0.025)
         assert listed["approvals"] == []
         late = await request(
-            client.nc,
+            client.approver,
             client.subjects.approvals_decide,
             {"approvalId": approval["approvalId"], "approve": True},
         )

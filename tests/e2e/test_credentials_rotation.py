@@ -24,14 +24,8 @@ import pytest_asyncio
 from standardwebhooks import Webhook
 from toolbus_contracts import Subjects
 
-from tests.support.infra import (
-    aservice_process,
-    drop_deployment_state,
-    js_name,
-    request,
-    unique_prefix,
-    until,
-)
+from tests.support.bus_modes import Bus
+from tests.support.infra import drop_deployment_state, drop_redis_keys, js_name, request, until
 from tests.support.mcp_servers import McpTestServer
 from tests.support.webhooks import Receiver, webhook_receiver
 
@@ -82,14 +76,15 @@ class Harness:
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
-async def receiver() -> AsyncIterator[Receiver]:
+async def receiver(bus: Bus) -> AsyncIterator[Receiver]:
+    """One receiver per mode (each mode's test counts the webhooks it sent)."""
     async with webhook_receiver() as rec:
         yield rec
 
 
 @pytest.fixture(scope="module")
-def env(service_env: dict[str, str], receiver: Receiver) -> dict[str, str]:
-    prefix = unique_prefix("tbcr")
+def env(service_env: dict[str, str], receiver: Receiver, bus: Bus) -> dict[str, str]:
+    prefix = bus.prefix("tbcr")
     return {
         **service_env,
         "TOOLBUS_SUBJECT_PREFIX": prefix,
@@ -104,11 +99,9 @@ def env(service_env: dict[str, str], receiver: Receiver) -> dict[str, str]:
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
-async def harness(env: dict[str, str], nats_url: str, redis_url: str) -> AsyncIterator[Harness]:
-    import nats
-
+async def harness(env: dict[str, str], bus: Bus, redis_url: str) -> AsyncIterator[Harness]:
     prefix = env["TOOLBUS_SUBJECT_PREFIX"]
-    nc = await nats.connect(nats_url)
+    nc = await bus.connect("harness")
     h = Harness(nc, prefix)
 
     async def on_expired(msg: Any) -> None:
@@ -119,7 +112,10 @@ async def harness(env: dict[str, str], nats_url: str, redis_url: str) -> AsyncIt
         yield h
     finally:
         await sub.unsubscribe()
-        await drop_deployment_state(nc, redis_url, prefix)
+        if bus.secured:  # a server of the session's own, gone with it; no user there deletes streams
+            await drop_redis_keys(redis_url, prefix)
+        else:
+            await drop_deployment_state(nc, redis_url, prefix)
         await nc.drain()
 
 
@@ -128,17 +124,17 @@ def bearer(token: str) -> dict[str, Any]:
 
 
 async def test_a_call_parked_on_an_expired_token_completes_once_after_new_credentials(
-    env: dict[str, str], harness: Harness, receiver: Receiver, redis_url: str
+    env: dict[str, str], harness: Harness, receiver: Receiver, redis_url: str, bus: Bus
 ) -> None:
     h = harness
     logs: list[Path] = []
     async with (
         McpTestServer(name="crm", required_token=OLD) as server,
-        aservice_process("registry", env) as reg,
+        bus.service("registry", env) as reg,
     ):
         logs.append(reg.log_path)
-        credentials = await _start(aservice_process("credentials", env), logs)
-        dispatcher = await _start(aservice_process("dispatcher", env), logs)
+        credentials = await _start(bus.service("credentials", env), logs)
+        dispatcher = await _start(bus.service("dispatcher", env), logs)
         try:
             toolset = await h.ok(
                 h.subjects.toolsets_create,
@@ -194,8 +190,8 @@ async def test_a_call_parked_on_an_expired_token_completes_once_after_new_creden
             await credentials.__aexit__(None, None, None)
             dispatcher.kill()
             await dispatcher.__aexit__(None, None, None)
-            credentials = await _start(aservice_process("credentials", env), logs)
-            dispatcher = await _start(aservice_process("dispatcher", env), logs)
+            credentials = await _start(bus.service("credentials", env), logs)
+            dispatcher = await _start(bus.service("dispatcher", env), logs)
             assert (await h.ok(h.subjects.calls_get, {"callId": call_id}))["state"] == "parked"
 
             # New credentials at the same level and scope send the call again, with the same key.
@@ -268,7 +264,7 @@ async def test_a_call_parked_on_an_expired_token_completes_once_after_new_creden
 
 
 async def test_credentials_set_right_on_the_parked_event_resume_the_call(
-    env: dict[str, str], harness: Harness, redis_url: str
+    env: dict[str, str], harness: Harness, redis_url: str, bus: Bus
 ) -> None:
     """The SDK walkthrough's race: the user sets new credentials the moment the `parked` event
     arrives, which can reach the credentials service before the park command does. The call must
@@ -280,11 +276,11 @@ async def test_credentials_set_right_on_the_parked_event_resume_the_call(
     old, new = "tok-old-" + secrets.token_hex(12), "tok-new-" + secrets.token_hex(12)
     async with (
         McpTestServer(name="crm", required_token=old) as server,
-        aservice_process("registry", env) as reg,
+        bus.service("registry", env) as reg,
     ):
         logs.append(reg.log_path)
-        credentials = await _start(aservice_process("credentials", env), logs)
-        dispatcher = await _start(aservice_process("dispatcher", env), logs)
+        credentials = await _start(bus.service("credentials", env), logs)
+        dispatcher = await _start(bus.service("dispatcher", env), logs)
         try:
             toolset = await h.ok(
                 h.subjects.toolsets_create,
@@ -294,10 +290,6 @@ async def test_credentials_set_right_on_the_parked_event_resume_the_call(
             run_id = (await h.ok(h.subjects.runs_open, {"toolsetId": toolset["id"]}))["runId"]
             server.required_token = new  # the token expires
             sets: list[asyncio.Task[dict[str, Any]]] = []
-            parks: list[dict[str, Any]] = []
-
-            async def on_park(msg: Any) -> None:
-                parks.append(json.loads(msg.data))
 
             async def on_event(msg: Any) -> None:
                 if json.loads(msg.data)["type"] == "parked" and not sets:
@@ -311,7 +303,6 @@ async def test_credentials_set_right_on_the_parked_event_resume_the_call(
                     )
 
             sub = await h.nc.subscribe(h.subjects.run_events(run_id), cb=on_event)
-            park_sub = await h.nc.subscribe(h.subjects.internal_calls_park, cb=on_park)
             try:
                 start = {
                     "runId": run_id,
@@ -325,7 +316,6 @@ async def test_credentials_set_right_on_the_parked_event_resume_the_call(
                 done = await h.ok(h.subjects.calls_invoke, start, within=30)
             finally:
                 await sub.unsubscribe()
-                await park_sub.unsubscribe()
             assert done["callId"] == call_id
             assert done["outcome"]["status"] == "ok"
             mine = [c for c in server.calls_to("echo") if c.idempotency_key_header == "k-race"]
@@ -334,7 +324,11 @@ async def test_credentials_set_right_on_the_parked_event_resume_the_call(
             # headers were resolved at, and the set recorded a newer one at that scope, so a park
             # recorded after the set is resumed at once (the deterministic form of this race is
             # in tests/integration/test_credentials_service.py).
-            assert [p["callId"] for p in parks] == [call_id]
+            # The park commands, read from the INTERNAL stream as the credentials service (the
+            # harness may not read INTERNAL).
+            internal = await internal_messages(bus, h.prefix, h.subjects.internal_calls_park)
+            parks = [p for p in internal if p["callId"] == call_id]
+            assert len(parks) == 1  # parked once
             from redis.asyncio import Redis
             from toolbus_common.keys import Keys
 
@@ -348,6 +342,26 @@ async def test_credentials_set_right_on_the_parked_event_resume_the_call(
         finally:
             await dispatcher.__aexit__(None, None, None)
             await credentials.__aexit__(None, None, None)
+
+
+async def internal_messages(bus: Bus, prefix: str, subject: str) -> list[dict[str, Any]]:
+    """Every message now on `subject` in the INTERNAL stream, read as the credentials service."""
+    nc = await bus.connect("credentials")
+    try:
+        sub = await nc.jetstream().subscribe(
+            subject, stream=js_name(prefix, "INTERNAL"), ordered_consumer=True
+        )
+        out: list[dict[str, Any]] = []
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=5)
+            except Exception:
+                return out
+            out.append(json.loads(msg.data))
+            if msg.metadata.num_pending == 0:
+                return out
+    finally:
+        await nc.close()
 
 
 async def _ends_with(h: Harness, run_id: str, call_id: str, last: str) -> bool:

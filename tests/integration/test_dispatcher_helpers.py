@@ -43,10 +43,24 @@ def host_tool(name: str, **policy: Any) -> dict[str, Any]:
 class Harness:
     """One dispatcher (or more) on a prefix of its own, and a client connection."""
 
-    def __init__(self, nats_url: str, redis_url: str) -> None:
+    def __init__(
+        self,
+        nats_url: str,
+        redis_url: str,
+        *,
+        prefix: str | None = None,
+        connect_options: dict[str, Any] | None = None,
+        store_connect_options: dict[str, Any] | None = None,
+    ) -> None:
+        """`connect_options` (nats.connect's) for the client connection, `store_connect_options`
+        for a second one that writes the toolsets store (on a secured server: the registry's
+        user; the harness's may not). Without them, plain connections to `nats_url`."""
         self.nats_url = nats_url
         self.redis_url = redis_url
-        self.prefix = unique_prefix("tbd")
+        self.prefix = prefix or unique_prefix("tbd")
+        self.connect_options = connect_options or {"servers": [nats_url]}
+        self.store_connect_options = store_connect_options
+        self.store_nc: NatsClient | None = None
         self.subjects = Subjects(self.prefix)
         self.keys = Keys(self.prefix)
         self.apps: list[DispatcherApp] = []
@@ -78,8 +92,11 @@ class Harness:
         }
 
     async def connect(self) -> None:
-        self.nc = await nats.connect(self.nats_url)
-        self.store = ToolsetStore(self.nc.jetstream(), js_name(self.prefix, "toolsets"))
+        self.nc = await nats.connect(**self.connect_options)
+        store_nc = self.nc
+        if self.store_connect_options is not None:
+            self.store_nc = store_nc = await nats.connect(**self.store_connect_options)
+        self.store = ToolsetStore(store_nc.jetstream(), js_name(self.prefix, "toolsets"))
         await self.store.open()
         self.redis = Redis.from_url(self.redis_url)
 
@@ -95,7 +112,12 @@ class Harness:
         for app in self.apps:
             with contextlib.suppress(Exception):
                 await app.stop(grace=1.0)
-        if self.nc is not None:
+        if self.store_nc is not None:
+            await self.store_nc.drain()
+        if self.nc is not None and self.store_connect_options is not None:
+            # A secured server of the test's own: no user there may delete streams, nor needs to.
+            await self.nc.drain()
+        elif self.nc is not None:
             js = self.nc.jetstream()
             for name in (
                 "EVENTS",

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 from toolbus_devstack import LocalServer, find_nats_server, free_port, start_nats_server
-from toolbus_devstack.nats_conf import client_env, dev_credentials, server_env
+from toolbus_devstack.nats_conf import client_env, dev_credentials, render_auth_conf, server_env
+from toolbus_devstack.tls import DevPki, make_dev_pki
 
 ROOT = Path(__file__).resolve().parents[2]
 NATS_CONF = ROOT / "deploy" / "nats" / "nats-server.conf"
@@ -42,28 +43,63 @@ def nats_binaries() -> list[str]:
 class SecuredNats:
     server: LocalServer
     passwords: dict[str, str]
+    pki: DevPki | None = None
+    """The throwaway CA and client certificate when the server requires TLS (`--tlsverify`)."""
 
     @property
     def url(self) -> str:
         return self.server.url
 
     def env(self, role: str) -> dict[str, str]:
-        """`TOOLBUS_NATS_*` of a client or service connecting as `role`."""
-        return {"TOOLBUS_NATS_URL": self.url, **client_env(role, self.passwords[role])}
+        """`TOOLBUS_NATS_*` of a client or service connecting as `role` (with TLS settings when
+        the server requires TLS)."""
+        env = {"TOOLBUS_NATS_URL": self.url, **client_env(role, self.passwords[role])}
+        if self.pki is not None:
+            env |= {
+                "TOOLBUS_NATS_TLS_CA_FILE": str(self.pki.ca),
+                "TOOLBUS_NATS_TLS_CERT_FILE": str(self.pki.client_cert),
+                "TOOLBUS_NATS_TLS_KEY_FILE": str(self.pki.client_key),
+            }
+        return env
 
 
-def start_secured_nats(tmp: Path, binary: str | None = None, args: tuple[str, ...] = ()) -> SecuredNats:
+def secured_conf(directory: Path, prefixes: list[str]) -> Path:
+    """deploy/nats/nats-server.conf beside the authorization rendered for `prefixes` (what `make up`
+    with `TOOLBUS_SECURE=1` writes for its prefix), in `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    conf = directory / "nats-server.conf"
+    conf.write_text(NATS_CONF.read_text())
+    (directory / "toolbus-auth.conf").write_text(render_auth_conf(prefixes))
+    return conf
+
+
+def start_secured_nats(
+    tmp: Path,
+    binary: str | None = None,
+    args: tuple[str, ...] = (),
+    *,
+    prefixes: list[str] | None = None,
+    tls: bool = False,
+) -> SecuredNats:
+    """deploy/nats/'s configuration (for the prefix `toolbus`, or rendered for `prefixes`) on a
+    free port with fresh passwords; with `tls`, a throwaway CA and client certificates required."""
     passwords = dev_credentials()
+    config = NATS_CONF if prefixes is None else secured_conf(tmp / "conf", prefixes)
+    pki = None
+    if tls:
+        pki = make_dev_pki(tmp / "pki")
+        args += ("--tls", "--tlscert", str(pki.server_cert), "--tlskey", str(pki.server_key))
+        args += ("--tlscacert", str(pki.ca), "--tlsverify")
     server = start_nats_server(
         free_port(),
         tmp / "store",
         tmp / "nats.log",
         binary=binary,
-        config=NATS_CONF,
+        config=config,
         env=server_env(passwords),
         args=args,
     )
-    return SecuredNats(server, passwords)
+    return SecuredNats(server, passwords, pki)
 
 
 @pytest.fixture(

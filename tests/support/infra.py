@@ -21,6 +21,7 @@ __all__ = [
     *toolbus_devstack.__all__,
     "aservice_process",
     "drop_deployment_state",
+    "drop_redis_keys",
     "js_name",
     "request",
     "unique_prefix",
@@ -89,13 +90,18 @@ async def drop_deployment_state(nc: Any, redis_url: str, prefix: str) -> None:
     services under a prefix of their own."""
     import contextlib
 
-    from redis.asyncio import Redis
-
     js = nc.jetstream()
     for name in ("EVENTS", "INTERNAL", "toolsets", "workflows", "outputs", "embeddings"):
         for stream in (js_name(prefix, name), f"OBJ_{js_name(prefix, name)}", f"KV_{js_name(prefix, name)}"):
             with contextlib.suppress(Exception):
                 await js.delete_stream(stream)
+    await drop_redis_keys(redis_url, prefix)
+
+
+async def drop_redis_keys(redis_url: str, prefix: str) -> None:
+    """Delete the Redis keys of a deployment under `prefix`."""
+    from redis.asyncio import Redis
+
     redis: Any = Redis.from_url(redis_url)
     keys = [k async for k in redis.scan_iter(match=f"{prefix}:*", count=500)]
     for start in range(0, len(keys), 500):

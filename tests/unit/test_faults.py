@@ -18,6 +18,8 @@ from toolbus_contracts.errors import ErrorCode, Unavailable
         redis.exceptions.MaxConnectionsError("Too many connections"),
         redis.exceptions.TimeoutError("Timeout reading from socket"),
         redis.exceptions.BusyLoadingError("loading"),
+        # A master with min-replicas-to-write and too few replicas: redis-py has no class for it.
+        redis.exceptions.ResponseError("NOREPLICAS Not enough good replicas to write."),
         PipeConnectionError("cannot reach Redis"),
         nats.errors.TimeoutError(),
         nats.errors.NoRespondersError(),

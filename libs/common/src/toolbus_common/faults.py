@@ -51,9 +51,29 @@ def backing_store_faults() -> tuple[type[BaseException], ...]:
     return _OTHER_FAULTS
 
 
-TRANSIENT_REPLIES = ("LOADING", "BUSY", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN")
-"""Redis error replies that mean "not now" (a restart loading its data, a failover), as the
-script pipe reports them (redis-py's client maps them to the exception classes above)."""
+TRANSIENT_REPLIES = (
+    "LOADING",
+    "BUSY",
+    "READONLY",
+    "MASTERDOWN",
+    "TRYAGAIN",
+    "CLUSTERDOWN",
+    "NOREPLICAS",
+)
+"""Redis error replies that mean "not now" (a restart loading its data, a failover, a master with
+`min-replicas-to-write` that has too few replicas keeping up), as the script pipe reports them.
+redis-py maps most to the exception classes above; `NOREPLICAS` it raises as a plain
+`ResponseError`, so that is matched by its text too."""
+
+
+def _is_transient_reply(exc: BaseException) -> bool:
+    if isinstance(exc, ScriptReplyError):
+        return str(exc).startswith(TRANSIENT_REPLIES)
+    if "redis.exceptions" in sys.modules:
+        import redis.exceptions
+
+        return isinstance(exc, redis.exceptions.ResponseError) and str(exc).startswith(TRANSIENT_REPLIES)
+    return False
 
 
 def is_backing_store_fault(exc: BaseException) -> bool:
@@ -63,7 +83,7 @@ def is_backing_store_fault(exc: BaseException) -> bool:
     while current is not None and id(current) not in seen:
         if isinstance(current, backing_store_faults()):
             return True
-        if isinstance(current, ScriptReplyError) and str(current).startswith(TRANSIENT_REPLIES):
+        if _is_transient_reply(current):
             return True
         seen.add(id(current))
         current = current.__cause__ or current.__context__
