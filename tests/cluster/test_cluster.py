@@ -1,22 +1,30 @@
 """A 3-node JetStream cluster (three nats-server processes on free ports, routed, each with the
 secured configuration of deploy/nats/) under two replicas of every service as processes, each on
-its own NATS user, with `TOOLBUS_JS_REPLICAS=3`: the streams, the KV bucket
-and the object store are R3; a burst of calls is spread over both dispatchers; one NATS node and
-one dispatcher are killed (`kill -9`) mid-burst; no call is lost, each call keeps its callId, and
-every call reaches the MCP server under its own idempotency key only (an idempotent server applies
-each once). Prints the figures (`pytest -s`).
+its own NATS user, with `TOOLBUS_JS_REPLICAS=3`. The workflows bucket and the outputs store are
+made R1 first (a deployment that grew from one server): the services bring them to R3. Every
+stream on the cluster (listed from JetStream, so a new asset cannot be missed: the EVENTS and
+INTERNAL streams, the toolsets and outputs object stores, the workflows and embeddings KV buckets)
+carries the prefix and is R3 once each service has done its part (a workflow published, a search
+that embeds, an output stored by reference). A burst of calls is spread over both dispatchers; one
+NATS node and one dispatcher are killed (`kill -9`) mid-burst; no call is lost, each call keeps
+its callId, and every call reaches the MCP server under its own idempotency key only (an
+idempotent server applies each once). Prints the figures (`pytest -s`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
+import json
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import nats
 import pytest
 from redis.asyncio import Redis
+from toolbus_common.connections import JsPlacement, ensure_kv, ensure_object_store
 from toolbus_common.keys import Keys
 from toolbus_nats_connect import NatsAuth
 from toolbus_devstack.nats_conf import client_env, dev_credentials, server_env
@@ -33,13 +41,20 @@ from tests.support.infra import (
     unique_prefix,
     wait_ready,
 )
-from tests.support.mcp_servers import McpTestServer
+from tests.support.mcp_servers import McpTestServer, echo_handler, echo_tools
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
 NATS_CONF = Path(__file__).resolve().parents[2] / "deploy" / "nats" / "nats-server.conf"
 SERVICES = ("registry", "dispatcher", "approval", "credentials")
 CALLS = 150
+BIG = 2 << 20
+"""Characters of the `big` tool's output: more than a NATS message holds, so it is stored."""
+TOOLS = [*echo_tools(), {"name": "big", "description": "A large output.", "inputSchema": {"type": "object"}}]
+
+
+async def handler(name: str, arguments: dict[str, Any]) -> Any:
+    return {"data": "b" * BIG} if name == "big" else await echo_handler(name, arguments)
 
 
 async def _drop_keys(redis_url: str, prefix: str) -> None:
@@ -63,6 +78,48 @@ async def _jetstream_ready(nc: Any, limit: float = 60.0) -> None:
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.2)
+
+
+async def _until(check: Callable[[], Awaitable[Any]], what: str, limit: float = 120.0) -> Any:
+    """`check()` again until it returns something true (bounded); its errors are retried too (a
+    stream's leader may be being elected)."""
+    deadline = time.monotonic() + limit
+    while True:
+        try:
+            if result := await check():
+                return result
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {limit} s: {what}")
+        await asyncio.sleep(0.3)
+
+
+async def _stream_names(nc: Any) -> list[str]:
+    """Every stream on the cluster, page by page (`$JS.API.STREAM.NAMES`)."""
+    names: list[str] = []
+    while True:
+        msg = await nc.request("$JS.API.STREAM.NAMES", json.dumps({"offset": len(names)}).encode(), timeout=5)
+        page = json.loads(msg.data)
+        names.extend(page.get("streams") or [])
+        if not page.get("streams") or len(names) >= int(page.get("total", 0)):
+            return names
+
+
+async def _replicas(lister: Any, readers: list[Any]) -> dict[str, int | None]:
+    """Replicas of every stream `lister` can list, each read by the first of `readers` whose user
+    may read its info (each service user may read only its own; None: none of them may)."""
+    out: dict[str, int | None] = {}
+    for name in await _stream_names(lister):
+        out[name] = None
+        for reader in readers:
+            try:
+                out[name] = (await reader.jetstream(timeout=5).stream_info(name)).config.num_replicas
+                break
+            except Exception:  # this user may not read it: try the next
+                continue
+    return out
 
 
 async def test_a_burst_survives_a_nats_node_and_a_dispatcher_killed(
@@ -90,15 +147,35 @@ async def test_a_burst_survives_a_nats_node_and_a_dispatcher_killed(
     restarted: list[str] = []
     harness = NatsAuth.from_env({"TOOLBUS_NATS_URL": urls, **client_env("harness", passwords["harness"])})
     nc = await nats.connect(**harness.connect_options(), max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    readers: list[Any] = []  # the registry's and the dispatcher's users: each reads its own streams
     try:
         dispatcher_auth = NatsAuth.from_env(
             {"TOOLBUS_NATS_URL": urls, **client_env("dispatcher", passwords["dispatcher"])}
         )
-        service_nc = await nats.connect(**dispatcher_auth.connect_options())
-        try:
-            await _jetstream_ready(service_nc)  # `$JS.API.INFO` is the services' (not the harness's)
-        finally:
-            await service_nc.close()
+        registry_auth = NatsAuth.from_env(
+            {"TOOLBUS_NATS_URL": urls, **client_env("registry", passwords["registry"])}
+        )
+        for auth in (registry_auth, dispatcher_auth):
+            readers.append(
+                await nats.connect(
+                    **auth.connect_options(), max_reconnect_attempts=-1, reconnect_time_wait=0.2
+                )
+            )
+        await _jetstream_ready(readers[1])  # `$JS.API.INFO` is the services' (not the harness's)
+        # A deployment that grew from one server: its workflows bucket and outputs store are R1,
+        # made by their own services' users; the services started with R3 must bring them along.
+        r1 = JsPlacement(replicas=1)
+        await _until(
+            lambda: ensure_kv(readers[0].jetstream(timeout=10), js_name(prefix, "workflows"), placement=r1),
+            "the R1 workflows bucket",
+        )
+        await _until(
+            lambda: ensure_object_store(
+                readers[1].jetstream(timeout=10), js_name(prefix, "outputs"), placement=r1, ttl=3600.0
+            ),
+            "the R1 outputs store",
+        )
+        before = await _replicas(nc, readers)
         # One replica of each service first (they create the R3 streams and consumers), then the
         # second ones: on a loaded 2-core machine eight processes racing to create them time out.
         for replica in range(2):
@@ -127,7 +204,7 @@ async def test_a_burst_survives_a_nats_node_and_a_dispatcher_killed(
         dispatchers = [p for p in procs if p.name == "dispatcher"]
 
         js = nc.jetstream(timeout=5)
-        async with McpTestServer(name="s") as server:
+        async with McpTestServer(TOOLS, handler, name="s") as server:
             created = await request(
                 nc, f"{prefix}.toolsets.create", {"mcp": [{"name": "s", "url": server.url}]}, timeout=60
             )
@@ -136,20 +213,40 @@ async def test_a_burst_survives_a_nats_node_and_a_dispatcher_killed(
                 nc, f"{prefix}.runs.open", {"toolsetId": created["data"]["id"]}, timeout=30
             )
             run_id = opened["data"]["runId"]
-            # The harness may read EVENTS' info; the services' own streams are read as a service.
-            replicas = {
-                js_name(prefix, "EVENTS"): (
-                    await js.stream_info(js_name(prefix, "EVENTS"))
-                ).config.num_replicas
-            }
-            service_nc = await nats.connect(**dispatcher_auth.connect_options())
+            # Each service does its part, so that every asset it owns exists and is used: a
+            # workflow published (workflows bucket), a search that embeds (embeddings bucket), an
+            # output too large for a message (outputs store, read back by reference).
+            workflow_auth = NatsAuth.from_env(
+                {"TOOLBUS_NATS_URL": urls, **client_env("workflow-engine", passwords["workflow-engine"])}
+            )
+            engine = await nats.connect(**workflow_auth.connect_options())
             try:
-                for name in (js_name(prefix, "INTERNAL"), f"OBJ_{js_name(prefix, 'toolsets')}"):
-                    replicas[name] = (
-                        await service_nc.jetstream(timeout=5).stream_info(name)
-                    ).config.num_replicas
+                wf = {"name": "triage", "inputSchema": {"type": "object"}, "definition": {"steps": [1]}}
+                published = await request(engine, f"{prefix}.workflows.publish", wf, timeout=30)
+                assert published["ok"], published
             finally:
-                await service_nc.close()
+                await engine.close()
+            found = await request(
+                nc,
+                f"{prefix}.toolsets.search",
+                {"id": created["data"]["id"], "query": "echo text"},
+                timeout=30,
+            )
+            assert found["ok"], found
+
+            async def embedded() -> bool:
+                info = (
+                    await readers[0].jetstream(timeout=5).stream_info(f"KV_{js_name(prefix, 'embeddings')}")
+                )
+                return info.state.messages > 0
+
+            await _until(embedded, "the search's tool vectors stored in the embeddings bucket")
+            big = await run_burst(nc, prefix, run_id, "s.big", 1, key_prefix="big")
+            ref = big.outcomes["big-0"]["outputRef"]
+            sink = io.BytesIO()
+            await (await js.object_store(ref["bucket"])).get(ref["name"], writeinto=sink)
+            assert json.loads(sink.getvalue()) == {"data": "b" * BIG}
+            replicas = await _replicas(nc, readers)
 
             killed_at: list[float] = []
 
@@ -162,7 +259,7 @@ async def test_a_burst_survives_a_nats_node_and_a_dispatcher_killed(
             report = await run_burst(
                 nc, prefix, run_id, "s.echo", CALLS, key_prefix="cluster", on_ack=kill_node_and_dispatcher
             )
-            deliveries = [c.idempotency_key_header for c in server.calls]
+            deliveries = [c.idempotency_key_header for c in server.calls_to("echo")]
 
         redis: Any = Redis.from_url(redis_url)
         keys = Keys(redis_prefix)
@@ -177,6 +274,8 @@ async def test_a_burst_survives_a_nats_node_and_a_dispatcher_killed(
         for proc in procs:
             await asyncio.to_thread(stop_process, proc.proc, 5.0)
         await nc.close()
+        for reader in readers:
+            await reader.close()
         await _drop_keys(redis_url, redis_prefix)  # the streams go with the cluster's own servers
         for s in servers:
             s.stop()
@@ -190,10 +289,23 @@ async def test_a_burst_survives_a_nats_node_and_a_dispatcher_killed(
         f"{len(owners - {''})} dispatchers, requests failed for "
         f"{report.recovered_after(killed_at[0]) if killed_at else 0:.2f} s after the kills, the calls in "
         f"flight at the kills finished within {report.in_flight_done_after(killed_at[0]) if killed_at else 0:.2f} s, "
-        f"replicas {replicas}, restarted at start-up {restarted}"
+        f"replicas before the services {before}, after {replicas}, restarted at start-up {restarted}"
     )
     assert killed_at
-    assert set(replicas.values()) == {3}
+    assert before[f"KV_{js_name(prefix, 'workflows')}"] == before[f"OBJ_{js_name(prefix, 'outputs')}"] == 1
+    assert {
+        js_name(prefix, "EVENTS"),
+        js_name(prefix, "INTERNAL"),
+        f"OBJ_{js_name(prefix, 'toolsets')}",
+        f"OBJ_{js_name(prefix, 'outputs')}",
+        f"KV_{js_name(prefix, 'workflows')}",
+        f"KV_{js_name(prefix, 'embeddings')}",
+    } <= set(replicas)
+    # Every stream of the cluster carries the test's prefix, and every one is R3.
+    assert all(
+        name.removeprefix("KV_").removeprefix("OBJ_").startswith(js_name(prefix, "")) for name in replicas
+    )
+    assert set(replicas.values()) == {3}, replicas
     assert report.lost == []
     assert report.statuses() == {"ok": CALLS}
     assert all(report.outcomes[f"cluster-{i}"]["output"] == {"text": f"cluster-{i}"} for i in range(CALLS))

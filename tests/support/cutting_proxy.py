@@ -6,7 +6,10 @@ on both sides, so the client sees its connection break with the command in fligh
 tell whether it ran. `arm(marker, stall=True)`: the answer is dropped and the connection left
 open, silent (a peer that vanished without a reset). Every other byte is passed through unchanged.
 `down()`: Redis is away: every open connection is reset and new ones are accepted and reset at
-once (counted in `refused`) until `up()`.
+once (counted in `refused`) until `up()`. `silence()`: Redis goes silent, as a peer behind a dead
+link does: commands still reach it, but no answer comes back on any connection, open or new, and
+no connection is closed; `speak()` ends it: the connections that lost answers are reset (their
+byte stream has a hole), new ones work again.
 
     proxy = await CuttingProxy("127.0.0.1", 6379).start()
     proxy.url                      # redis://127.0.0.1:<port>
@@ -33,6 +36,10 @@ class CuttingProxy:
         self.cuts = 0
         self.refused = 0
         self._down = False
+        self._silent = False
+        self.swallowed = 0
+        """Answers (reads from Redis) swallowed while silent."""
+        self._holed: set[asyncio.StreamWriter] = set()
 
     @property
     def url(self) -> str:
@@ -52,6 +59,18 @@ class CuttingProxy:
 
     def up(self) -> None:
         self._down = False
+
+    def silence(self) -> None:
+        """No answer reaches any client, on open or new connections, until `speak()`."""
+        self._silent = True
+
+    def speak(self) -> None:
+        """Answers flow again; each connection that lost some while silent is reset."""
+        self._silent = False
+        for writer in list(self._holed):
+            if writer.transport is not None:
+                writer.transport.abort()
+        self._holed.clear()
 
     async def start(self) -> CuttingProxy:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -104,6 +123,12 @@ class CuttingProxy:
 
         async def downstream() -> None:
             while data := await server_r.read(65536):
+                if self._silent:
+                    self.swallowed += 1
+                    self._holed.update((client_w, server_w))
+                    continue
+                if client_w in self._holed:  # a hole in this stream: nothing after it can be sent
+                    return
                 if doomed.is_set():
                     self.cuts += 1
                     if stall:  # swallow everything from now on, keep the connection open
@@ -127,3 +152,5 @@ class CuttingProxy:
                 self._tasks.discard(task)
             self._writers.discard(client_w)
             self._writers.discard(server_w)
+            self._holed.discard(client_w)
+            self._holed.discard(server_w)

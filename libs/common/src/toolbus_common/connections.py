@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
+import math
+import socket
 import ssl
 from dataclasses import dataclass
 from datetime import timedelta
@@ -14,7 +17,7 @@ from urllib.parse import unquote, urlsplit
 import nats
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
-from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import ObjectStoreConfig, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
@@ -155,6 +158,30 @@ def _sentinel_classes() -> tuple[type[Any], type[Any]]:
     return _BlockingSentinelPool, _SentinelRedis
 
 
+def redis_socket_options(settings: Settings) -> dict[str, Any]:
+    """Socket options of every pooled redis-py connection: a command whose reply has not come
+    within `TOOLBUS_REDIS_SOCKET_TIMEOUT` fails (`redis.exceptions.TimeoutError`, answered
+    `unavailable`) and its connection is dropped, instead of waiting forever on a peer that went
+    silent; TCP keepalive probes an idle pooled connection after the same time (3 probes, a third
+    of it apart), so a dead one is found before a command is put on it. The timeout is above every
+    blocking command's block time (`REDIS_LONGEST_BLOCK`, the settings check it)."""
+    timeout = settings.redis_socket_timeout
+    keepalive: dict[int, int] = {}
+    for option, value in (
+        ("TCP_KEEPIDLE", math.ceil(timeout)),
+        ("TCP_KEEPINTVL", max(1, math.ceil(timeout / 3))),
+        ("TCP_KEEPCNT", 3),
+    ):
+        if hasattr(socket, option):  # Linux has all three; other platforms may lack some
+            keepalive[getattr(socket, option)] = value
+    return {
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "socket_keepalive": True,
+        "socket_keepalive_options": keepalive,
+    }
+
+
 def connect_redis(settings: Settings) -> Redis[bytes]:
     """An asyncio Redis client returning bytes on a bounded, blocking pool: under load a command
     waits up to `redis_pool_timeout` for a connection instead of failing at once (redis-py's
@@ -163,7 +190,8 @@ def connect_redis(settings: Settings) -> Redis[bytes]:
     Password and user from `TOOLBUS_REDIS_PASSWORD`/`_USERNAME` (else the URL), TLS with
     `rediss://` or the `TOOLBUS_REDIS_TLS_*` files. With `TOOLBUS_REDIS_SENTINELS` the master is
     found through the Sentinels and found again after a failover (a connection that meets
-    `READONLY` or a refused connect asks the Sentinels again)."""
+    `READONLY` or a refused connect asks the Sentinels again). Every connection has the socket
+    timeout and keepalive of `redis_socket_options`."""
     from redis.asyncio import BlockingConnectionPool, Redis
     from redis.asyncio.sentinel import Sentinel
 
@@ -173,6 +201,7 @@ def connect_redis(settings: Settings) -> Redis[bytes]:
         "timeout": settings.redis_pool_timeout,
         "decode_responses": False,
         "health_check_interval": 30,
+        **redis_socket_options(settings),
         **_redis_tls_options(settings),
     }
     if username:
@@ -195,8 +224,7 @@ def connect_redis(settings: Settings) -> Redis[bytes]:
             connection_pool_class=pool_class,
             db=db,
             ssl=redis_uses_tls(settings),
-            socket_connect_timeout=2.0,
-            **options,
+            **{**options, "socket_connect_timeout": 2.0},
         )
         client.owned_sentinel = sentinel
         sentinel_client: Redis[bytes] = client
@@ -208,8 +236,9 @@ def connect_redis(settings: Settings) -> Redis[bytes]:
 
 
 def connect_script_pipe(settings: Settings, redis: Redis[bytes] | None = None) -> ScriptPipe:
-    """The dispatcher's hot-path pipe with the same password, TLS and master as `connect_redis`:
-    under Sentinel it asks `redis`'s Sentinel pool for the master on every (re)connect."""
+    """The dispatcher's hot-path pipe with the same password, TLS, master and reply timeout
+    (`TOOLBUS_REDIS_SOCKET_TIMEOUT`) as `connect_redis`: under Sentinel it asks `redis`'s Sentinel
+    pool for the master on every (re)connect."""
     from redis.asyncio.sentinel import SentinelConnectionPool
 
     username, password = _redis_auth(settings)
@@ -224,6 +253,7 @@ def connect_script_pipe(settings: Settings, redis: Redis[bytes] | None = None) -
         password=password,
         ssl=redis_ssl_context(settings),
         locate=locate,
+        reply_timeout=settings.redis_socket_timeout,
     )
 
 
@@ -263,6 +293,13 @@ def internal_stream_limits(settings: Settings) -> dict[str, Any]:
     return {"max_age": timedelta(seconds=settings.js_internal_max_age), "placement": JsPlacement.of(settings)}
 
 
+def _log_storage_mismatch(name: str, have: StreamConfig, placement: JsPlacement) -> None:
+    if have.storage != placement.storage:
+        log.warning(
+            "stream storage differs from settings", extra={"stream": name, "storage": str(have.storage)}
+        )
+
+
 async def ensure_stream(
     js: JetStreamContext,
     name: str,
@@ -290,10 +327,7 @@ async def ensure_stream(
         await js.add_stream(config)
         return
     have = info.config
-    if have.storage != placement.storage:
-        log.warning(
-            "stream storage differs from settings", extra={"stream": name, "storage": str(have.storage)}
-        )
+    _log_storage_mismatch(name, have, placement)
     want_age = config.max_age or 0.0
     if (
         sorted(have.subjects or []) != sorted(subjects)
@@ -305,11 +339,34 @@ async def ensure_stream(
         await js.update_stream(config)
 
 
+async def align_bucket_stream(
+    js: JetStreamContext, stream: str, placement: JsPlacement, *, max_age: float | None = None
+) -> None:
+    """Bring the stream behind an existing KV bucket (`KV_<bucket>`) or object store
+    (`OBJ_<bucket>`) to the settings: replicas and `max_bytes` from `placement`, and `max_age`
+    (an object store's TTL, seconds) when given, updated where they differ; every other field of
+    the bucket's stream is kept as the server has it. Storage cannot change on a live stream: a
+    mismatch is logged. Works on JetStream 2.9 (an R1 stream scales to R3 in place)."""
+    have = (await js.stream_info(stream)).config
+    _log_storage_mismatch(stream, have, placement)
+    changes: dict[str, Any] = {}
+    if (have.num_replicas or 1) != placement.replicas:
+        changes["num_replicas"] = placement.replicas
+    if (have.max_bytes if have.max_bytes is not None else -1) != placement.max_bytes:
+        changes["max_bytes"] = placement.max_bytes
+    if max_age is not None and abs((have.max_age or 0.0) - max_age) > 1e-3:
+        changes["max_age"] = max_age
+    if changes:
+        log.info("bucket updated to settings", extra={"stream": stream, **changes})
+        await js.update_stream(dataclasses.replace(have, **changes))
+
+
 async def ensure_kv(
     js: JetStreamContext, bucket: str, *, history: int = 1, placement: JsPlacement = DEFAULT_PLACEMENT
 ) -> KeyValue:
+    """The KV bucket, created with `placement`, or brought to it (`align_bucket_stream`)."""
     try:
-        return await js.key_value(bucket)
+        kv = await js.key_value(bucket)
     except (BucketNotFoundError, NotFoundError):
         return await js.create_key_value(
             bucket=bucket,
@@ -318,17 +375,25 @@ async def ensure_kv(
             replicas=placement.replicas,
             max_bytes=placement.max_bytes,
         )
+    await align_bucket_stream(js, f"KV_{bucket}", placement)
+    return kv
 
 
 async def ensure_object_store(
-    js: JetStreamContext, bucket: str, *, placement: JsPlacement = DEFAULT_PLACEMENT
+    js: JetStreamContext,
+    bucket: str,
+    *,
+    placement: JsPlacement = DEFAULT_PLACEMENT,
+    ttl: float | None = None,
 ) -> ObjectStore:
+    """The object store, created with `placement` (and `ttl`, seconds an object is kept, if given),
+    or brought to them (`align_bucket_stream`; without `ttl` an existing one keeps its own)."""
     try:
-        return await js.object_store(bucket)
+        store = await js.object_store(bucket)
     except (BucketNotFoundError, NotFoundError):
-        return await js.create_object_store(
-            bucket=bucket,
-            storage=placement.storage,
-            replicas=placement.replicas,
-            max_bytes=placement.max_bytes,
+        config = ObjectStoreConfig(
+            ttl=ttl, storage=placement.storage, replicas=placement.replicas, max_bytes=placement.max_bytes
         )
+        return await js.create_object_store(bucket, config=config)
+    await align_bucket_stream(js, f"OBJ_{bucket}", placement, max_age=ttl)
+    return store

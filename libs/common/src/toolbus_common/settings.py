@@ -9,6 +9,11 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from toolbus_contracts import DEFAULT_PREFIX, Subjects
 
+REDIS_LONGEST_BLOCK = 1.0
+"""Seconds of the longest blocking Redis command the services send: the dispatcher's event relay
+reads its outbox with `XREAD ... BLOCK` of at most 1000 ms. `TOOLBUS_REDIS_SOCKET_TIMEOUT` must
+exceed it, or an idle relay's read would time out as a dead connection."""
+
 
 def stream_name(subject_prefix: str, name: str) -> str:
     """A JetStream stream, KV or object-store name under a subject prefix (which may hold dots and
@@ -90,6 +95,10 @@ class Settings(BaseSettings):
     """Connections in each service's Redis pool; a request waits for a free one (blocking pool)."""
     redis_pool_timeout: float = Field(default=5.0, gt=0)
     """Seconds a request waits for a free Redis connection before it is answered `unavailable`."""
+    redis_socket_timeout: float = Field(default=10.0, gt=REDIS_LONGEST_BLOCK)
+    """Seconds a Redis command waits for its reply (and a connect for its answer) before it fails
+    and its connection is dropped; also the TCP keepalive idle time. On the pooled redis-py client
+    and the dispatcher's script pipe; above the longest blocking command (`REDIS_LONGEST_BLOCK`)."""
 
     @field_validator("redis_sentinels")
     @classmethod

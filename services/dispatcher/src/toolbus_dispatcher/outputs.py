@@ -8,16 +8,13 @@ outcome, whatever the tool returned; any JetStream object-store client reads the
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 from typing import Any
 
 import orjson
 from nats.js import JetStreamContext
-from nats.js.api import ObjectStoreConfig
-from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.object_store import ObjectStore
-from toolbus_common.connections import DEFAULT_PLACEMENT, JsPlacement
+from toolbus_common.connections import DEFAULT_PLACEMENT, JsPlacement, ensure_object_store
 
 ENVELOPE_ROOM = 16 * 1024
 """Bytes of a NATS message kept for what surrounds an outcome (reply envelope, event fields)."""
@@ -55,19 +52,11 @@ class OutputStore:
         self._store: ObjectStore | None = None
 
     async def open(self) -> None:
-        try:
-            self._store = await self._js.object_store(self.bucket)
-        except (BucketNotFoundError, NotFoundError):
-            p = self._placement
-            config = ObjectStoreConfig(
-                ttl=self._ttl, storage=p.storage, replicas=p.replicas, max_bytes=p.max_bytes
-            )
-            self._store = await self._js.create_object_store(self.bucket, config=config)
-            return
-        # An existing bucket takes the TTL the settings give now (it follows the run retention).
-        info = await self._js.stream_info(f"OBJ_{self.bucket}")
-        if abs((info.config.max_age or 0.0) - self._ttl) > 1e-3:
-            await self._js.update_stream(dataclasses.replace(info.config, max_age=self._ttl))
+        """Create the store, or bring an existing one to the settings: replicas, size limit and the
+        TTL the settings give now (it follows the run retention)."""
+        self._store = await ensure_object_store(
+            self._js, self.bucket, placement=self._placement, ttl=self._ttl
+        )
 
     async def outcome_json(self, call_id: str, outcome: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         """(stored JSON, wire dict) of an outcome: as it is when it fits, else with its output
