@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 import pytest
 import pytest_asyncio
 from toolbus_common.clock import now_iso
+from toolbus_dispatcher.app import pipe_reply_timeout
 from toolbus_dispatcher.credentials import StaticCredentials
 from toolbus_dispatcher.service import CANCELLED_JSON
 from toolbus_dispatcher.store import CallStore
@@ -61,7 +62,10 @@ async def h(
 ) -> AsyncIterator[Harness]:
     harness = Harness(nats_url, redis_url)
     await harness.connect()
-    await harness.dispatcher(credentials=creds, redis_url=proxy.url)
+    # A lease long enough that a retried store step (its reply cut, a new connection, the script
+    # again) always comes inside it, even on a loaded machine: these tests check the hand-over,
+    # and a lapsed lease would hide it (the calls then resume as interrupted).
+    await harness.dispatcher(credentials=creds, redis_url=proxy.url, dispatcher_lease=6.0)
     try:
         yield harness
     finally:
@@ -249,34 +253,31 @@ async def test_a_finish_whose_answer_never_comes_is_retried_after_the_reply_time
     h: Harness, ts: str, proxy: CuttingProxy
 ) -> None:
     # The connection stays open and silent (no reset): the dispatcher cannot tell the script ran.
-    # The pipe gives up on it after its reply timeout (shortened here), and the retry hands the
-    # slot over as above.
+    # The pipe gives up on it after its reply timeout, a quarter of the lease (1.5 s here), and
+    # the retry hands the slot over as above, well before the admitted call's lease could lapse.
     pipe = h.apps[0]._pipe
     assert pipe is not None
-    default, pipe.reply_timeout = pipe.reply_timeout, 0.5
-    try:
-        run = await h.open_run(ts)
-        gates = Gates()
-        async with Worker(h, "one", gates.work) as worker:
-            first = await h.ok(h.subjects.calls_start, {"runId": run, "tool": "one", "input": {"i": 0}})
-            await wait_until(lambda: len(worker.tasks) == 1, what="the first call running")
-            second = await h.ok(h.subjects.calls_start, {"runId": run, "tool": "one", "input": {"i": 1}})
-            await h.wait_state(second["callId"], "waitingSlot")
-            cuts = proxy.cuts
-            proxy.arm(_store(h)._finish.sha.encode(), stall=True)
-            gates.gate(0).set()
-            gates.gate(1).set()
-            await h.wait_state(second["callId"], "done", within=30)
-        assert proxy.cuts == cuts + 1
-        for started in (first, second):
-            got = await h.ok(h.subjects.calls_get, {"callId": started["callId"]})
-            assert got["outcome"] == {"status": "ok", "output": "ok"} and got["attempts"] == 1, got
-        assert [(t["callId"], t["attempt"]) for t in worker.tasks] == [
-            (first["callId"], 1),
-            (second["callId"], 1),
-        ]
-    finally:
-        pipe.reply_timeout = default
+    assert pipe.reply_timeout == pipe_reply_timeout(h.apps[0].settings) == 1.5
+    run = await h.open_run(ts)
+    gates = Gates()
+    async with Worker(h, "one", gates.work) as worker:
+        first = await h.ok(h.subjects.calls_start, {"runId": run, "tool": "one", "input": {"i": 0}})
+        await wait_until(lambda: len(worker.tasks) == 1, what="the first call running")
+        second = await h.ok(h.subjects.calls_start, {"runId": run, "tool": "one", "input": {"i": 1}})
+        await h.wait_state(second["callId"], "waitingSlot")
+        cuts = proxy.cuts
+        proxy.arm(_store(h)._finish.sha.encode(), stall=True)
+        gates.gate(0).set()
+        gates.gate(1).set()
+        await h.wait_state(second["callId"], "done", within=30)
+    assert proxy.cuts == cuts + 1
+    for started in (first, second):
+        got = await h.ok(h.subjects.calls_get, {"callId": started["callId"]})
+        assert got["outcome"] == {"status": "ok", "output": "ok"} and got["attempts"] == 1, got
+    assert [(t["callId"], t["attempt"]) for t in worker.tasks] == [
+        (first["callId"], 1),
+        (second["callId"], 1),
+    ]
 
 
 async def _needed(h: Harness, call_id: str) -> dict[str, Any]:

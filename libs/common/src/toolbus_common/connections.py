@@ -235,10 +235,13 @@ def connect_redis(settings: Settings) -> Redis[bytes]:
     return plain
 
 
-def connect_script_pipe(settings: Settings, redis: Redis[bytes] | None = None) -> ScriptPipe:
-    """The dispatcher's hot-path pipe with the same password, TLS, master and reply timeout
-    (`TOOLBUS_REDIS_SOCKET_TIMEOUT`) as `connect_redis`: under Sentinel it asks `redis`'s Sentinel
-    pool for the master on every (re)connect."""
+def connect_script_pipe(
+    settings: Settings, redis: Redis[bytes] | None = None, *, reply_timeout: float | None = None
+) -> ScriptPipe:
+    """The dispatcher's hot-path pipe with the same password, TLS and master as `connect_redis`:
+    under Sentinel it asks `redis`'s Sentinel pool for the master on every (re)connect.
+    `reply_timeout`: seconds a silent connection may keep commands waiting before they fail (and
+    are retried on a new connection); default `TOOLBUS_REDIS_SOCKET_TIMEOUT`, as the pool's."""
     from redis.asyncio.sentinel import SentinelConnectionPool
 
     username, password = _redis_auth(settings)
@@ -253,7 +256,7 @@ def connect_script_pipe(settings: Settings, redis: Redis[bytes] | None = None) -
         password=password,
         ssl=redis_ssl_context(settings),
         locate=locate,
-        reply_timeout=settings.redis_socket_timeout,
+        reply_timeout=settings.redis_socket_timeout if reply_timeout is None else reply_timeout,
     )
 
 

@@ -59,6 +59,17 @@ def default_credentials(settings: DispatcherSettings, redis: Redis[bytes], keys:
     return StoreCredentials(CredentialStore(redis, keys, Cipher.from_settings(settings)))
 
 
+def pipe_reply_timeout(settings: DispatcherSettings) -> float:
+    """How long the hot-path pipe waits on a silent Redis connection before its commands fail and
+    are retried on a new one: a quarter of the lease, at least 1 s, at most
+    `TOOLBUS_REDIS_SOCKET_TIMEOUT`. A store step whose reply was
+    lost hands over the calls it admitted when retried (see `store.py`); those calls' leases run
+    from their admission and nobody renews them until then, so the retry must come well inside a
+    lease, or they lapse and are resumed as interrupted (`outcomeUnknown` for an `at_most_once`
+    call that was never sent)."""
+    return min(settings.redis_socket_timeout, max(1.0, settings.dispatcher_lease / 4))
+
+
 class DispatcherApp:
     """The dispatcher service: start, stop, ready."""
 
@@ -125,7 +136,7 @@ class DispatcherApp:
             "http": self._http,
             "workflow": WorkflowExecutor(nc, subjects, default_timeout=s.dispatcher_workflow_timeout),
         }
-        self._pipe = connect_script_pipe(s, redis)
+        self._pipe = connect_script_pipe(s, redis, reply_timeout=pipe_reply_timeout(s))
         store = CallStore(
             redis,
             keys,
