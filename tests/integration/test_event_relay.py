@@ -19,6 +19,7 @@ import pytest_asyncio
 from nats.js.api import DiscardPolicy, StreamConfig
 from toolbus_approval.app import ApprovalApp
 from toolbus_approval.settings import ApprovalSettings
+from toolbus_common.script_pipe import ScriptPipe
 from toolbus_common.settings import Settings
 from toolbus_dispatcher.events import EventRelay, order_key
 
@@ -34,9 +35,11 @@ class Outbox:
     """One outbox (Redis stream) and one JetStream stream over `<prefix>.ev.>` of its own, and
     the relays started on it."""
 
-    def __init__(self, nc: Any, redis: Any, prefix: str) -> None:
+    def __init__(self, nc: Any, redis: Any, prefix: str, redis_url: str) -> None:
         self.nc = nc
         self.redis = redis
+        self.redis_url = redis_url
+        self.pipes: list[ScriptPipe] = []
         tag = uuid.uuid4().hex[:8]
         self.key = f"{prefix}:relaytest:{tag}:outbox"
         self.subject = f"{prefix}.rt{tag}.ev"
@@ -50,8 +53,16 @@ class Outbox:
         )
 
     def relay(self) -> EventRelay:
+        pipe = ScriptPipe(self.redis_url)  # each relay its own, as DispatcherApp does
+        self.pipes.append(pipe)
         relay = EventRelay(
-            self.redis, self.nc, self.key, f"d_{uuid.uuid4().hex[:8]}", lock=f"{self.key}:relay", lock_ttl=TTL
+            self.redis,
+            self.nc,
+            self.key,
+            f"d_{uuid.uuid4().hex[:8]}",
+            lock=f"{self.key}:relay",
+            lock_ttl=TTL,
+            pipe=pipe,
         )
         self.relays.append(relay)
         self.tasks[id(relay)] = asyncio.create_task(relay.run())
@@ -98,12 +109,14 @@ class Outbox:
                 await task
         for relay in self.relays:
             await relay.release()
+        for pipe in self.pipes:
+            await pipe.aclose()
         await self.redis.delete(self.key, f"{self.key}:relay")
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def box(nc: Any, redis_client: Any, prefix: str) -> AsyncIterator[Outbox]:
-    b = Outbox(nc, redis_client, prefix)
+async def box(nc: Any, redis_client: Any, prefix: str, redis_url: str) -> AsyncIterator[Outbox]:
+    b = Outbox(nc, redis_client, prefix, redis_url)
     try:
         yield b
     finally:

@@ -103,3 +103,39 @@ async def test_a_connection_that_stops_answering_is_closed_after_the_reply_timeo
         await pipe.aclose()
         await proxy.stop()
         await redis.aclose()
+
+
+def test_commands_are_encoded_as_resp() -> None:
+    # hiredis.pack_command: bytes, str (UTF-8), int and float (repr) as bulk strings.
+    from toolbus_common.script_pipe import _encode
+
+    assert _encode(("EVALSHA", b"ab", 2, "k\u00e9", 1.5, 0.1)) == (
+        b"*6\r\n$7\r\nEVALSHA\r\n$2\r\nab\r\n$1\r\n2\r\n$3\r\nk\xc3\xa9\r\n$3\r\n1.5\r\n$3\r\n0.1\r\n"
+    )
+
+
+async def test_stream_commands_for_the_event_relay(redis_url: str, redis_prefix: str) -> None:
+    # What the relay sends over a pipe of its own: XREAD (BLOCK, nil when nothing came), XDEL;
+    # a command pipelined behind a blocking read is answered after it, in order.
+    redis: Any = Redis.from_url(redis_url)
+    pipe, other = ScriptPipe(redis_url), ScriptPipe(redis_url)
+    key = f"{redis_prefix}:pipe:stream"
+    try:
+        assert await pipe.execute("XREAD", "COUNT", 10, "BLOCK", 50, "STREAMS", key, "0-0") is None
+        read = asyncio.ensure_future(pipe.execute("XREAD", "COUNT", 10, "BLOCK", 5000, "STREAMS", key, "$"))
+        behind = asyncio.ensure_future(pipe.execute("XLEN", key))
+        await asyncio.sleep(0.05)
+        eid = await other.execute("XADD", key, "*", "i", "c:1", "b", b"\x00body")
+        async with asyncio.timeout(30):
+            got = await read
+            assert await behind == 1
+        assert got == [[key.encode(), [[eid, [b"i", b"c:1", b"b", b"\x00body"]]]]]
+        assert await pipe.execute("XDEL", key, eid) == 1
+        assert await redis.xlen(key) == 0
+        with pytest.raises(ScriptReplyError):
+            await pipe.execute("XDEL")
+    finally:
+        await pipe.aclose()
+        await other.aclose()
+        await redis.delete(key)
+        await redis.aclose()

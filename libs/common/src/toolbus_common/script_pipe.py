@@ -1,5 +1,7 @@
 """One Redis connection for hot-path Lua scripts: each EVALSHA is written the moment it is made
 and its reply is matched in order (Redis answers a connection's commands in the order sent).
+`execute` sends any other command the same way (the event relay's `XREAD BLOCK` and `XDEL`, on a
+pipe of the relay's own: a blocking command holds up everything behind it on its connection).
 
 Why not redis-py's asyncio client here: measured in the dispatcher, a script call through it
 costs ~260 µs where Redis itself spends ~60 µs and the loopback round trip ~40 µs; the rest is
@@ -50,16 +52,9 @@ class PipeConnectionError(ConnectionError):
 
 
 def _encode(args: tuple[bytes | str | int | float, ...]) -> bytes:
-    out = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        if isinstance(arg, bytes):
-            data = arg
-        elif isinstance(arg, str):
-            data = arg.encode()
-        else:
-            data = repr(arg).encode() if isinstance(arg, float) else str(arg).encode()
-        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
-    return b"".join(out)
+    """RESP encoding by hiredis (C): a fifth of the Python loop it replaced, same bytes."""
+    packed: bytes = hiredis.pack_command(args)  # type: ignore[arg-type]  # its stub: a 1-tuple
+    return packed
 
 
 class _Protocol(asyncio.Protocol):
@@ -237,6 +232,15 @@ class ScriptPipe:
         if protocol is None or protocol.transport is None or protocol.transport.is_closing():
             protocol = await self._live()
         return await self._send(protocol, ("EVALSHA", sha, len(keys), *keys, *args))
+
+    async def execute(self, *command: bytes | str | int | float) -> Any:
+        """Any other command (the event relay's XREAD and XDEL), raw hiredis reply; the same errors
+        as `evalsha`. A blocking command (`XREAD BLOCK`) holds up every command after it on this
+        connection: give it a pipe of its own."""
+        protocol = self._protocol
+        if protocol is None or protocol.transport is None or protocol.transport.is_closing():
+            protocol = await self._live()
+        return await self._send(protocol, command)
 
     async def aclose(self) -> None:
         if self._watch is not None:

@@ -100,6 +100,7 @@ class DispatcherApp:
         self.outputs: OutputStore | None = None
         self._http: HttpExecutor | None = None
         self._pipe: ScriptPipe | None = None
+        self._relay_pipe: ScriptPipe | None = None
         self._owns_pool = mcp_pool is None
 
     def ready(self) -> bool:
@@ -147,6 +148,9 @@ class DispatcherApp:
             runs_closed_subject=subjects.internal_runs_closed,
         )
         await store.load_scripts()
+        # The relay's own pipe (its XREAD BLOCK holds a connection), on the pool's reply timeout:
+        # above the longest block (REDIS_LONGEST_BLOCK, the relay's at most), as redis-py's was.
+        self._relay_pipe = connect_script_pipe(s, redis)
         self.relay = EventRelay(
             redis,
             nc,
@@ -154,6 +158,7 @@ class DispatcherApp:
             self.owner,
             lock=keys.call_events_relay_lock,
             lock_ttl=s.dispatcher_relay_lock_ttl,
+            pipe=self._relay_pipe,
         )
         inline, clamped = inline_limit(s.dispatcher_inline_output_bytes, nc.max_payload)
         if clamped:
@@ -236,9 +241,10 @@ class DispatcherApp:
                 with contextlib.suppress(Exception):
                     await aclose()
         await self.bus.close()
-        if self._pipe is not None:
-            with contextlib.suppress(Exception):
-                await self._pipe.aclose()
+        for pipe in (self._pipe, self._relay_pipe):
+            if pipe is not None:
+                with contextlib.suppress(Exception):
+                    await pipe.aclose()
         if self.redis is not None:
             with contextlib.suppress(Exception):
                 await self.redis.aclose()  # type: ignore[attr-defined]  # stubs predate aclose

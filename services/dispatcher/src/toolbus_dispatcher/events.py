@@ -30,6 +30,12 @@ on one replica and makes such overlaps rare.
 
 Acks come to one inbox subscription of the relay's (not a request and a task per event, as
 `JetStreamContext.publish` does: that costs more than the rest of a call's dispatching).
+
+The outbox is read (`XREAD BLOCK`) and trimmed (`XDEL`) over a `ScriptPipe` of the relay's own (a
+connection apart from the hot path's scripts, since a blocking read holds up what follows it):
+through redis-py's pool the two cost about a tenth of a call's dispatching (measured in
+instructions, docs/design.md). The lock stays on redis-py (`redis.lock`, every third of its TTL,
+on its pool: apart from the lease renewal's commands and from the relay's blocking read).
 """
 
 from __future__ import annotations
@@ -47,6 +53,8 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from redis.asyncio import Redis
 from redis.exceptions import LockError, ResponseError
+from toolbus_common.script_pipe import ScriptPipe, ScriptReplyError
+from toolbus_common.settings import REDIS_LONGEST_BLOCK
 
 log = logging.getLogger(__name__)
 
@@ -87,12 +95,14 @@ class EventRelay:
         outbox: str,
         consumer: str,
         *,
+        pipe: ScriptPipe,
         lock: str | None = None,
         lock_ttl: float = 3.0,
-        block_ms: int = 1000,
+        block_ms: int = int(REDIS_LONGEST_BLOCK * 1000),  # within the pipe's reply timeout
         retry_pause: float = 0.2,
     ) -> None:
         self._r = redis
+        self._pipe = pipe  # the relay's own connection: XREAD BLOCK holds it (see the module)
         self._nc = nc
         self._outbox = outbox
         self._inbox = nc.new_inbox()  # under TOOLBUS_NATS_INBOX_PREFIX, which its user may subscribe to
@@ -111,7 +121,7 @@ class EventRelay:
         self._ttl = lock_ttl
         self._valid_until = 0.0  # loop time until which the lock is ours for sure (fencing)
         self._renew_at = 0.0
-        self._block = max(1, min(block_ms, int(lock_ttl * 1000 / 3)))
+        self._block = max(1, min(block_ms, int(REDIS_LONGEST_BLOCK * 1000), int(lock_ttl * 1000 / 3)))
         self._pause = retry_pause
         self._held: dict[str, float] = {}  # order key -> loop time its entry may be tried again
         self._backoff: dict[str, float] = {}  # order key -> its last pause
@@ -200,7 +210,7 @@ class EventRelay:
                 pause = self._pause
             except asyncio.CancelledError:
                 raise
-            except ResponseError as exc:
+            except (ResponseError, ScriptReplyError) as exc:
                 log.warning("event relay: Redis refused a command", extra={"error": str(exc)[:200]})
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, RETRY_MAX)
@@ -240,11 +250,18 @@ class EventRelay:
                 pause = self._pause
 
     async def _read(self, cursor: bytes, block_ms: int | None) -> list[Entry]:
-        res = await self._r.xread({self._outbox: cursor}, count=BATCH, block=block_ms)
+        command: tuple[bytes | str | int, ...] = ("XREAD", "COUNT", BATCH)
+        if block_ms is not None:
+            command += ("BLOCK", block_ms)
+        res = await self._pipe.execute(*command, "STREAMS", self._outbox, cursor)
         if not res:
             return []
-        _, entries = res[0]
-        return [(eid, fields) for eid, fields in entries if fields]
+        entries: list[Entry] = []
+        for eid, flat in res[0][1]:
+            if flat:  # [field, value, field, value, ...]
+                it = iter(flat)
+                entries.append((eid, dict(zip(it, it, strict=False))))
+        return entries
 
     async def _publish(self, entries: list[Entry]) -> tuple[int, int]:
         """Publish a batch in order per call (in rounds); delete what JetStream acked. Returns
@@ -280,7 +297,7 @@ class EventRelay:
                     self._hold(key)
                     del chains[key]
         if done:
-            await self._r.xdel(self._outbox, *done)
+            await self._pipe.execute("XDEL", self._outbox, *done)
             self.relayed += len(done)
         if failed:
             log.warning(
