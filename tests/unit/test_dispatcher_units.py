@@ -53,6 +53,22 @@ def test_refused_urls_name_the_host(url: str, named: str) -> None:
     assert named in err.value.message
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:9000/ok#frag\x00",
+        "http://127.0.0.1:9000/\x01\x03",
+        "http://api.github.com/a\x7fb",
+        "http://127.0.0.1/" + "p" * 70_000,
+        "http://[::1",
+    ],
+)
+def test_urls_the_client_would_not_send_are_refused_not_raised(url: str) -> None:
+    # found by tests/fuzz/test_fuzz_calls.py: httpx.InvalidURL at send time ended the call `internal`
+    with pytest.raises(HostNotAllowed, match="not a valid URL"):
+        ALLOW.check(url)
+
+
 def test_ip_literals_never_match_wildcards() -> None:
     assert not AllowList(["*.0.0.1"]).allows_host("127.0.0.1")
 

@@ -5,7 +5,8 @@ lower-casing, IDNA encoding and dropping one trailing dot, is an exact entry, a 
 `*.example.com` entry (not `example.com` itself), or an IP literal listed literally. A host that a
 URL parser reads as an IPv4 address (`2130706433`, `127.1`, `0x7f.0.0.1`: WHATWG's forms) is that
 address, so it matches only the dotted-quad literal. Everything else raises `HostNotAllowed`
-naming the host. Where the name then leads (its DNS answer) is checked when connecting
+naming the host, as does a URL that does not parse or that httpx would not send (a control
+character, a bad port, over 64 KiB). Where the name then leads (its DNS answer) is checked when connecting
 (`executors.safe_connect`).
 """
 
@@ -13,8 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-from urllib.parse import SplitResult, urlsplit
+from urllib.parse import SplitResult, urlsplit, urlunsplit
 
+import httpx
 import idna
 from toolbus_contracts.errors import HostNotAllowed
 from toolbus_contracts.names import is_allow_entry
@@ -147,4 +149,11 @@ class AllowList:
         netloc = f"[{host}]" if ":" in host else host
         if port is not None:
             netloc += f":{port}"
-        return parts._replace(scheme=parts.scheme.lower(), netloc=netloc)
+        checked = parts._replace(scheme=parts.scheme.lower(), netloc=netloc)
+        try:  # what urlsplit lets through but the client would not send: control characters, 64 KiB+
+            httpx.URL(urlunsplit(checked))
+        except httpx.InvalidURL as exc:
+            raise HostNotAllowed(
+                f"The URL for '{host}' is not a valid URL: {exc}", details={"host": host}
+            ) from None
+        return checked
