@@ -77,6 +77,18 @@ async def test_the_assembled_wire_form_is_the_models_and_gives_its_id() -> None:
     assert toolset_id(stored) == pinned.id
 
 
+RICH_TOOLSET_ID = "ts_c95275285f59e59a032b78be073d8cbcbeadae95098adc4825e48d274cf9e8fe"
+"""The id of `_rich_pinned()` as main gave it before the registration-cost work (cd40079): ids are
+content addresses that stored toolsets and clients hold, so no speed-up may change one."""
+
+
+async def test_a_known_toolset_keeps_its_id() -> None:
+    pinned = await _rich_pinned()
+    assert pinned.id == RICH_TOOLSET_ID
+    again = await _rich_pinned()  # a fresh pinner, and the same pinner again (its memo)
+    assert again.id == RICH_TOOLSET_ID
+
+
 async def test_tool_table_wire_forms_are_those_of_validated_infos() -> None:
     table = ToolTable((await _rich_pinned()).toolset)
     validated = [ToolInfo.model_validate(w) for w in table.wire()]

@@ -4,13 +4,20 @@
 a worker thread. Texts are keyed by content hash, so a tool shared by two toolsets, a toolset
 registered again, a restarted registry and a second replica all reuse the same vectors;
 `encoded` counts the texts this process actually ran through the model. Bounded LRU in memory.
+
+The background encoding runs in one worker thread of its own at a lower scheduling priority
+(`BACKGROUND_NICE`), so a 1,000-tool embedding (tens of seconds of CPU) yields the cores to what
+answers requests (registrations, calls, the MCP servers being listed) instead of sharing them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from toolbus_common.lru import Lru
@@ -24,6 +31,19 @@ ENCODE_BATCH = 8
 ENCODE_CHUNK = 64
 """Texts encoded per worker-thread call: between chunks the GIL is free for the event loop (a
 search during a background embedding answers in milliseconds, not after the whole toolset)."""
+BACKGROUND_NICE = 10
+"""Added to the nice value of the thread that encodes tool texts in the background (Linux applies
+nice per thread; elsewhere, or where it is refused, the thread keeps the process's priority).
+Measured on the shared 2-core machine (bench/registry.py, registrations while the previous one's
+1,030 tools were being embedded): see docs/design.md. Queries (`encode_query`) keep the normal
+priority: a search is foreground work."""
+
+
+def _lower_priority() -> None:
+    """Worker-thread initializer: lower this thread's priority by `BACKGROUND_NICE`."""
+    with contextlib.suppress(OSError, AttributeError):
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + BACKGROUND_NICE)
 
 
 class Embedder:
@@ -39,6 +59,9 @@ class Embedder:
         self._store = store
         self._memory: Lru[str, Vectors] = Lru(max_entries)
         self._lock = threading.Lock()
+        self._background = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="toolbus-embed", initializer=_lower_priority
+        )
         self.encoded = 0
         """Texts encoded by the model in this process (the rest came from memory or the store)."""
         self.loaded = 0
@@ -69,11 +92,17 @@ class Embedder:
             found.update(stored)
             missing = [k for k in missing if k not in found]
         if missing:
+            loop = asyncio.get_running_loop()
+            # The model is loaded (once) at the normal priority: searches need it too, and a niced
+            # load would hold the ~200 MiB peak of reading and quantizing the weights for longer.
+            await asyncio.to_thread(self._encoder)
             by_key = dict(zip(keys, texts, strict=True))
             fresh: dict[str, Vectors] = {}
             for start in range(0, len(missing), ENCODE_CHUNK):
                 chunk = missing[start : start + ENCODE_CHUNK]
-                vectors = await asyncio.to_thread(self._encode, [by_key[k] for k in chunk])
+                vectors = await loop.run_in_executor(
+                    self._background, self._encode, [by_key[k] for k in chunk]
+                )
                 fresh.update(zip(chunk, vectors, strict=True))
             found.update(fresh)
             if self._store is not None:
