@@ -3,7 +3,9 @@ services (running as processes on a prefix of their own) and sends them over NAT
 shape, wrong types, unknown fields, names with every odd character, non-UTF-8 bytes, empty, huge
 and deeply nested bodies. Each request must get exactly one well-formed reply (never `internal`),
 no service may restart, and a refused request must change no state (Redis keys and JetStream
-streams of the deployment are compared before and after it).
+streams of the deployment are compared before and after it). The internal commands (the INTERNAL
+stream's subjects and `credentials.changed`) get the same bodies straight from a publisher: each is
+applied or dead-lettered as refused, never makes a handler fail, and leaves no consumer stuck.
 
 Examples per subject: `TOOLBUS_FUZZ_EXAMPLES` (default 30; the counts are printed with `-s`)."""
 
@@ -315,3 +317,122 @@ def test_workflows_get_with_a_name_the_kv_store_refuses_is_invalid_request(
     reply = loop.run(probe.send(Subjects(probe.prefix).workflows_get, json.dumps({"name": name}).encode()))
     assert reply["ok"] is False and reply["error"]["code"] == "invalidRequest"
     assert reply["error"]["details"]["field"] == "name"
+
+
+# Internal commands (JetStream, INTERNAL stream; `credentials.changed` is plain NATS) that only
+# services publish: a valid-looking body per subject, of calls, runs and approvals that do not exist.
+INTERNAL_TEMPLATES: dict[str, dict[str, Any]] = {
+    "internal_approval_requests": {
+        "approvalId": "apr_fuzz",
+        "callId": "call_fuzz",
+        "runId": "run_fuzz",
+        "toolsetId": TS,
+        "tool": "x.y",
+        "input": {},
+        "inputDigest": "0" * 64,
+        "requestedAt": "2026-01-01T00:00:00Z",
+    },
+    "internal_approval_decisions": {
+        "approvalId": "apr_fuzz",
+        "callId": "call_fuzz",
+        "runId": "run_fuzz",
+        "toolsetId": TS,
+        "tool": "x.y",
+        "inputDigest": "0" * 64,
+        "decision": "approved",
+    },
+    "internal_calls_park": {
+        "callId": "call_fuzz",
+        "runId": "run_fuzz",
+        "toolsetId": TS,
+        "server": "s",
+        "level": "toolset",
+        "parkedAt": "2026-01-01T00:00:00Z",
+    },
+    "internal_calls_resume": {"callIds": ["call_fuzz"]},
+    "internal_credentials_changed": {"level": "toolset", "toolsetId": TS},
+    "internal_runs_closed": {"runId": "run_fuzz", "toolsetId": TS, "callIds": ["call_fuzz"]},
+}
+
+
+async def _dead_letter_reasons(probe: Probe) -> list[str]:
+    """`Toolbus-Dead-Reason` of every dead letter the deployment kept so far."""
+    js = probe.nc.jetstream()
+    subject = Subjects(probe.prefix).internal_dead_letters
+    info = await js.stream_info(js_name(probe.prefix, "INTERNAL"))
+    reasons: list[str] = []
+    if not info.state.messages:
+        return reasons
+    sub = await js.subscribe(subject, ordered_consumer=True, stream=js_name(probe.prefix, "INTERNAL"))
+    try:
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=1.0)
+            except Exception:
+                return reasons
+            reasons.append((msg.headers or {}).get("Toolbus-Dead-Reason", ""))
+    finally:
+        await sub.unsubscribe()
+
+
+async def _consumers_drained(probe: Probe, within: float) -> list[str]:
+    """Wait until every durable consumer of INTERNAL has nothing pending or unacknowledged; the
+    ones that still do after `within` seconds."""
+    js = probe.nc.jetstream()
+    stream = js_name(probe.prefix, "INTERNAL")
+    busy: list[str] = []
+    for _ in range(int(within / 0.25)):
+        busy = [
+            f"{c.name}: pending {c.num_pending}, unacked {c.num_ack_pending}"
+            for c in await js.consumers_info(stream)
+            if c.num_pending or c.num_ack_pending
+        ]
+        if not busy:
+            return busy
+        await asyncio.sleep(0.25)
+    return busy
+
+
+@pytest.mark.parametrize("name", sorted(INTERNAL_TEMPLATES))
+def test_internal_commands_with_bad_bodies_are_dead_lettered_without_a_handler_failing(
+    deployment: tuple[Loop, Probe, list[Any]], name: str
+) -> None:
+    """Generated and mutated bodies published straight into the INTERNAL stream (what a buggy or
+    compromised service could send): every command is applied or dead-lettered at once as refused,
+    none makes a handler fail (a handler exception is retried, then dead-lettered as `failed N
+    times`: a bug), no consumer is left stuck, no service restarts, and the public subjects still
+    answer afterwards."""
+    loop, probe, procs = deployment
+    subjects = Subjects(probe.prefix)
+    subject = getattr(subjects, name)
+    sent: list[bytes] = []
+
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[
+            HealthCheck.too_slow,
+            HealthCheck.data_too_large,
+            HealthCheck.function_scoped_fixture,
+        ],
+        database=None,
+    )
+    @given(body=st.one_of(mutated(INTERNAL_TEMPLATES[name]), RAW))
+    def one(body: bytes) -> None:
+        sent.append(body)
+        if subject.startswith(subjects.internal_all.removesuffix(">")):
+            loop.run(probe.nc.jetstream().publish(subject, body, timeout=10))
+        else:  # `credentials.changed`: plain NATS, heard by every dispatcher
+            loop.run(probe.nc.publish(subject, body))
+
+    one()
+    busy = loop.run(_consumers_drained(probe, 60.0), 90)
+    assert not busy, f"consumers still holding commands: {busy}"
+    reasons = loop.run(_dead_letter_reasons(probe), 120)
+    failed = [r for r in reasons if r.startswith("failed")]
+    assert not failed, f"a handler failed on a bad command (a bug): {failed[:5]}"
+    assert all(p.proc.poll() is None for p in procs), [p.log() for p in procs if p.proc.poll() is not None]
+    reply = loop.run(probe.send(subjects.approvals_list, json.dumps({"runId": "run_fuzz"}).encode()))
+    assert reply["ok"] is True, reply
+    print(f"\nfuzz {name}: {len(sent)} commands, dead letters so far {len(reasons)}")
