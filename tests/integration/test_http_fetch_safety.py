@@ -2,7 +2,9 @@
 place of DNS: a listed name that resolves to 127.0.0.1 is refused, and so are decimal and short
 IPv4 forms, `::ffff:127.0.0.1`, a redirect to a private address and a redirect from https to
 http; a listed IP literal is reached as asked; bad headers are refused before anything is sent.
-One case goes through a real dispatcher (the resolver injected into the app)."""
+Two cases go through a real dispatcher (the resolver injected into the app): a name resolving to
+loopback, and header values (outside Latin-1, C1 controls, padded: `invalidInput`, one attempt,
+nothing sent; a Latin-1 value arrives as its Latin-1 bytes)."""
 
 from __future__ import annotations
 
@@ -32,12 +34,15 @@ PUBLIC_NAME = "api.public.test"  # resolves to 127.0.0.1 in the stub, as a rebin
 
 class _Handler(BaseHTTPRequestHandler):
     hits: list[str] = []
+    latin: list[str | None] = []
+    """`X-Latin` of each request, as http.server decodes header bytes: Latin-1."""
 
     def log_message(self, *args: Any) -> None:
         return None
 
     def do_GET(self) -> None:
         self.hits.append(self.path)
+        self.latin.append(self.headers.get("X-Latin"))
         if self.path.startswith("/to/"):
             self.send_response(302)
             self.send_header("Location", self.path.removeprefix("/to/"))
@@ -209,5 +214,29 @@ async def test_through_a_dispatcher_a_name_resolving_to_loopback_ends_host_not_a
         assert bad["outcome"]["error"]["code"] == "invalidInput"
         got = await h.ok(h.subjects.calls_get, {"callId": bad["callId"]})
         assert got["attempts"] == 1  # not retried as a network fault
+    finally:
+        await h.close()
+
+
+async def test_through_a_dispatcher_header_values_go_as_latin1_or_end_invalid_input_unsent(
+    nats_url: str, redis_url: str, plain: int
+) -> None:
+    h = Harness(nats_url, redis_url)
+    await h.connect()
+    try:
+        await h.dispatcher(resolver=stub_resolver)
+        run = await h.open_run(await h.toolset({"http": {"allow": ["127.0.0.1"]}}))
+        url = f"http://127.0.0.1:{plain}/ok"
+        before = len(_Handler.hits)
+        for value in ("\u20ac", "\U0001f600", "cafe\u0301", "a\x85b", " padded", "padded\t"):
+            bad = await h.invoke(run, "http.fetch", {"url": url, "headers": {"X-Odd": value}})
+            error = bad["outcome"]["error"]
+            assert error["code"] == "invalidInput" and "X-Odd" in error["message"], (value, bad)
+            got = await h.ok(h.subjects.calls_get, {"callId": bad["callId"]})
+            assert got["attempts"] == 1 and got["outcome"] == bad["outcome"]
+        assert len(_Handler.hits) == before  # nothing was sent
+        good = await h.invoke(run, "http.fetch", {"url": url, "headers": {"X-Latin": "caf\u00e9 \u00e0 la"}})
+        assert good["outcome"]["status"] == "ok" and good["outcome"]["output"]["body"] == "inside"
+        assert _Handler.latin[-1] == "caf\u00e9 \u00e0 la"  # the Latin-1 bytes, not UTF-8
     finally:
         await h.close()

@@ -146,6 +146,13 @@ def test_global_addresses_are_public(address: str) -> None:
         {"X-A": "\u0000"},
         {"X-A": "emoji 😀"},
         {"X-A": "ünï€"},
+        {"X-A": "caf\u0301e"},  # a combining accent: outside Latin-1
+        {"X-A": "a\x85b"},  # a C1 control (NEL)
+        {"X-A": "a\x7f"},
+        {"X-A": "a\x0bb"},
+        {"X-A": " padded"},
+        {"X-A": "padded\t"},
+        {"X-A": "   "},
         {"Bad Name": "v"},
         {"": "v"},
         {"X\r\nY": "v"},
@@ -158,12 +165,21 @@ def test_headers_with_control_characters_or_outside_latin1_are_invalid_input(hea
     assert err.value.details["path"].startswith("$.headers")
 
 
-def test_plain_headers_pass_and_hop_headers_are_dropped() -> None:
+def test_plain_headers_pass_as_bytes_latin1_as_its_bytes_and_hop_headers_are_dropped() -> None:
     assert checked_headers(
-        {"Accept": "text/plain", "X-Latin": "café", "Host": "evil", "Content-Length": "9"}
+        {
+            "Accept": "text/plain",
+            "X-Latin": "café",
+            "X-Inner": "a \t b",
+            "X-Empty": "",
+            "Host": "evil",
+            "Content-Length": "9",
+        }
     ) == {
-        "Accept": "text/plain",
-        "X-Latin": "café",
+        "Accept": b"text/plain",
+        "X-Latin": b"caf\xe9",  # obs-text (RFC 9110): the Latin-1 byte, not UTF-8
+        "X-Inner": b"a \t b",
+        "X-Empty": b"",
     }
 
 

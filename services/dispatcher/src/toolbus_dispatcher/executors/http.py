@@ -44,17 +44,22 @@ _TEXT_TYPES = (
 _DROP_HEADERS = frozenset({"host", "idempotency-key", "content-length", "transfer-encoding", "connection"})
 _CROSS_HOST_DROP = frozenset({"authorization", "cookie", "proxy-authorization"})
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # every control character but HTAB
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")  # C0 but HTAB, DEL, C1
 
 
-def checked_headers(given: Any) -> dict[str, str]:
-    """The request headers of an `http.fetch` input, or `InvalidInput` naming the bad one: names
-    must be HTTP tokens, values Latin-1 text without control characters (no CR/LF injection)."""
+def checked_headers(given: Any) -> dict[str, bytes]:
+    """The request headers of an `http.fetch` input as the bytes to send, or `InvalidInput`
+    naming the bad one. Names must be HTTP tokens; values are RFC 9110 field values written as
+    text: visible ASCII, spaces and tabs inside, and Latin-1 letters (obs-text, sent as their
+    Latin-1 bytes); no control character (no CR/LF injection, no C1 controls), no leading or
+    trailing space or tab, nothing outside Latin-1 (a caller encodes such text itself, e.g. RFC
+    8187 or percent-encoding). Checked before anything is sent: httpx would raise on the first
+    non-ASCII value (it encodes `str` values as ASCII) and h11 on a padded one."""
     if given is None:
         return {}
     if not isinstance(given, dict):
         raise InvalidInput("Input 'headers' must be an object of strings.", details={"path": "$.headers"})
-    out: dict[str, str] = {}
+    out: dict[str, bytes] = {}
     for name, value in given.items():
         path = f"$.headers.{str(name)[:64]}"
         if not isinstance(name, str) or not _TOKEN.fullmatch(name):
@@ -67,15 +72,20 @@ def checked_headers(given: Any) -> dict[str, str]:
                 f"Header '{name[:64]}' has a control character (CR, LF, NUL...) or is not a string.",
                 details={"path": path},
             )
+        if value != value.strip(" \t"):
+            raise InvalidInput(
+                f"Header '{name[:64]}' starts or ends with a space or tab: an HTTP field value cannot.",
+                details={"path": path},
+            )
         try:
-            value.encode("latin-1")
+            raw = value.encode("latin-1")
         except UnicodeEncodeError:
             raise InvalidInput(
                 f"Header '{name[:64]}' has characters outside Latin-1; encode them first.",
                 details={"path": path},
             ) from None
         if name.lower() not in _DROP_HEADERS:
-            out[name] = value
+            out[name] = raw
     return out
 
 
@@ -159,16 +169,16 @@ class HttpExecutor:
         method = str(inp.get("method") or "GET").upper()
         body: str | None = inp.get("body")
         headers = checked_headers(inp.get("headers"))
-        headers["Idempotency-Key"] = attempt.call.idempotency_key
+        headers["Idempotency-Key"] = attempt.call.idempotency_key.encode()  # printable ASCII
         if not any(k.lower() == "accept-encoding" for k in headers):
-            headers["Accept-Encoding"] = ACCEPT_ENCODING
+            headers["Accept-Encoding"] = ACCEPT_ENCODING.encode()
         url = str(inp["url"])
         parts = allow.check(url)
         for _ in range(self._max_redirects + 1):
             request = self._client.build_request(
                 method,
                 urlunsplit(parts),
-                headers=headers,
+                headers=[(k.encode("ascii"), v) for k, v in headers.items()],  # names: tokens
                 content=body.encode() if body is not None else None,
             )
             try:
