@@ -175,6 +175,45 @@ async def test_malformed_bodies_are_invalid_request_naming_the_field(h: Harness,
     assert missing["error"]["details"]["field"] == "toolsetId"
 
 
+@pytest.mark.parametrize(
+    "key",
+    [
+        "a\r\nX-Injected: 1",
+        "a\nb",
+        "a\x00b",
+        "\u00e9t\u00e9",
+        "\U0001f600",
+        "a b",
+        "a\tb",
+        "\x7f",
+        "k" * 257,
+        "",
+    ],
+)
+async def test_idempotency_keys_outside_printable_ascii_are_invalid_request(
+    h: Harness, ts: str, key: str
+) -> None:
+    """The key travels as an HTTP header (`Idempotency-Key`): 1-256 printable ASCII characters,
+    no space; anything else is refused before a call exists (no attempt retried as a network
+    fault, no `internal`, no mojibake header)."""
+    run = await h.open_run(ts)
+    for subject in (h.subjects.calls_start, h.subjects.calls_invoke):
+        body = {"runId": run, "tool": "crm.find", "input": {"query": "a"}, "idempotencyKey": key}
+        bad = await h.request(subject, body)
+        assert bad["ok"] is False and bad["error"]["code"] == "invalidRequest", bad
+        assert bad["error"]["details"] == {"field": "idempotencyKey"}
+    assert h.redis is not None
+    assert await h.redis.scard(h.keys.run_calls(run)) == 0
+
+
+async def test_idempotency_keys_of_any_printable_ascii_are_taken(h: Harness, ts: str) -> None:
+    run = await h.open_run(ts)
+    async with Worker(h, "crm.find", echo):
+        for key in ("k" * 256, "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~", "0b3e9c1e-7f7e-4a8e-9d3c-6b2f0c1a9e11"):
+            data = await h.invoke(run, "crm.find", {"query": "a"}, idempotencyKey=key)
+            assert data["idempotencyKey"] == key and data["outcome"]["status"] == "ok"
+
+
 async def test_unknown_or_closed_runs_are_not_found(h: Harness, ts: str) -> None:
     nope = await h.request(
         h.subjects.calls_start, {"runId": "no-such-run", "tool": "crm.find", "input": {"query": "a"}}

@@ -8,7 +8,7 @@ from pydantic import Field
 
 from toolbus_contracts.base import WireModel
 from toolbus_contracts.credentials import CredentialLevel
-from toolbus_contracts.names import CallId, Namespace, RunId
+from toolbus_contracts.names import CallId, IdempotencyKey, Namespace, RunId
 from toolbus_contracts.registry import ToolsetId
 
 CallState = Literal["queued", "awaitingApproval", "waitingSlot", "running", "parked", "done"]
@@ -40,7 +40,7 @@ class CallStartRequest(WireModel):
     run_id: RunId
     tool: str = Field(min_length=1, max_length=256)
     input: dict[str, Any] = Field(default_factory=dict)
-    idempotency_key: str | None = Field(default=None, min_length=1, max_length=256)
+    idempotency_key: IdempotencyKey | None = None
 
 
 class CallStartReply(WireModel):

@@ -9,6 +9,11 @@ checked at the edge so a bad one is `invalidRequest` naming the field, never a s
 | server, workflow names        | `[A-Za-z_][A-Za-z0-9_]*`        | 1–64   |
 | host tool names               | one or two such parts, `a.b`    | 1–129  |
 | workflow versions             | 12 lowercase hex digits         | 12     |
+| `idempotencyKey`              | printable ASCII, no space (`[\x21-\x7e]`) | 1–256 |
+
+The idempotency key becomes no key of a store, but it travels as an HTTP header value
+(`Idempotency-Key`, to MCP servers and `http.fetch`): printable ASCII can be sent as it is, whatever
+the server (a UUID, a ULID, `order-42:refund` all fit).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ Namespace = Annotated[str, Field(min_length=1, max_length=128, pattern=NAMESPACE
 RunId = Annotated[str, Field(min_length=1, max_length=128, pattern=TOKEN_PATTERN)]
 CallId = Annotated[str, Field(min_length=1, max_length=128, pattern=TOKEN_PATTERN)]
 WorkflowVersion = Annotated[str, Field(pattern=r"^[0-9a-f]{12}$")]
+IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]+$"
+IdempotencyKey = Annotated[str, Field(min_length=1, max_length=256, pattern=IDEMPOTENCY_KEY_PATTERN)]
 
 _LABEL = re.compile(r"^[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?$")
 
