@@ -9,7 +9,8 @@ open, silent (a peer that vanished without a reset). Every other byte is passed 
 once (counted in `refused`) until `up()`. `silence()`: Redis goes silent, as a peer behind a dead
 link does: commands still reach it, but no answer comes back on any connection, open or new, and
 no connection is closed; `speak()` ends it: the connections that lost answers are reset (their
-byte stream has a hole), new ones work again.
+byte stream has a hole), new ones work again. `silence(deaf=True)`: a link dead both ways, the
+commands are lost too (never reach Redis; those connections are reset by `speak()` as well).
 
     proxy = await CuttingProxy("127.0.0.1", 6379).start()
     proxy.url                      # redis://127.0.0.1:<port>
@@ -37,8 +38,11 @@ class CuttingProxy:
         self.refused = 0
         self._down = False
         self._silent = False
+        self._deaf = False
         self.swallowed = 0
         """Answers (reads from Redis) swallowed while silent."""
+        self.lost_commands = 0
+        """Commands (reads from clients) lost while deaf."""
         self._holed: set[asyncio.StreamWriter] = set()
 
     @property
@@ -60,13 +64,16 @@ class CuttingProxy:
     def up(self) -> None:
         self._down = False
 
-    def silence(self) -> None:
-        """No answer reaches any client, on open or new connections, until `speak()`."""
+    def silence(self, *, deaf: bool = False) -> None:
+        """No answer reaches any client, on open or new connections, until `speak()`; `deaf`: no
+        command reaches Redis either."""
         self._silent = True
+        self._deaf = deaf
 
     def speak(self) -> None:
-        """Answers flow again; each connection that lost some while silent is reset."""
+        """Answers (and commands) flow again; each connection that lost some while silent is reset."""
         self._silent = False
+        self._deaf = False
         for writer in list(self._holed):
             if writer.transport is not None:
                 writer.transport.abort()
@@ -113,6 +120,10 @@ class CuttingProxy:
         async def upstream() -> None:
             nonlocal stall
             while data := await client_r.read(65536):
+                if self._silent and self._deaf:
+                    self.lost_commands += 1
+                    self._holed.update((client_w, server_w))
+                    continue
                 marker = self._marker
                 if marker is not None and marker in data:
                     self._marker = None

@@ -8,7 +8,7 @@ replica claimed it after our lease lapsed, or its run was closed); then its task
 
 A backing store that does not answer (Redis restarting, JetStream away) is never a call's outcome:
 each store step of a call is retried with backoff until it goes through (`_persist`), and lease
-renewal is retried within the third of a lease it has before the lease could lapse. Events are
+renewal is retried, each attempt bounded in time, until the leases could lapse. Events are
 written by the store's scripts with the state change (see `events.py`); nothing here publishes one.
 """
 
@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
@@ -98,6 +99,9 @@ class CallRunner:
         renewal that finds them no longer running (the script already took their lease) never
         cancels them."""
         self._timeouts: dict[str | None, float | None] = {None: None}
+        self._renewed_at = time.monotonic()
+        """When the last renewal that went through was sent: every lease held here runs at least
+        a lease from then (a call admitted later got its lease at admission)."""
 
     # ---- admission ------------------------------------------------------------------------------
 
@@ -323,21 +327,31 @@ class CallRunner:
     async def renew_leases(self) -> None:
         """Extend the leases of every call running here; stop the ones that are no longer ours.
 
-        Runs every third of a lease; a failed renewal is retried with backoff within that third,
-        so a short Redis outage never lets a lease lapse. Raises the last error if none went
-        through (the next period tries again, while two thirds of the lease are still left)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._store.lease / 3
+        Runs every third of a lease. A failed renewal is retried with backoff until a third of a
+        lease after the leases the last good one extended would lapse (an attempt whose answer
+        was lost may have extended them further), and each attempt is bounded (`asyncio.timeout`)
+        by a quarter of the lease and the time left: redis-py alone waits
+        `TOOLBUS_REDIS_SOCKET_TIMEOUT` (a whole lease by default) on a connection gone silent, so
+        one stuck attempt outlasted the lease; bounded, it is given up (redis-py drops that
+        connection) and sent again on another, so a renewal goes through within about a quarter
+        of a lease of Redis answering again. Raises the last error if none went through (the
+        next period tries again)."""
+        lease = self._store.lease
+        deadline = max(self._renewed_at + lease, time.monotonic()) + lease / 3
         pause = 0.05
         while True:
+            sent = time.monotonic()
             try:
-                lost = await self._store.renew(list(self._leased))
+                async with asyncio.timeout(max(0.0, min(lease / 4, deadline - sent))):
+                    lost = await self._store.renew(list(self._leased))
                 break
             except Exception as exc:
-                if not is_backing_store_fault(exc) or loop.time() + pause >= deadline:
+                retryable = isinstance(exc, TimeoutError) or is_backing_store_fault(exc)
+                if not retryable or time.monotonic() + pause >= deadline:
                     raise
             await asyncio.sleep(pause)
             pause = min(pause * 2, 1.0)
+        self._renewed_at = sent
         if lost:
             self.stop_local([cid for cid in lost if cid in self._leased and cid not in self._finishing])
 
