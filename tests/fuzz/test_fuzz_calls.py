@@ -268,22 +268,6 @@ class _Web(BaseHTTPRequestHandler):
         raise AttributeError(name)
 
 
-def _fixed_elsewhere(body: bytes) -> bool:
-    """An `internal` outcome of the two kinds another change fixes (branch `edge`, not on main
-    yet): an http.fetch header value or an idempotencyKey outside ASCII (httpx encodes `str`
-    header values as ASCII and raises). Printed, not failed; delete this once that change lands."""
-    req = orjson.loads(body)
-    key = req.get("idempotencyKey")
-    if isinstance(key, str) and not key.isascii():
-        return True
-    headers = req.get("input", {}).get("headers") if isinstance(req.get("input"), dict) else None
-    return (
-        req.get("tool") == "http.fetch"
-        and isinstance(headers, dict)
-        and any(isinstance(v, str) and not v.isascii() for v in headers.values())
-    )
-
-
 @dataclass
 class Sent:
     subject: str
@@ -305,7 +289,6 @@ class CallProbe:
         self.outcomes: Counter[str] = Counter()
         self.by_tool: Counter[str] = Counter()
         self.internal: list[str] = []
-        self.known: list[str] = []  # see _fixed_elsewhere
         self.host_tasks: Counter[str] = Counter()
         self.too_large = 0
         self.hold: dict[str, asyncio.Event] = {}  # idempotencyKey -> set when the worker may answer
@@ -553,15 +536,13 @@ def test_fuzzed_calls_run_and_end_without_internal(deployment: Deployment) -> No
         if code not in CODES | {"ok"}:
             sent = probe.sent[probe.call_ids[call_id]]
             line = f"outcome {code}: {sent.subject} {sent.body[:300]!r} -> {str(outcome)[:400]}"
-            (probe.known if _fixed_elsewhere(sent.body) else probe.internal).append(line)
+            probe.internal.append(line)
     left = loop.run(probe.until_no_leftovers([d.run_id], call_ids), 60)
     print(
         f"\nfuzz calls: {len(probe.sent)} requests, replies {dict(probe.codes)}, {len(call_ids)} calls, "
         f"outcomes {dict(probe.outcomes)} ({dict(sorted(probe.by_tool.items()))}), host attempts {dict(probe.host_tasks)}, "
         f"http requests served {_Web.requests}, too large to send {probe.too_large}, internal {len(probe.internal)}"
     )
-    if probe.known:
-        print("internal of the kinds fixed on branch edge:\n" + "\n".join(probe.known))
     assert not probe.internal, "internal answers:\n" + "\n".join(probe.internal)
     assert not left, f"left in Redis: {left}"
     assert all(p.proc.poll() is None for p in d.procs), [
