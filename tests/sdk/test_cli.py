@@ -130,7 +130,13 @@ async def test_cli_commands_json_and_exit_codes(
     assert closed["runId"] == run_id
 
     nobody = await cli(
-        {**env, "TOOLBUS_SUBJECT_PREFIX": "tbnobodyhere"}, "toolsets", "get", toolset_id, "--json"
+        {**env, "TOOLBUS_SUBJECT_PREFIX": "tbnobodyhere"},
+        "--timeout",
+        "2",
+        "toolsets",
+        "get",
+        toolset_id,
+        "--json",
     )
     assert nobody.returncode == 3 and json.loads(nobody.stdout)["error"]["code"] == "unavailable"
     usage = await cli(env, "toolsets", "create", "-f", str(tmp_path / "absent.yaml"))

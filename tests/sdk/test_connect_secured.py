@@ -30,7 +30,7 @@ async def test_connect_with_the_harness_role_settings(
 ) -> None:
     for key, value in secured.env("harness").items():
         monkeypatch.setenv(key, value)
-    async with await Toolbus.connect(prefix="toolbus") as tb:
+    async with await Toolbus.connect(prefix="toolbus", retry_unavailable=False) as tb:
         assert tb.nc.is_connected
         # Connected and allowed to publish a request: no registry runs here, so no responder.
         with pytest.raises(Unavailable) as info:

@@ -27,6 +27,7 @@ EXPORTED = [
     "HostNotAllowed",
     "HostTool",
     "Internal",
+    "Backoff",
     "InvalidInput",
     "InvalidRequest",
     "Namespaces",

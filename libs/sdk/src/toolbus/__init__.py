@@ -39,6 +39,7 @@ from toolbus._errors import (
 )
 from toolbus._host_tools import CallContext, HostTool, host_tool
 from toolbus._outcomes import CallResult
+from toolbus._retry import Backoff
 from toolbus._runs import CallHandle, CallStatus, Run, Runs
 from toolbus._toolsets import Namespaces, Toolset, Toolsets, Workflows
 from toolbus._worker import Worker
@@ -46,6 +47,7 @@ from toolbus._worker import Worker
 __all__ = [
     "ERRORS",
     "Approvals",
+    "Backoff",
     "CallContext",
     "CallHandle",
     "CallResult",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from toolbus_contracts import (
@@ -18,6 +18,7 @@ from toolbus_contracts import (
 
 from toolbus._client import build
 from toolbus._connection import flush
+from toolbus._errors import Conflict, ToolbusError
 
 if TYPE_CHECKING:
     from nats.aio.msg import Msg
@@ -36,13 +37,27 @@ class Approvals:
     ) -> list[ApprovalRequested]:
         """The pending approvals, of one run or one end user where given."""
         body = build(ApprovalsListRequest, run_id=run_id, namespace=namespace)
-        data = await self._tb.request(self._tb.subjects.approvals_list, body)
+        data = await self._tb.request(self._tb.subjects.approvals_list, body, retry=True)
         return list(ApprovalsListReply.model_validate(data).approvals)
 
     async def decide(self, approval_id: str, approve: bool, reason: str | None = None) -> str:
-        """Decide one approval; returns `"approved"` or `"denied"`. A second decision: `Conflict`."""
+        """Decide one approval; returns `"approved"` or `"denied"`. A second decision: `Conflict`.
+
+        Sent again after `unavailable` (the first decide may have been applied, its reply lost):
+        a retry answered `conflict` whose standing decision (`details.state`, `details.reason`)
+        is this very one is taken as this decision's reply; any other `conflict` is raised."""
         body = build(ApprovalDecideRequest, approval_id=approval_id, approve=approve, reason=reason)
-        data = await self._tb.request(self._tb.subjects.approvals_decide, body)
+        decision = "approved" if approve else "denied"
+
+        def settle(exc: ToolbusError) -> dict[str, Any] | None:
+            same = exc.details.get("state") == decision and (exc.details.get("reason") or None) == (
+                reason or None
+            )
+            if isinstance(exc, Conflict) and same:
+                return {"approvalId": approval_id, "decision": decision}
+            return None
+
+        data = await self._tb.request(self._tb.subjects.approvals_decide, body, retry=True, settle=settle)
         return ApprovalDecideReply.model_validate(data).decision
 
     async def approve(self, approval_id: str, reason: str | None = None) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -17,14 +18,18 @@ from toolbus_contracts import CredentialsExpired, Subjects
 from toolbus_contracts.base import validation_to_error
 
 from toolbus._connection import ConnectOptions
-from toolbus._errors import Internal, Timeout, Unavailable, error_from_wire
+from toolbus._errors import Internal, Timeout, ToolbusError, Unavailable, error_from_wire
 from toolbus._feeds import Feed
+from toolbus._retry import Backoff, until_deadline
 
 M = TypeVar("M", bound=BaseModel)
 log = logging.getLogger("toolbus")
 
 DEFAULT_TIMEOUT = 30.0
 """Seconds a request waits for its reply unless told otherwise (registration lists MCP servers)."""
+
+DEFAULT_BACKOFF = Backoff()
+"""The waits between retries after `unavailable`: 0.1 s doubling to 2 s, jittered."""
 
 
 def stream_name(prefix: str, name: str) -> str:
@@ -94,6 +99,11 @@ class Toolbus:
 
     `toolsets`, `runs`, `approvals`, `namespaces` and `workflows` hold the calls of each part of the
     protocol. Every failure is a `ToolbusError` subclass named after its contract code.
+
+    With `retry_unavailable` (the default) every request of these parts that is answered a
+    retryable `Unavailable` (a backing store down, or no service subscribed yet) is sent again,
+    `backoff` apart, until its timeout is spent, then the last `Unavailable` is raised; each is
+    safe to send again (README, "Retries").
     """
 
     def __init__(
@@ -103,6 +113,8 @@ class Toolbus:
         *,
         timeout: float = DEFAULT_TIMEOUT,
         owns_connection: bool = True,
+        retry_unavailable: bool = True,
+        backoff: Backoff = DEFAULT_BACKOFF,
     ) -> None:
         from toolbus._approvals import Approvals
         from toolbus._runs import Runs
@@ -112,6 +124,8 @@ class Toolbus:
         self.prefix = prefix
         self.subjects = Subjects(prefix)
         self.timeout = timeout
+        self.retry_unavailable = retry_unavailable
+        self.backoff = backoff
         self._owns = owns_connection
         self.toolsets = Toolsets(self)
         self.namespaces = Namespaces(self)
@@ -126,6 +140,8 @@ class Toolbus:
         prefix: str | None = None,
         *,
         timeout: float = DEFAULT_TIMEOUT,
+        retry_unavailable: bool = True,
+        backoff: Backoff = DEFAULT_BACKOFF,
         options: ConnectOptions | None = None,
         **connect_options: Any,
     ) -> Toolbus:
@@ -136,11 +152,13 @@ class Toolbus:
         `_NKEY_FILE`, `_TLS_CA_FILE`, `_TLS_CERT_FILE`/`_TLS_KEY_FILE`, `_TLS_SERVER_NAME`,
         `_INBOX_PREFIX`), then the defaults (`nats://127.0.0.1:4222`, `toolbus`).
         `connect_options` are those settings by name (`creds_file=`, `token=`, `tls_ca_file=`, ...)
-        and `name=`, `connect_timeout=`. A server that cannot be reached is `Unavailable`.
+        and `name=`, `connect_timeout=`. A server that cannot be reached is `Unavailable` (the
+        connect itself is not retried). `retry_unavailable=False` turns request retries off;
+        `backoff` sets their waits (default 0.1 s doubling to 2 s, jittered).
         """
         opts = options or ConnectOptions.from_env(nats_url=nats_url, prefix=prefix, **connect_options)
         nc = await _open(opts)
-        return cls(nc, opts.prefix, timeout=timeout)
+        return cls(nc, opts.prefix, timeout=timeout, retry_unavailable=retry_unavailable, backoff=backoff)
 
     async def close(self) -> None:
         """Drain and close the connection (when this object opened it)."""
@@ -181,18 +199,44 @@ class Toolbus:
         return stream_name(self.prefix, name)
 
     async def request(
-        self, subject: str, body: BaseModel | dict[str, Any], *, timeout: float | None = None
+        self,
+        subject: str,
+        body: BaseModel | dict[str, Any],
+        *,
+        timeout: float | None = None,
+        retry: bool = False,
+        settle: Callable[[ToolbusError], Any] | None = None,
     ) -> Any:
         """Send one request and return the reply's `data`; an `ok: false` reply raises its exception.
 
         No service subscribed: `Unavailable`. No reply within `timeout` seconds: `Timeout`.
+        `retry=True` (only for a request that is safe to send again) sends it again after a
+        retryable `Unavailable` while `retry_unavailable` is on, until `timeout` is spent.
+        `settle(exc)`, for an error answered to a retry (after an `unavailable`), may return the
+        `data` it stands for (a first attempt applied whose reply was lost), or None to raise it.
         """
         payload = (
             body.model_dump_json(exclude_none=True).encode()
             if isinstance(body, BaseModel)
             else orjson.dumps(body)
         )
+
+        async def send(left: float, retried: bool) -> Any:
+            try:
+                return await self._send(subject, payload, left)
+            except ToolbusError as exc:
+                if retried and settle is not None and not isinstance(exc, Unavailable):
+                    data = settle(exc)
+                    if data is not None:
+                        return data
+                raise
+
         wait = self.timeout if timeout is None else timeout
+        backoff = self.backoff if retry and self.retry_unavailable else None
+        return await until_deadline(send, wait, backoff)
+
+    async def _send(self, subject: str, payload: bytes, wait: float) -> Any:
+        """One request and its reply's `data` (see `request`)."""
         try:
             msg = await self.nc.request(subject, payload, timeout=wait)
         except NoRespondersError:

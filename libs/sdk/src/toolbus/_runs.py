@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import AsyncIterator, Generator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -59,9 +60,14 @@ class Runs:
     async def open(
         self, toolset: Toolset | str, *, namespace: str | None = None, run_id: str | None = None
     ) -> Run:
-        """Open a run (opening an open run again with the same toolset is a no-op)."""
+        """Open a run (opening an open run again with the same toolset is a no-op). Without
+        `run_id` the SDK picks one (`run_<32 hex>`, the service's own form), so a retry after
+        `unavailable` opens the same run, never a second one."""
+        run_id = run_id or f"run_{uuid.uuid4().hex}"
         body = build(RunOpenRequest, toolset_id=toolset_id(toolset), namespace=namespace, run_id=run_id)
-        reply = RunOpenReply.model_validate(await self._tb.request(self._tb.subjects.runs_open, body))
+        reply = RunOpenReply.model_validate(
+            await self._tb.request(self._tb.subjects.runs_open, body, retry=True)
+        )
         return Run(self._tb, reply.run_id, toolset_id(toolset), namespace)
 
     def attach(self, run_id: str) -> Run:
@@ -70,7 +76,9 @@ class Runs:
 
     async def call_status(self, call_id: str) -> CallStatus:
         """`calls.get` of any call by id. Unknown id: `NotFound`."""
-        data = await self._tb.request(self._tb.subjects.calls_get, build(CallGetRequest, call_id=call_id))
+        data = await self._tb.request(
+            self._tb.subjects.calls_get, build(CallGetRequest, call_id=call_id), retry=True
+        )
         reply = CallGetReply.model_validate(data)
         result = None
         if reply.outcome is not None:
@@ -101,12 +109,15 @@ class Run:
     def _body(
         self, tool: str, input: Mapping[str, Any] | None, idempotency_key: str | None
     ) -> CallStartRequest:
+        """The `calls.start`/`calls.invoke` body; without `idempotency_key` one is made for this
+        logical call (32 hex digits, the service's own form) and sent on every retry of it, so a
+        retry after `unavailable` finds the stored call instead of creating a second one."""
         return build(
             CallStartRequest,
             run_id=self.id,
             tool=tool,
             input=dict(input or {}),
-            idempotency_key=idempotency_key,
+            idempotency_key=idempotency_key or uuid.uuid4().hex,
         )
 
     async def invoke(
@@ -121,9 +132,12 @@ class Run:
         a refused request, `UnknownTool` or `InvalidInput`, does). `timeout` (seconds, default the
         connection's) bounds the wait, not the call: on `Timeout` the call goes on, and the same
         `idempotency_key` finds it again."""
-        data = await self._tb.request(
-            self._tb.subjects.calls_invoke, self._body(tool, input, idempotency_key), timeout=timeout
-        )
+        body = self._body(tool, input, idempotency_key)
+        try:
+            data = await self._tb.request(self._tb.subjects.calls_invoke, body, timeout=timeout, retry=True)
+        except Timeout as exc:  # the call goes on: say which key finds it again
+            exc.details = {**exc.details, "idempotencyKey": body.idempotency_key}
+            raise
         reply = CallInvokeReply.model_validate(data)
         return await resolve(
             self._tb.js, reply.outcome, call_id=reply.call_id, idempotency_key=reply.idempotency_key
@@ -146,7 +160,9 @@ class Run:
         self, tool: str, input: Mapping[str, Any] | None = None, *, idempotency_key: str | None = None
     ) -> CallHandle:
         """Start a call once it is stored durably; the handle awaits, polls or follows it."""
-        data = await self._tb.request(self._tb.subjects.calls_start, self._body(tool, input, idempotency_key))
+        data = await self._tb.request(
+            self._tb.subjects.calls_start, self._body(tool, input, idempotency_key), retry=True
+        )
         reply = CallStartReply.model_validate(data)
         return CallHandle(self._tb, self.id, reply.call_id, reply.idempotency_key)
 
@@ -158,13 +174,15 @@ class Run:
     async def set_credentials(self, credentials: CredentialsLike) -> str:
         """Replace this run's credentials (the most specific level); parked calls are sent again."""
         body = RunCredentialsSetRequest(run_id=self.id, credentials=_credentials(credentials))
-        data = await self._tb.request(self._tb.subjects.runs_credentials_set, body)
+        data = await self._tb.request(self._tb.subjects.runs_credentials_set, body, retry=True)
         return CredentialsSetReply.model_validate(data).level
 
     async def close(self) -> int:
         """End the run: unfinished calls end `cancelled` (their number is returned), run-level
         credentials are deleted."""
-        data = await self._tb.request(self._tb.subjects.runs_close, build(RunCloseRequest, run_id=self.id))
+        data = await self._tb.request(
+            self._tb.subjects.runs_close, build(RunCloseRequest, run_id=self.id), retry=True
+        )
         return RunCloseReply.model_validate(data).cancelled
 
 

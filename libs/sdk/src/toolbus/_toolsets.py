@@ -118,7 +118,7 @@ class Toolsets:
         if progress:
             progress("registering", 0, len(body.mcp) or None)
         reply = ToolsetCreateReply.model_validate(
-            await self._tb.request(self._tb.subjects.toolsets_create, body, timeout=timeout)
+            await self._tb.request(self._tb.subjects.toolsets_create, body, timeout=timeout, retry=True)
         )
         if progress:
             progress("registered", len(body.mcp), len(body.mcp) or None)
@@ -138,7 +138,7 @@ class Toolsets:
         while True:
             body = build(ToolsetGetRequest, id=toolset_id(toolset), cursor=cursor)
             page = ToolsetGetReply.model_validate(
-                await self._tb.request(self._tb.subjects.toolsets_get, body)
+                await self._tb.request(self._tb.subjects.toolsets_get, body, retry=True)
             )
             tools.extend(page.tools)
             if progress:
@@ -156,7 +156,7 @@ class Toolsets:
         while True:
             body = build(ToolsetDeclarationsRequest, id=toolset_id(toolset), format=format, cursor=cursor)
             page = ToolsetDeclarationsReply.model_validate(
-                await self._tb.request(self._tb.subjects.toolsets_declarations, body)
+                await self._tb.request(self._tb.subjects.toolsets_declarations, body, retry=True)
             )
             parts.append(page.text)
             if progress:
@@ -169,7 +169,7 @@ class Toolsets:
         """The `limit` tools (1..50) that best match `query`, best first."""
         body = build(ToolsetSearchRequest, id=toolset_id(toolset), query=query, limit=limit)
         reply = ToolsetSearchReply.model_validate(
-            await self._tb.request(self._tb.subjects.toolsets_search, body)
+            await self._tb.request(self._tb.subjects.toolsets_search, body, retry=True)
         )
         return list(reply.tools)
 
@@ -179,7 +179,7 @@ class Toolsets:
         body = ToolsetCredentialsSetRequest(
             toolset_id=toolset_id(toolset), credentials=_credentials(credentials)
         )
-        data = await self._tb.request(self._tb.subjects.toolsets_credentials_set, body)
+        data = await self._tb.request(self._tb.subjects.toolsets_credentials_set, body, retry=True)
         return CredentialsSetReply.model_validate(data).level
 
 
@@ -198,7 +198,7 @@ class Namespaces:
             toolset_id=toolset_id(toolset),
             credentials=_credentials(credentials),
         )
-        data = await self._tb.request(self._tb.subjects.namespaces_credentials_set, body)
+        data = await self._tb.request(self._tb.subjects.namespaces_credentials_set, body, retry=True)
         return CredentialsSetReply.model_validate(data).level
 
 
@@ -226,10 +226,12 @@ class Workflows:
             output_schema=dict(output_schema) if output_schema is not None else None,
             definition=definition,
         )
-        data = await self._tb.request(self._tb.subjects.workflows_publish, body)
+        data = await self._tb.request(self._tb.subjects.workflows_publish, body, retry=True)
         return WorkflowPublishReply.model_validate(data).version
 
     async def get(self, name: str, version: str | None = None) -> Workflow:
         """One published version (the latest where `version` is None)."""
         body = build(WorkflowGetRequest, name=name, version=version)
-        return Workflow.model_validate(await self._tb.request(self._tb.subjects.workflows_get, body))
+        return Workflow.model_validate(
+            await self._tb.request(self._tb.subjects.workflows_get, body, retry=True)
+        )

@@ -97,7 +97,12 @@ def _root(
     prefix: Annotated[
         str | None, typer.Option("--prefix", envvar="TOOLBUS_SUBJECT_PREFIX", help="Subject prefix.")
     ] = None,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for each reply.")] = 30.0,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            "--timeout", help="Seconds to wait for each reply (retries after unavailable included)."
+        ),
+    ] = 30.0,
     json_: JsonOpt = False,
 ) -> None:
     STATE.nats_url, STATE.prefix, STATE.timeout, STATE.json = nats_url, prefix, timeout, json_
