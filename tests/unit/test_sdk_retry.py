@@ -137,3 +137,24 @@ def test_a_decide_conflict_that_is_not_its_own_decision_is_raised() -> None:
     # Without an `unavailable` before it, a conflict is a second decision, even an identical one.
     same = Conflict("already approved", details={"state": "approved"})
     assert isinstance(_decide_with([same], approve=True)[0], Conflict)
+
+
+def test_no_service_at_all_is_sent_again_for_a_few_seconds_not_the_whole_timeout() -> None:
+    """No subscriber (`noService`): sent again for `NO_SERVICE_WAIT` seconds (a restarting service
+    is back by then), then raised, so a stack that is not running is told in seconds; a store
+    that is down is waited out until the timeout."""
+    from toolbus._client import NO_SERVICE_WAIT, _no_service_for_long
+
+    # (details, the least and the most time spent before the last Unavailable is raised)
+    cases = (({"noService": True}, NO_SERVICE_WAIT, NO_SERVICE_WAIT + 2.5), ({"store": "Redis"}, 28.0, 30.0))
+    for details, least, most in cases:
+        clock = Clock()
+        send, seen = sender(clock, [Unavailable("down", details=details) for _ in range(100)])
+        with pytest.raises(Unavailable):
+            asyncio.run(
+                until_deadline(
+                    send, 30.0, Backoff(), give_up=_no_service_for_long, clock=clock, sleep=clock.sleep
+                )
+            )
+        spent = clock.now - 100.0
+        assert least <= spent <= most, (details, spent, len(seen))

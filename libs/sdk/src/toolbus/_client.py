@@ -89,6 +89,17 @@ async def _open(opts: ConnectOptions) -> NatsClient:
     return nc
 
 
+NO_SERVICE_WAIT = 5.0
+"""Seconds a request with no service subscribed at all is sent again (a service restarting is
+back within them); after that its `Unavailable` is raised, so a stack that is not running is
+told in seconds, not after the whole request timeout. A backing store that is down (the service
+answers `unavailable`) is waited out until the timeout."""
+
+
+def _no_service_for_long(exc: Unavailable, spent: float) -> bool:
+    return bool(exc.details.get("noService")) and spent >= NO_SERVICE_WAIT
+
+
 class Toolbus:
     """A connection to one toolbus deployment (a NATS server and a subject prefix).
 
@@ -233,7 +244,7 @@ class Toolbus:
 
         wait = self.timeout if timeout is None else timeout
         backoff = self.backoff if retry and self.retry_unavailable else None
-        return await until_deadline(send, wait, backoff)
+        return await until_deadline(send, wait, backoff, give_up=_no_service_for_long)
 
     async def _send(self, subject: str, payload: bytes, wait: float) -> Any:
         """One request and its reply's `data` (see `request`)."""
@@ -242,7 +253,7 @@ class Toolbus:
         except NoRespondersError:
             raise Unavailable(
                 f"No toolbus service answers on {subject}: is the stack running (`toolbus up`)?",
-                details={"subject": subject},
+                details={"subject": subject, "noService": True},
             ) from None
         except (NatsTimeout, TimeoutError):
             raise Timeout(f"No reply on {subject} within {wait:g}s.", details={"subject": subject}) from None

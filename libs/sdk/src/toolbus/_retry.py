@@ -44,6 +44,7 @@ async def until_deadline(
     wait: float,
     backoff: Backoff | None,
     *,
+    give_up: Callable[[Unavailable, float], bool] | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     rand: Callable[[], float] = random.random,
@@ -51,8 +52,10 @@ async def until_deadline(
     """`await send(seconds_left, retried)` until it returns; an `Unavailable` with `retryable`
     set is waited out (the next backoff delay) and sent again while the next attempt would start
     before `wait` seconds are spent, else raised. `retried` tells an attempt that an earlier one
-    was answered `unavailable`. `backoff=None`: one attempt."""
-    deadline = clock() + wait
+    was answered `unavailable`. `backoff=None`: one attempt. `give_up(exc, seconds_spent)` true:
+    raise this `Unavailable` now (a kind not worth waiting out as long)."""
+    started = clock()
+    deadline = started + wait
     delays = backoff.delays(rand) if backoff is not None else None
     retried = False
     while True:
@@ -60,6 +63,8 @@ async def until_deadline(
             return await send(max(deadline - clock(), 0.001), retried)
         except Unavailable as exc:
             if delays is None or not exc.retryable:
+                raise
+            if give_up is not None and give_up(exc, clock() - started):
                 raise
             delay = next(delays)
             if clock() + delay >= deadline:
