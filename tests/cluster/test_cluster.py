@@ -17,7 +17,6 @@ import asyncio
 import io
 import json
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +25,14 @@ import pytest
 from redis.asyncio import Redis
 from toolbus_common.connections import JsPlacement, ensure_kv, ensure_object_store
 from toolbus_common.keys import Keys
-from toolbus_nats_connect import NatsAuth
 from toolbus_devstack.nats_conf import client_env, dev_credentials, server_env
+from toolbus_nats_connect import NatsAuth
 
 from tests.support.burst import run_burst
 from tests.support.infra import (
     ServerStartError,
     ServiceProcess,
+    eventually,
     js_name,
     launch_service,
     request,
@@ -78,22 +78,6 @@ async def _jetstream_ready(nc: Any, limit: float = 60.0) -> None:
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.2)
-
-
-async def _until(check: Callable[[], Awaitable[Any]], what: str, limit: float = 120.0) -> Any:
-    """`check()` again until it returns something true (bounded); its errors are retried too (a
-    stream's leader may be being elected)."""
-    deadline = time.monotonic() + limit
-    while True:
-        try:
-            if result := await check():
-                return result
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {limit} s: {what}")
-        await asyncio.sleep(0.3)
 
 
 async def _stream_names(nc: Any) -> list[str]:
@@ -165,15 +149,17 @@ async def test_a_burst_survives_a_nats_node_and_a_dispatcher_killed(
         # A deployment that grew from one server: its workflows bucket and outputs store are R1,
         # made by their own services' users; the services started with R3 must bring them along.
         r1 = JsPlacement(replicas=1)
-        await _until(
+        await eventually(
             lambda: ensure_kv(readers[0].jetstream(timeout=10), js_name(prefix, "workflows"), placement=r1),
             "the R1 workflows bucket",
+            limit=120.0,
         )
-        await _until(
+        await eventually(
             lambda: ensure_object_store(
                 readers[1].jetstream(timeout=10), js_name(prefix, "outputs"), placement=r1, ttl=3600.0
             ),
             "the R1 outputs store",
+            limit=120.0,
         )
         before = await _replicas(nc, readers)
         # One replica of each service first (they create the R3 streams and consumers), then the
@@ -240,7 +226,9 @@ async def test_a_burst_survives_a_nats_node_and_a_dispatcher_killed(
                 )
                 return info.state.messages > 0
 
-            await _until(embedded, "the search's tool vectors stored in the embeddings bucket")
+            await eventually(
+                embedded, "the search's tool vectors stored in the embeddings bucket", limit=120.0
+            )
             big = await run_burst(nc, prefix, run_id, "s.big", 1, key_prefix="big")
             ref = big.outcomes["big-0"]["outputRef"]
             sink = io.BytesIO()

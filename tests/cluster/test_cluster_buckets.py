@@ -6,10 +6,8 @@ store's TTL with it), keeping what it holds."""
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +15,7 @@ import nats
 import pytest
 from toolbus_common.connections import JsPlacement, ensure_kv, ensure_object_store
 
-from tests.support.infra import find_nats_server, start_nats_cluster
+from tests.support.infra import eventually, find_nats_server, start_nats_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
@@ -33,21 +31,6 @@ def _binaries() -> list[Any]:
     return [pytest.param(path, id=version.rsplit(" ", 1)[-1]) for version, path in sorted(found.items())]
 
 
-async def _until(check: Any, what: str, limit: float = 60.0) -> Any:
-    deadline = time.monotonic() + limit
-    while True:
-        try:
-            result = await check()
-            if result:
-                return result
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {limit} s: {what}")
-        await asyncio.sleep(0.2)
-
-
 @pytest.mark.parametrize("binary", _binaries())
 async def test_r1_buckets_become_r3_when_the_settings_say_so(tmp_path: Path, binary: str) -> None:
     servers = start_nats_cluster(tmp_path, size=3, binary=binary)
@@ -56,20 +39,28 @@ async def test_r1_buckets_become_r3_when_the_settings_say_so(tmp_path: Path, bin
     )
     try:
         js = nc.jetstream(timeout=10)
-        await _until(js.account_info, "a JetStream meta leader")
+        await eventually(js.account_info, "a JetStream meta leader", limit=60.0)
         r1, r3 = JsPlacement(replicas=1, max_bytes=4 << 20), JsPlacement(replicas=3, max_bytes=8 << 20)
-        kv = await _until(lambda: ensure_kv(js, "tb_workflows", placement=r1), "the R1 KV bucket")
-        # A new stream's leader may still be being elected: its first publish can find no responder.
-        await _until(lambda: kv.put("w", b"workflow"), "a put to the new bucket")
-        store = await _until(
-            lambda: ensure_object_store(js, "tb_outputs", placement=r1, ttl=3600.0), "the R1 object store"
+        kv = await eventually(
+            lambda: ensure_kv(js, "tb_workflows", placement=r1), "the R1 KV bucket", limit=60.0
         )
-        await _until(lambda: store.put("o", b"output"), "a put to the new object store")
+        # A new stream's leader may still be being elected: its first publish can find no responder.
+        await eventually(lambda: kv.put("w", b"workflow"), "a put to the new bucket", limit=60.0)
+        store = await eventually(
+            lambda: ensure_object_store(js, "tb_outputs", placement=r1, ttl=3600.0),
+            "the R1 object store",
+            limit=60.0,
+        )
+        await eventually(lambda: store.put("o", b"output"), "a put to the new object store", limit=60.0)
         assert (await js.stream_info("KV_tb_workflows")).config.num_replicas == 1
 
-        kv = await _until(lambda: ensure_kv(js, "tb_workflows", placement=r3), "the KV bucket at R3")
-        store = await _until(
-            lambda: ensure_object_store(js, "tb_outputs", placement=r3, ttl=7200.0), "the store at R3"
+        kv = await eventually(
+            lambda: ensure_kv(js, "tb_workflows", placement=r3), "the KV bucket at R3", limit=60.0
+        )
+        store = await eventually(
+            lambda: ensure_object_store(js, "tb_outputs", placement=r3, ttl=7200.0),
+            "the store at R3",
+            limit=60.0,
         )
 
         for stream in ("KV_tb_workflows", "OBJ_tb_outputs"):
@@ -80,10 +71,10 @@ async def test_r1_buckets_become_r3_when_the_settings_say_so(tmp_path: Path, bin
                 cluster = (await js.stream_info(stream)).cluster
                 return cluster is not None and len(cluster.replicas or []) == 2
 
-            await _until(peers, f"{stream} placed on three servers")
+            await eventually(peers, f"{stream} placed on three servers", limit=60.0)
         assert (await js.stream_info("OBJ_tb_outputs")).config.max_age == 7200
-        assert (await _until(lambda: kv.get("w"), "the KV entry")).value == b"workflow"
-        assert (await _until(lambda: store.get("o"), "the object")).data == b"output"
+        assert (await eventually(lambda: kv.get("w"), "the KV entry", limit=60.0)).value == b"workflow"
+        assert (await eventually(lambda: store.get("o"), "the object", limit=60.0)).data == b"output"
         # Settings unchanged: nothing to update, the buckets stay as they are.
         await ensure_kv(js, "tb_workflows", placement=r3)
         assert (await js.stream_info("KV_tb_workflows")).config.num_replicas == 3

@@ -11,7 +11,7 @@ import inspect
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -27,26 +27,11 @@ from toolbus_contracts import Subjects
 
 from tests.integration.test_approval_service import Stack, needed
 from tests.support.cutting_proxy import CuttingProxy
-from tests.support.infra import request
+from tests.support.infra import eventually, request
 
 pytestmark = pytest.mark.integration
 
 TIMEOUT = 2.0
-
-
-async def eventually(check: Callable[[], Awaitable[Any]], what: str, limit: float = 30.0) -> Any:
-    """`check()`'s first true result, its errors retried (a bound on liveness, not a timing)."""
-    deadline = time.monotonic() + limit
-    while True:
-        try:
-            if result := await check():
-                return result
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {limit} s: {what}")
-        await asyncio.sleep(0.1)
 
 
 @pytest_asyncio.fixture(loop_scope="session")

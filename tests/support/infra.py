@@ -109,6 +109,28 @@ async def drop_redis_keys(redis_url: str, prefix: str) -> None:
     await redis.aclose()
 
 
+async def eventually(
+    check: Callable[[], Awaitable[Any]], what: str, limit: float = 30.0, pause: float = 0.2
+) -> Any:
+    """`check()`'s first true result, `check` called again every `pause` seconds and its errors
+    retried (a stream's leader being elected, a connection coming back) until `limit` seconds
+    have passed: a liveness bound, not a timing assertion."""
+    import asyncio
+    import time
+
+    deadline = time.monotonic() + limit
+    while True:
+        try:
+            if result := await check():
+                return result
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {limit} s: {what}")
+        await asyncio.sleep(pause)
+
+
 async def until(check: Callable[[], bool | Awaitable[bool]], what: str, limit: float = 10.0) -> None:
     """Wait for `check` to hold (a liveness bound, not a timing assertion)."""
     import asyncio
