@@ -110,34 +110,47 @@ def _schema_text(schema: Mapping[str, Any], limit: int) -> str:
     parts: list[str] = []
     size = 0
 
-    def add(text: str) -> None:
+    def walk(node: dict[str, Any], depth: int) -> None:
+        # Schemas are parsed JSON, so nodes are dicts: `isinstance(x, dict)` instead of the ABC
+        # `Mapping` check, and children checked before descending. This walk was a third of
+        # `SearchIndex.build` (docs/design.md, "Search index build").
         nonlocal size
-        parts.append(text)
-        size += len(text) + 1
-
-    def walk(node: Any, depth: int) -> None:
-        if size > limit or depth > 4 or not isinstance(node, Mapping):
-            return
-        if isinstance(node.get("description"), str) and depth > 0:
-            add(node["description"])
+        description = node.get("description")
+        if depth and isinstance(description, str):
+            parts.append(description)
+            size += len(description) + 1
         # Enumerated values say what a tool can do: `state: open|closed` is how an issue is closed.
         enum = node.get("enum")
         if isinstance(enum, list):
-            add(" ".join(v for v in enum if isinstance(v, str)))
+            text = " ".join(v for v in enum if isinstance(v, str))
+            parts.append(text)
+            size += len(text) + 1
         props = node.get("properties")
-        if isinstance(props, Mapping):
+        if isinstance(props, dict):
             for key, sub in props.items():
-                add(str(key))
-                walk(sub, depth + 1)
+                if size > limit:
+                    return
+                key = str(key)
+                parts.append(key)
+                size += len(key) + 1
+                if depth < 4 and isinstance(sub, dict):
+                    walk(sub, depth + 1)
+        if depth == 4:
+            return
         for key in ("items", "additionalProperties"):
-            walk(node.get(key), depth + 1)
+            sub = node.get(key)
+            if isinstance(sub, dict) and size <= limit:
+                walk(sub, depth + 1)
         for key in ("anyOf", "oneOf", "allOf"):
             alternatives = node.get(key)
             if isinstance(alternatives, list):
                 for sub in alternatives:
-                    walk(sub, depth + 1)
+                    if isinstance(sub, dict) and size <= limit:
+                        walk(sub, depth + 1)
 
-    walk(schema, 0)
+    # Text past the limit is cut off below, so a walk stops adding once past it.
+    if isinstance(schema, dict):
+        walk(schema, 0)
     return " ".join(parts)[:limit]
 
 
@@ -244,15 +257,25 @@ class SearchIndex:
     def build(cls, tools: Sequence[ToolInfo], options: SearchOptions | None = None) -> SearchIndex:
         """Index the tools lexically (milliseconds per thousand tools); `attach` adds vectors."""
         options = options or SearchOptions()
+        # Terms of each distinct text once: namespaces repeat on every tool of a server, and
+        # many tools share their parameters' text (the same schema on every tool of an API).
+        known: dict[str, list[str]] = {}
+
+        def terms_of(text: str) -> list[str]:
+            found = known.get(text)
+            if found is None:
+                found = known[text] = terms(text)
+            return found
+
         docs = []
         for tool in tools:
             namespace, local = split_qualified_name(tool.name)
             docs.append(
                 {
-                    "name": terms(local),
-                    "server": terms(namespace),
-                    "description": terms(tool.description),
-                    "params": terms(_schema_text(tool.input_schema, options.params_text_chars)),
+                    "name": terms_of(local),
+                    "server": terms_of(namespace),
+                    "description": terms_of(tool.description),
+                    "params": terms_of(_schema_text(tool.input_schema, options.params_text_chars)),
                 }
             )
         lexical = LexicalIndex(docs, options.bm25)
