@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
@@ -139,3 +140,23 @@ async def test_stream_commands_for_the_event_relay(redis_url: str, redis_prefix:
         await other.aclose()
         await redis.delete(key)
         await redis.aclose()
+
+
+async def test_aclose_during_a_connect_leaves_no_connection_open(redis_url: str) -> None:
+    """A command cancelled while its pipe was still connecting (a service stopping) leaves the
+    connect running, shielded; `aclose()` must close what it makes, or a socket is left open."""
+    import gc
+    import warnings
+
+    pipe = ScriptPipe(redis_url)
+    waiting = asyncio.ensure_future(pipe.execute("PING"))
+    await asyncio.sleep(0)  # the connect is under way
+    waiting.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await waiting
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        await pipe.aclose()
+        await asyncio.sleep(0.05)
+        gc.collect()
+    assert pipe._protocol is None and pipe._connecting is None

@@ -88,7 +88,8 @@ class CuttingProxy:
         if self._server is not None:
             self._server.close()
         for writer in list(self._writers):
-            writer.close()
+            if writer.transport is not None:
+                writer.transport.abort()  # at once, both sides: nothing is left open at the end
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):
@@ -97,6 +98,7 @@ class CuttingProxy:
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
+        await asyncio.sleep(0)  # the aborted transports close their sockets on the next loop turn
 
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         if self._down:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import ssl as ssl_module
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -243,10 +244,19 @@ class ScriptPipe:
         return await self._send(protocol, command)
 
     async def aclose(self) -> None:
+        """Close the connection, and one still being made (a caller cancelled while it waited for
+        the connect leaves it running, shielded: it would open a connection nobody closes)."""
         if self._watch is not None:
             self._watch.cancel()
             self._watch = None
-        protocol, self._protocol = self._protocol, None
-        if protocol is not None and protocol.transport is not None:
-            protocol.transport.close()
-            await protocol.closed
+        protocols = [self._protocol]
+        self._protocol = None
+        connecting, self._connecting = self._connecting, None
+        if connecting is not None:
+            connecting.cancel()  # a connect that already finished keeps its result
+            with contextlib.suppress(BaseException):  # cancelled or failed: it left no connection open
+                protocols.append(await connecting)
+        for protocol in protocols:
+            if protocol is not None and protocol.transport is not None:
+                protocol.transport.close()
+                await protocol.closed
