@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from urllib.parse import urlsplit
 
 import pytest
 import pytest_asyncio
@@ -21,7 +20,7 @@ from toolbus_dispatcher.credentials import StoreCredentials
 
 from tests.integration.test_dispatcher_helpers import Harness
 from tests.integration.test_dispatcher_mcp import mcp_toolset
-from tests.support.cutting_proxy import CuttingProxy
+from tests.support.cutting_proxy import CuttingProxy, proxy_to
 from tests.support.mcp_servers import McpTestServer, token_server
 
 pytestmark = pytest.mark.integration
@@ -31,12 +30,8 @@ TOKEN = "t-outage"
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
 async def proxy(redis_url: str) -> AsyncIterator[CuttingProxy]:
-    parts = urlsplit(redis_url)
-    p = await CuttingProxy(parts.hostname or "127.0.0.1", parts.port or 6379).start()
-    try:
+    async with proxy_to(redis_url) as p:
         yield p
-    finally:
-        await p.stop()
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")

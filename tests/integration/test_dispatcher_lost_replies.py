@@ -21,7 +21,6 @@ import json
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 import pytest_asyncio
@@ -34,7 +33,7 @@ from toolbus_dispatcher.store import CallStore
 from tests.integration.test_dispatcher_calls import Worker
 from tests.integration.test_dispatcher_helpers import Harness, host_tool, wait_until
 from tests.integration.test_dispatcher_mcp import mcp_toolset
-from tests.support.cutting_proxy import CuttingProxy
+from tests.support.cutting_proxy import CuttingProxy, proxy_to
 from tests.support.infra import js_name
 from tests.support.mcp_servers import McpTestServer
 
@@ -43,12 +42,8 @@ pytestmark = pytest.mark.integration
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
 async def proxy(redis_url: str) -> AsyncIterator[CuttingProxy]:
-    parts = urlsplit(redis_url)
-    p = await CuttingProxy(parts.hostname or "127.0.0.1", parts.port or 6379).start()
-    try:
+    async with proxy_to(redis_url) as p:
         yield p
-    finally:
-        await p.stop()
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")

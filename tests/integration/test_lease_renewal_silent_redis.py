@@ -21,14 +21,13 @@ import math
 import time
 from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 import pytest_asyncio
 
 from tests.integration.test_dispatcher_calls import Worker
 from tests.integration.test_dispatcher_helpers import Harness, host_tool, wait_until
-from tests.support.cutting_proxy import CuttingProxy
+from tests.support.cutting_proxy import CuttingProxy, proxy_to
 
 pytestmark = pytest.mark.integration
 
@@ -38,13 +37,8 @@ SILENCE = LEASE / 2  # under 2/3 of the lease (less a retry's moments): survived
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def proxy(redis_url: str) -> AsyncIterator[CuttingProxy]:
-    parts = urlsplit(redis_url)
-    p = await CuttingProxy(parts.hostname or "127.0.0.1", parts.port or 6379).start()
-    try:
+    async with proxy_to(redis_url) as p:
         yield p
-    finally:
-        p.speak()
-        await p.stop()
 
 
 async def test_a_running_call_keeps_its_lease_across_a_silent_redis_connection(

@@ -26,7 +26,7 @@ from toolbus_common.settings import REDIS_LONGEST_BLOCK, Settings
 from toolbus_contracts import Subjects
 
 from tests.integration.test_approval_service import Stack, needed
-from tests.support.cutting_proxy import CuttingProxy
+from tests.support.cutting_proxy import CuttingProxy, proxy_to
 from tests.support.infra import eventually, request
 
 pytestmark = pytest.mark.integration
@@ -36,12 +36,8 @@ TIMEOUT = 2.0
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def proxy(redis_url: str) -> AsyncIterator[CuttingProxy]:
-    host, _, port = redis_url.removeprefix("redis://").split("/")[0].rpartition(":")
-    cutting = await CuttingProxy(host or "127.0.0.1", int(port or 6379)).start()
-    try:
-        yield cutting
-    finally:
-        await cutting.stop()
+    async with proxy_to(redis_url) as p:
+        yield p
 
 
 def test_the_timeout_must_exceed_the_longest_blocking_command() -> None:

@@ -22,7 +22,6 @@ import pytest
 from nats.aio.client import Client
 from toolbus import Toolbus, Worker, host_tool
 from toolbus_common.connections import ensure_object_store, ensure_stream, flush
-from toolbus_nats_connect import NatsAuth
 from toolbus_common.toolsets import Tool
 from toolbus_contracts import Subjects
 from toolbus_contracts.registry import EffectivePolicy, PolicySpec
@@ -31,6 +30,7 @@ from toolbus_devstack.nats_conf import dev_nkeys, render_auth_conf
 from toolbus_dispatcher.executors.base import Attempt, Interrupted
 from toolbus_dispatcher.executors.host import HostExecutor
 from toolbus_dispatcher.records import CallRecord
+from toolbus_nats_connect import NatsAuth
 
 from tests.security.conftest import SecuredNats
 

@@ -18,10 +18,10 @@ import nats
 import pytest
 import redis
 from toolbus_common.connections import connect_redis, connect_script_pipe
-from toolbus_nats_connect import NatsAuth
 from toolbus_common.script_pipe import PipeConnectionError
 from toolbus_common.settings import Settings
 from toolbus_devstack.tls import DevPki, make_dev_pki
+from toolbus_nats_connect import NatsAuth
 
 from tests.security.conftest import SecuredNats, start_secured_nats
 from tests.support.infra import aservice_process, find_redis_server, free_port, request, spawn, stop_process

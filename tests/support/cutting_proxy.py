@@ -12,7 +12,7 @@ no connection is closed; `speak()` ends it: the connections that lost answers ar
 byte stream has a hole), new ones work again. `silence(deaf=True)`: a link dead both ways, the
 commands are lost too (never reach Redis; those connections are reset by `speak()` as well).
 
-    proxy = await CuttingProxy("127.0.0.1", 6379).start()
+    proxy = await CuttingProxy("127.0.0.1", 6379).start()   # or: async with proxy_to(redis_url)
     proxy.url                      # redis://127.0.0.1:<port>
     proxy.arm(sha.encode())
     ...
@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
 
 
 class CuttingProxy:
@@ -167,3 +169,16 @@ class CuttingProxy:
             self._writers.discard(server_w)
             self._holed.discard(client_w)
             self._holed.discard(server_w)
+
+
+@contextlib.asynccontextmanager
+async def proxy_to(redis_url: str) -> AsyncIterator[CuttingProxy]:
+    """A started proxy in front of the Redis at `redis_url` (host and port; the caller keeps the
+    URL's db); at the end it speaks again and is stopped, every connection through it closed."""
+    parts = urlsplit(redis_url)
+    proxy = await CuttingProxy(parts.hostname or "127.0.0.1", parts.port or 6379).start()
+    try:
+        yield proxy
+    finally:
+        proxy.speak()
+        await proxy.stop()

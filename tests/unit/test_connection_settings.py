@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 from toolbus_common.connections import JsPlacement, events_stream_limits, nats_connect_options
-from toolbus_nats_connect import NatsAuth
 from toolbus_common.settings import Settings
 from toolbus_devstack.tls import make_dev_pki
+from toolbus_nats_connect import NatsAuth
 
 
 def test_credentials_precedence_is_creds_then_nkey_then_user_then_token() -> None:
