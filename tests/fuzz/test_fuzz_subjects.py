@@ -32,6 +32,19 @@ pytestmark = [pytest.mark.fuzz, pytest.mark.timeout(900)]
 
 EXAMPLES = int(os.environ.get("TOOLBUS_FUZZ_EXAMPLES", "30"))
 CODES = {c.value for c in ErrorCode} - {"internal"}
+FUZZ_SETTINGS = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.function_scoped_fixture,
+    ],
+    database=None,
+)
+"""How every test here runs its examples: a fixed sequence (derandomized, no example database),
+no per-example deadline (services over NATS)."""
 TS = "ts_" + "a" * 64
 
 ODD_TEXT = st.sampled_from(
@@ -290,17 +303,7 @@ def test_every_subject_answers_bad_input_once_without_internal(
     loop, probe, procs = deployment
     subject = getattr(Subjects(probe.prefix), name)
 
-    @settings(
-        max_examples=EXAMPLES,
-        deadline=None,
-        derandomize=True,
-        suppress_health_check=[
-            HealthCheck.too_slow,
-            HealthCheck.data_too_large,
-            HealthCheck.function_scoped_fixture,
-        ],
-        database=None,
-    )
+    @FUZZ_SETTINGS
     @given(body=bodies(name))
     def one(body: bytes) -> None:
         loop.run(probe.send(subject, body))
@@ -407,17 +410,7 @@ def test_internal_commands_with_bad_bodies_are_dead_lettered_without_a_handler_f
     subject = getattr(subjects, name)
     sent: list[bytes] = []
 
-    @settings(
-        max_examples=EXAMPLES,
-        deadline=None,
-        derandomize=True,
-        suppress_health_check=[
-            HealthCheck.too_slow,
-            HealthCheck.data_too_large,
-            HealthCheck.function_scoped_fixture,
-        ],
-        database=None,
-    )
+    @FUZZ_SETTINGS
     @given(body=st.one_of(mutated(INTERNAL_TEMPLATES[name]), RAW))
     def one(body: bytes) -> None:
         sent.append(body)
