@@ -58,8 +58,9 @@ def _gelu(x: Vectors) -> Vectors:
 @dataclass(frozen=True)
 class Int8Matrix:
     """A weight matrix (in, out) as int8 with one float32 scale per output column: a quarter of
-    float32's memory. `m.apply(x)` widens the int8 matrix for the product (BLAS has no int8 product)
-    and scales the product's columns, which equals the product with the dequantized matrix."""
+    float32's memory. `m.apply(x, scratch)` widens the int8 matrix into a reused buffer for the
+    product (BLAS has no int8 product) and scales the product's columns, which equals the product
+    with the dequantized matrix."""
 
     q: npt.NDArray[np.int8]
     scale: Vectors
@@ -71,9 +72,12 @@ class Int8Matrix:
         q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
         return cls(np.ascontiguousarray(q), scale)
 
-    def apply(self, x: Vectors) -> Vectors:
-        """`x @ m`."""
-        out: Vectors = (x @ self.q.astype(np.float32)) * self.scale
+    def apply(self, x: Vectors, scratch: Vectors) -> Vectors:
+        """`x @ m`, the matrix widened into `scratch` (a flat float32 buffer of at least its
+        size, reused from product to product: see `Encoder._scratch`)."""
+        wide = scratch[: self.q.size].reshape(self.q.shape)
+        np.copyto(wide, self.q, casting="unsafe")
+        out: Vectors = (x @ wide) * self.scale
         return out
 
 
@@ -188,6 +192,12 @@ class Encoder:
         if not layers:
             raise ValueError("the weights hold no encoder layers")
         self._layers = tuple(layers)
+        self._scratch_size = max(
+            m.q.size
+            for layer in layers
+            for m in (layer.qkv_w, layer.attn_out_w, layer.ffn_in_w, layer.ffn_out_w)
+        )
+        self._local = threading.local()
         self._tokenizer = tokenizer
         self._tokenizer.enable_truncation(max_length=max_tokens)
         self._tokenizer.no_padding()
@@ -224,8 +234,20 @@ class Encoder:
             out[chunk] = self._forward(ids, mask)
         return out
 
+    def _scratch(self) -> Vectors:
+        """This thread's buffer the int8 weights are widened into (2.3 MiB, kept for the thread's
+        life). A fresh widened copy per product (`q.astype`) cost 4x the whole encoding in the
+        registry: with its fixed malloc thresholds (`toolbus_registry.memory`) each 1.7-2.3 MiB
+        copy came from the heap top, which is trimmed when freed, so every product faulted its
+        pages in again (~8,900 minor faults a query); see docs/design.md."""
+        buffer: Vectors | None = getattr(self._local, "buffer", None)
+        if buffer is None:
+            buffer = self._local.buffer = np.empty(self._scratch_size, dtype=np.float32)
+        return buffer
+
     def _forward(self, ids: npt.NDArray[np.int64], mask: Vectors) -> Vectors:
         batch, seq = ids.shape
+        scratch = self._scratch()
         hidden = self.dim
         head_dim = hidden // _HEADS
         x = (
@@ -238,7 +260,7 @@ class Encoder:
         bias = ((1.0 - mask) * np.float32(-1e9))[:, None, None, :]
         scale = np.float32(1.0 / np.sqrt(head_dim))
         for layer in self._layers:
-            qkv = layer.qkv_w.apply(x) + layer.qkv_b  # (b, s, 3h)
+            qkv = layer.qkv_w.apply(x, scratch) + layer.qkv_b  # (b, s, 3h)
             qkv = qkv.reshape(batch, seq, 3, _HEADS, head_dim).transpose(2, 0, 3, 1, 4)
             q, k, v = qkv[0], qkv[1], qkv[2]  # (b, heads, s, d)
             scores = (q @ k.transpose(0, 1, 3, 2)) * scale + bias
@@ -247,11 +269,13 @@ class Encoder:
             scores /= scores.sum(axis=-1, keepdims=True)
             context = (scores @ v).transpose(0, 2, 1, 3).reshape(batch, seq, hidden)
             x = _layer_norm(
-                layer.attn_out_w.apply(context) + layer.attn_out_b + x, layer.attn_ln_w, layer.attn_ln_b
+                layer.attn_out_w.apply(context, scratch) + layer.attn_out_b + x,
+                layer.attn_ln_w,
+                layer.attn_ln_b,
             )
-            inner = _gelu(layer.ffn_in_w.apply(x) + layer.ffn_in_b)
+            inner = _gelu(layer.ffn_in_w.apply(x, scratch) + layer.ffn_in_b)
             x = _layer_norm(
-                layer.ffn_out_w.apply(inner) + layer.ffn_out_b + x, layer.out_ln_w, layer.out_ln_b
+                layer.ffn_out_w.apply(inner, scratch) + layer.ffn_out_b + x, layer.out_ln_w, layer.out_ln_b
             )
         weights = mask[:, :, None]
         pooled = (x * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
