@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 from toolbus_registry.search.encoder import default_encoder
 
@@ -35,3 +37,15 @@ def test_batching_and_padding_do_not_change_embeddings() -> None:
     assert together.shape == (2, encoder.dim)
     assert np.allclose(together, alone, atol=1e-5)
     assert encoder.encode([]).shape == (0, encoder.dim)
+
+
+def test_encodings_on_concurrent_threads_match_sequential_ones() -> None:
+    # Each forward pass widens the weights into a buffer of its own (one is kept for the next
+    # pass): passes on two threads at once must not share one.
+    encoder = default_encoder()
+    texts = [f"list the open issues of repository number {i}" for i in range(12)]
+    alone = [encoder.encode([t])[0] for t in texts]
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        together = list(pool.map(lambda t: encoder.encode([t])[0], texts * 3))
+    for k, vector in enumerate(together):
+        assert np.array_equal(vector, alone[k % len(texts)])

@@ -197,7 +197,8 @@ class Encoder:
             for layer in layers
             for m in (layer.qkv_w, layer.attn_out_w, layer.ffn_in_w, layer.ffn_out_w)
         )
-        self._local = threading.local()
+        self._spare: list[Vectors] = []
+        self._spare_lock = threading.Lock()
         self._tokenizer = tokenizer
         self._tokenizer.enable_truncation(max_length=max_tokens)
         self._tokenizer.no_padding()
@@ -234,20 +235,33 @@ class Encoder:
             out[chunk] = self._forward(ids, mask)
         return out
 
-    def _scratch(self) -> Vectors:
-        """This thread's buffer the int8 weights are widened into (2.3 MiB, kept for the thread's
-        life). A fresh widened copy per product (`q.astype`) cost 4x the whole encoding in the
-        registry: with its fixed malloc thresholds (`toolbus_registry.memory`) each 1.7-2.3 MiB
-        copy came from the heap top, which is trimmed when freed, so every product faulted its
-        pages in again (~8,900 minor faults a query); see docs/design.md."""
-        buffer: Vectors | None = getattr(self._local, "buffer", None)
-        if buffer is None:
-            buffer = self._local.buffer = np.empty(self._scratch_size, dtype=np.float32)
-        return buffer
+    def _take_scratch(self) -> Vectors:
+        """A buffer the int8 weights are widened into for a forward pass (2.3 MiB): the one kept
+        from the last pass, or a new one when another pass holds it (a search during a background
+        embedding). A fresh widened copy per product (`q.astype`) cost 3x the whole encoding in
+        the registry: with its fixed malloc thresholds (`toolbus_registry.memory`) each 1.7-2.3
+        MiB copy came from the heap top, trimmed when freed, so every product faulted its pages in
+        again (8,930 minor faults a query; docs/design.md, "Tool search")."""
+        with self._spare_lock:
+            if self._spare:
+                return self._spare.pop()
+        return np.empty(self._scratch_size, dtype=np.float32)
+
+    def _give_back_scratch(self, buffer: Vectors) -> None:
+        """Keep one buffer for the next pass; a second one (from concurrent passes) is freed."""
+        with self._spare_lock:
+            if not self._spare:
+                self._spare.append(buffer)
 
     def _forward(self, ids: npt.NDArray[np.int64], mask: Vectors) -> Vectors:
+        scratch = self._take_scratch()
+        try:
+            return self._forward_with(ids, mask, scratch)
+        finally:
+            self._give_back_scratch(scratch)
+
+    def _forward_with(self, ids: npt.NDArray[np.int64], mask: Vectors, scratch: Vectors) -> Vectors:
         batch, seq = ids.shape
-        scratch = self._scratch()
         hidden = self.dim
         head_dim = hidden // _HEADS
         x = (

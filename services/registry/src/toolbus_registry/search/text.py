@@ -178,7 +178,7 @@ _REQUEST_VERBS: dict[str, str] = {
         (
             "create", "add", "new", "make", "send", "start", "register", "buy", "purchase",
             "provision", "upload", "append", "publish", "invite", "build", "install", "subscribe",
-            "schedule", "generate", "post", "file", "leave",
+            "schedule", "generate", "post", "file", "leave", "remember",
         ),
         "create",
     ),
