@@ -16,7 +16,7 @@ NPM_DIR := .cache/npm
 NPM_BIN := $(CURDIR)/$(NPM_DIR)/node_modules/.bin
 NPM_TOOLS := $(NPM_DIR)/node_modules/.bin/tsc $(NPM_DIR)/node_modules/@modelcontextprotocol/server-everything/dist/index.js
 
-.PHONY: help install up down logs status test lint docs bench bench-peers bench-alternatives bench-profile bench-memory bench-cpu bench-callgrind images compose-env charts helm-lint npm-tools
+.PHONY: help install up down logs status test lint docs bench bench-peers bench-alternatives bench-profile bench-memory bench-cpu bench-cpu-all bench-callgrind images compose-env charts helm-lint npm-tools
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -86,6 +86,9 @@ bench-profile: ## where the dispatcher's time goes per call (py-spy on a live di
 
 bench-cpu: ## the dispatcher's CPU per call (ARGS="--dispatchers 2 --repeat 3", "--strace" for syscalls per call)
 	$(UV) run --frozen python bench/cpu.py $(ARGS)
+
+bench-cpu-all: ## CPU per call of every process on the path (own nats-server, redis-server), beside the direct call
+	$(UV) run --frozen python bench/cpu_all.py $(ARGS)
 
 bench-callgrind: ## the dispatcher's instructions per call under valgrind's callgrind (repeatable under load)
 	$(UV) run --frozen python bench/callgrind.py $(ARGS)

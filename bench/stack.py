@@ -47,16 +47,26 @@ class BenchStack:
     """All four services, one MCP echo server, one registered toolset and one open run."""
 
     def __init__(
-        self, services: tuple[str, ...] = SERVICES, *, python: dict[str, str] | None = None, ready: float = 90
+        self,
+        services: tuple[str, ...] = SERVICES,
+        *,
+        python: dict[str, str] | None = None,
+        ready: float = 90,
+        nats_url: str = NATS_URL,
+        redis_url: str = REDIS_URL,
     ) -> None:
-        """`python`: the interpreter (or a wrapper such as valgrind's) to start a service with."""
+        """`python`: the interpreter (or a wrapper such as valgrind's) to start a service with;
+        `nats_url`, `redis_url`: the servers (default: the local ones, or TOOLBUS_NATS_URL /
+        TOOLBUS_REDIS_URL; `bench/servers.py` starts private ones)."""
         self.python = python or {}
+        self.nats_url = nats_url
+        self.redis_url = redis_url
         self.ready_timeout = ready
         self.prefix = unique_prefix("tbbench")
         self.subjects = Subjects(self.prefix)
         self.env = {
-            "TOOLBUS_NATS_URL": NATS_URL,
-            "TOOLBUS_REDIS_URL": REDIS_URL,
+            "TOOLBUS_NATS_URL": nats_url,
+            "TOOLBUS_REDIS_URL": redis_url,
             "TOOLBUS_SUBJECT_PREFIX": self.prefix,
             "TOOLBUS_REDIS_PREFIX": self.prefix,
             "TOOLBUS_SECRET_KEY": Fernet.generate_key().decode(),
@@ -81,7 +91,9 @@ class BenchStack:
         try:
             await asyncio.gather(
                 *(
-                    asyncio.to_thread(wait_ready, s.ready_url, s.proc, s.log_path, what=s.name, timeout=self.ready_timeout)
+                    asyncio.to_thread(
+                        wait_ready, s.ready_url, s.proc, s.log_path, what=s.name, timeout=self.ready_timeout
+                    )
                     for s in started
                 )
             )
@@ -94,7 +106,7 @@ class BenchStack:
     async def __aenter__(self) -> BenchStack:
         self.mcp, self.url = start_mcp_server()
         try:
-            self.nc = await nats.connect(NATS_URL)
+            self.nc = await nats.connect(self.nats_url)
             for service in await self._start(self.names):
                 self.services[service.name] = service
             await asyncio.sleep(1.0)  # settled: imports done, connections open, nothing asked yet
@@ -143,5 +155,5 @@ class BenchStack:
             self.mcp.terminate()
             self.mcp.wait(10)
         if self.nc is not None:
-            await drop_deployment_state(self.nc, REDIS_URL, self.prefix)
+            await drop_deployment_state(self.nc, self.redis_url, self.prefix)
             await self.nc.close()

@@ -29,7 +29,12 @@ paused holder) only publish duplicates, which JetStream drops. The lock keeps th
 on one replica and makes such overlaps rare.
 
 Acks come to one inbox subscription of the relay's (not a request and a task per event, as
-`JetStreamContext.publish` does: that costs more than the rest of a call's dispatching).
+`JetStreamContext.publish` does: that costs more than the rest of a call's dispatching); each
+round waits on one future that its acks count down (`_Round`).
+
+Under load the relay lingers (`LINGER` after a batch of `LINGER_FROM` entries or more), so that
+each read, delete and round carries more entries: on two cores the calls' own work gets the CPU
+the wake-ups would take. A quiet outbox is read at once.
 
 The outbox is read (`XREAD BLOCK`) and trimmed (`XDEL`) over a `ScriptPipe` of the relay's own (a
 connection apart from the hot path's scripts, since a blocking read holds up what follows it):
@@ -59,6 +64,13 @@ from toolbus_common.settings import REDIS_LONGEST_BLOCK
 log = logging.getLogger(__name__)
 
 BATCH = 512
+LINGER = 0.005
+LINGER_FROM = 4
+"""After a batch of at least `LINGER_FROM` entries (more than one call's worth: calls are coming
+in) and fewer than `BATCH`, the relay waits `LINGER` seconds before reading the next, so that
+entries gather meanwhile and each read, delete and publishing round carries more of them (on two
+cores, fewer and larger batches is CPU for the calls themselves). A quiet outbox is read at once:
+the blocking read returns with the first entry, and a call's own few entries never linger."""
 ACK_WAIT = 5.0
 """Seconds a round waits for JetStream's acks; an entry without one counts as failed (sent again)."""
 RETRY_MAX = 5.0
@@ -84,6 +96,31 @@ def order_key(msg_id: str) -> str:
     return head
 
 
+class _Round:
+    """The acks of one publishing round: `results[i]` for its i-th entry (False until a PubAck
+    came), `done` once every entry sent has its answer."""
+
+    __slots__ = ("done", "pending", "results", "sending")
+
+    def __init__(self, n: int, done: asyncio.Future[None]) -> None:
+        self.results = [False] * n
+        self.done = done
+        self.pending = 0
+        self.sending = True
+
+    def answer(self, i: int, ok: bool) -> None:
+        self.results[i] = ok
+        self.pending -= 1
+        if not self.pending and not self.sending and not self.done.done():
+            self.done.set_result(None)
+
+    def sent(self) -> None:
+        """Publishing is over (acks may all have come during it)."""
+        self.sending = False
+        if not self.pending and not self.done.done():
+            self.done.set_result(None)
+
+
 class EventRelay:
     """Publishes outbox entries to JetStream, once each (per message id), in order per call; one
     relay among the replicas at a time (see the module)."""
@@ -100,13 +137,14 @@ class EventRelay:
         lock_ttl: float = 3.0,
         block_ms: int = int(REDIS_LONGEST_BLOCK * 1000),  # within the pipe's reply timeout
         retry_pause: float = 0.2,
+        linger: float = LINGER,
     ) -> None:
         self._r = redis
         self._pipe = pipe  # the relay's own connection: XREAD BLOCK holds it (see the module)
         self._nc = nc
         self._outbox = outbox
         self._inbox = nc.new_inbox()  # under TOOLBUS_NATS_INBOX_PREFIX, which its user may subscribe to
-        self._acks: dict[str, asyncio.Future[bool]] = {}
+        self._acks: dict[str, tuple[_Round, int]] = {}  # reply subject -> its round and place
         self._seq = itertools.count()
         self._sub: Subscription | None = None
         # redis-py's lock: SET NX PX to take it, a compare-and-PEXPIRE script to renew, a
@@ -123,6 +161,7 @@ class EventRelay:
         self._renew_at = 0.0
         self._block = max(1, min(block_ms, int(REDIS_LONGEST_BLOCK * 1000), int(lock_ttl * 1000 / 3)))
         self._pause = retry_pause
+        self._linger = linger
         self._held: dict[str, float] = {}  # order key -> loop time its entry may be tried again
         self._backoff: dict[str, float] = {}  # order key -> its last pause
         self.relayed = 0
@@ -184,13 +223,13 @@ class EventRelay:
     # ---- relaying -------------------------------------------------------------------------------
 
     async def _on_ack(self, msg: Msg) -> None:
-        future = self._acks.pop(msg.subject, None)
-        if future is None or future.done():
+        waiting = self._acks.pop(msg.subject, None)
+        if waiting is None:  # a late ack of a round given up, or not ours
             return
         data = msg.data
         # A PubAck (`{"stream":..,"seq":..}`, `"duplicate":true` for a copy already stored) is a
         # success; an error reply or a status message (503: no stream captures it) is not.
-        future.set_result(bool(data) and data.startswith(b"{") and b'"error"' not in data)
+        waiting[0].answer(waiting[1], bool(data) and data.startswith(b"{") and b'"error"' not in data)
 
     async def _subscribe(self) -> None:
         if self._sub is None:
@@ -248,6 +287,8 @@ class EventRelay:
                 pause = min(pause * 2, RETRY_MAX)
             else:
                 pause = self._pause
+                if self._linger and LINGER_FROM <= len(entries) < BATCH:
+                    await asyncio.sleep(self._linger)  # busy: let the next batch fill (see LINGER)
 
     async def _read(self, cursor: bytes, block_ms: int | None) -> list[Entry]:
         command: tuple[bytes | str | int, ...] = ("XREAD", "COUNT", BATCH)
@@ -314,39 +355,36 @@ class EventRelay:
     async def _round(self, batch: list[dict[bytes, bytes]]) -> tuple[list[bool], BaseException | None]:
         """Publish one entry each of distinct calls, pipelined; wait for their acks."""
         loop = asyncio.get_running_loop()
-        futures: list[asyncio.Future[bool]] = []
+        round_ = _Round(len(batch), loop.create_future())
+        replies: list[str] = []
         error: BaseException | None = None
-        for fields in batch:
+        for i, fields in enumerate(batch):
             reply = f"{self._inbox}.{next(self._seq)}"
-            future: asyncio.Future[bool] = loop.create_future()
-            self._acks[reply] = future
-            futures.append(future)
+            self._acks[reply] = (round_, i)
+            replies.append(reply)
+            round_.pending += 1
             try:
                 await self._nc.publish(
                     _s(fields[b"s"]), fields[b"b"], reply=reply, headers={"Nats-Msg-Id": _s(fields[b"i"])}
                 )
             except Exception as exc:  # disconnected with a full buffer, closed: the rest waits
                 error = exc
-                future.set_result(False)
+                del self._acks[reply]
+                round_.pending -= 1
                 break
+        round_.sent()
         deadline = loop.time() + ACK_WAIT
-        while True:
-            pending = [f for f in futures if not f.done()]
+        while not round_.done.done():
             left = deadline - loop.time()
-            if not pending or left <= 0:
+            if left <= 0:
                 break
             # In slices no longer than the lock's validity, so that a slow ack never lets it lapse.
-            await asyncio.wait(pending, timeout=max(0.05, min(left, self._valid_until - loop.time())))
-            if any(not f.done() for f in pending) and not await self._fence():
+            await asyncio.wait((round_.done,), timeout=max(0.05, min(left, self._valid_until - loop.time())))
+            if not round_.done.done() and not await self._fence():
                 break
-        results = [f.done() and f.result() for f in futures]
-        results += [False] * (len(batch) - len(results))
-        for future in futures:
-            if not future.done():
-                future.cancel()
-        for reply in [r for r, f in self._acks.items() if f.done()]:
-            del self._acks[reply]
-        return results, error
+        for reply in replies:  # acks that come later (or never) are dropped
+            self._acks.pop(reply, None)
+        return round_.results, error
 
     async def drain(self, within: float) -> None:
         """On shutdown (the relay loop stopped): relay what the outbox holds, for up to `within`

@@ -6,12 +6,16 @@ local OUTBOX = KEYS[#KEYS]
 local NOW = ARGV[#ARGV - 1]
 local EVENTS = ARGV[#ARGV]
 
--- Queue the event `typ` of a call; `extra` is more JSON members (',"attempt":2') or nil.
-local function emit(ck, run, cid, typ, extra)
-  local seq = redis.call('HINCRBY', ck, 'evseq', 1)
+-- Queue the event number `seq` of a call (its `evseq` already counts it: the caller wrote it).
+local function emit_seq(run, cid, seq, typ, extra)
   local body = '{"type":"' .. typ .. '","callId":"' .. cid .. '","runId":"' .. run .. '","at":"' .. NOW .. '"'
     .. (extra or '') .. '}'
   redis.call('XADD', OUTBOX, '*', 's', EVENTS .. run .. '.' .. cid, 'i', cid .. ':' .. seq, 'b', body)
+end
+
+-- Queue the event `typ` of a call; `extra` is more JSON members (',"attempt":2') or nil.
+local function emit(ck, run, cid, typ, extra)
+  emit_seq(run, cid, redis.call('HINCRBY', ck, 'evseq', 1), typ, extra)
 end
 
 -- The fields a dispatcher needs to run a call (CallRecord), in this order.
@@ -26,9 +30,10 @@ end
 -- Returns {callId, call_fields} per admitted call.
 local function admit(waiting_key, slots_key, leases_key, call_prefix, owner, expiry, run_limit, max_scan)
   local admitted = {}
+  local waiting = redis.call('ZRANGE', waiting_key, 0, max_scan - 1)
+  if #waiting == 0 then return admitted end
   local running = redis.call('ZCARD', slots_key)
   if running >= run_limit then return admitted end
-  local waiting = redis.call('ZRANGE', waiting_key, 0, max_scan - 1)
   local full = {}
   for _, cid in ipairs(waiting) do
     if running >= run_limit then break end

@@ -26,6 +26,28 @@ if existing then
 end
 local cid = ARGV[1]
 local ck = KEYS[4]
+if ARGV[12] == '' and redis.call('ZCARD', KEYS[6]) == 0
+    and redis.call('ZCARD', KEYS[7]) < tonumber(ARGV[16])
+    and (ARGV[15] == '' or redis.call('ZCARD', ARGV[15]) < tonumber(ARGV[6])) then
+  -- The common case: nobody waits in the run and its slots (and the tool's, under a concurrency
+  -- limit) have room, so `admit` would take this call at once. The same end state and events as
+  -- enqueue + admit below, in one write of the call: running under this owner, attempt 1, its two
+  -- events (`evseq` 2) and itself noted as handed (for a retry after a lost reply).
+  redis.call('HSET', ck, 'run', ARGV[19], 'tool', ARGV[3], 'input', ARGV[4],
+    'key', ARGV[2], 'ts', ARGV[5], 'ns', run[3] or '', 'onint', ARGV[7], 'attempts', 1,
+    'slots', KEYS[7], 'tslots', ARGV[15], 'conc', ARGV[6], 'waiting', KEYS[6], 'created', ARGV[9],
+    'approval', '', 'digest', ARGV[13], 'state', 'running', 'runkey', KEYS[1], 'owner', ARGV[11],
+    'evseq', 2, 'handed', cid)
+  redis.call('HSET', KEYS[2], ARGV[2], cid)
+  redis.call('SADD', KEYS[3], cid)
+  if ARGV[8] ~= '' then redis.call('RPUSH', KEYS[5], ARGV[8]) end
+  redis.call('ZADD', KEYS[7], ARGV[10], cid)
+  if ARGV[15] ~= '' then redis.call('ZADD', ARGV[15], ARGV[10], cid) end
+  redis.call('ZADD', KEYS[8], ARGV[10], cid)
+  emit_seq(ARGV[19], cid, 1, 'accepted')
+  emit_seq(ARGV[19], cid, 2, 'attemptStarted', ',"attempt":1')
+  return {'created', credv, cid, 'running', {{cid, {'self', 1}}}}
+end
 redis.call('HSET', ck, 'run', ARGV[19], 'tool', ARGV[3], 'input', ARGV[4],
   'key', ARGV[2], 'ts', ARGV[5], 'ns', run[3] or '', 'onint', ARGV[7], 'attempts', 0,
   'slots', KEYS[7], 'tslots', ARGV[15], 'conc', ARGV[6], 'waiting', KEYS[6], 'created', ARGV[9],
