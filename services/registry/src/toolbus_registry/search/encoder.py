@@ -19,7 +19,8 @@ import numpy as np
 import numpy.typing as npt
 from safetensors import safe_open
 from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
-from tokenizers import Tokenizer
+
+from toolbus_registry.search.wordpiece import WordPiece
 
 Vectors = npt.NDArray[np.float32]
 
@@ -142,7 +143,7 @@ class _LazyTensors(Mapping[str, Vectors]):
 class Encoder:
     """A BERT sentence encoder (embeddings, self-attention layers, mean pooling, L2 norm) in numpy."""
 
-    def __init__(self, weights: Mapping[str, Vectors], tokenizer: Tokenizer, max_tokens: int) -> None:
+    def __init__(self, weights: Mapping[str, Vectors], tokenizer: WordPiece) -> None:
         def w(name: str) -> Vectors:
             return np.ascontiguousarray(weights[name], dtype=np.float32)
 
@@ -200,17 +201,15 @@ class Encoder:
         self._spare: list[Vectors] = []
         self._spare_lock = threading.Lock()
         self._tokenizer = tokenizer
-        self._tokenizer.enable_truncation(max_length=max_tokens)
-        self._tokenizer.no_padding()
 
     @classmethod
     def from_directory(cls, directory: Path, max_tokens: int = DEFAULT_MAX_TOKENS) -> Encoder:
         """Load `model.safetensors` and `tokenizer.json` from a sentence-transformers model folder."""
-        tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+        tokenizer = WordPiece.from_file(directory / "tokenizer.json", max_tokens)
         # Tensor by tensor from the memory-mapped file: the whole file is never a copy in memory
         # beside the arrays built from it (loading it at once peaked ~60 MiB higher).
         with safe_open(str(directory / "model.safetensors"), framework="np") as f:
-            return cls(_LazyTensors(f), tokenizer, max_tokens)
+            return cls(_LazyTensors(f), tokenizer)
 
     def encode(self, texts: Sequence[str], batch_size: int = 32) -> Vectors:
         """Embed texts as unit vectors, shape (len(texts), dim). Batches group texts of similar
@@ -218,19 +217,17 @@ class Encoder:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         if not texts:
             return out
-        # One text at a time, on this thread: `encode_batch` runs a Rust thread pool, and a
-        # process that forks (a test starting a server, a service spawning a helper) while those
-        # threads allocate can deadlock its child before exec. Tokenizing is ~1% of encoding.
+        # Tokenizing is ~1% of encoding (`wordpiece`, in Python: no Rust thread pool either).
         encodings = [self._tokenizer.encode(t) for t in texts]
-        order = sorted(range(len(texts)), key=lambda j: len(encodings[j].ids))
+        order = sorted(range(len(texts)), key=lambda j: len(encodings[j]))
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
-            longest = max(len(encodings[j].ids) for j in chunk)
+            longest = max(len(encodings[j]) for j in chunk)
             ids = np.zeros((len(chunk), longest), dtype=np.int64)
             mask = np.zeros((len(chunk), longest), dtype=np.float32)
             for row, j in enumerate(chunk):
-                n = len(encodings[j].ids)
-                ids[row, :n] = encodings[j].ids
+                n = len(encodings[j])
+                ids[row, :n] = encodings[j]
                 mask[row, :n] = 1.0
             out[chunk] = self._forward(ids, mask)
         return out
