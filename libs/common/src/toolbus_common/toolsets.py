@@ -12,8 +12,9 @@ from typing import Any
 
 import orjson
 from nats.js import JetStreamContext
+from nats.js.api import ObjectMeta, ObjectMetaOptions
 from nats.js.errors import NotFoundError, ObjectNotFoundError
-from nats.js.object_store import ObjectStore
+from nats.js.object_store import OBJ_DEFAULT_CHUNK_SIZE, ObjectStore
 from toolbus_contracts import EffectivePolicy, PinnedToolset, ToolInfo
 from toolbus_contracts.registry import (
     HTTP_FETCH_DESCRIPTION,
@@ -183,10 +184,12 @@ class ToolsetStore:
         *,
         cache_size: int = 256,
         placement: JsPlacement = DEFAULT_PLACEMENT,
+        chunk_bytes: int = OBJ_DEFAULT_CHUNK_SIZE,
     ) -> None:
         self._js = js
         self._bucket = bucket
         self._placement = placement
+        self._chunk_bytes = max(chunk_bytes, OBJ_DEFAULT_CHUNK_SIZE)
         self._store: ObjectStore | None = None
         self._cache: Lru[str, StoredToolset] = Lru(cache_size)
 
@@ -211,11 +214,24 @@ class ToolsetStore:
 
     async def save(self, stored: StoredToolset, wire: dict[str, Any] | None = None) -> None:
         """Store an entry unless it is there already, then cache it. `wire`, where the caller has
-        it, is `stored.pinned.wire()`: encoded as it is, not serialised again."""
-        if await self.get(stored.id) is None:
+        it, is `stored.pinned.wire()`: encoded as it is, not serialised again.
+
+        Whether it is there is asked of the object's info alone (an uncached toolset stored
+        already is not read back whole), and it is written in chunks of `chunk_bytes`: a writer
+        that knows its connection's `max_payload` stores a 1,000-tool toolset (~1 MB) in one or two
+        acknowledged publishes instead of eight of the default 128 KiB."""
+        if self._cache.get(stored.id) is None and not await self._stored(stored.id):
             data = orjson.dumps(wire) if wire is not None else stored.pinned.wire_json()
-            await self._obj.put(stored.id, data)
+            meta = ObjectMeta(name=stored.id, options=ObjectMetaOptions(max_chunk_size=self._chunk_bytes))
+            await self._obj.put(stored.id, data, meta=meta)
         self._remember(stored)
+
+    async def _stored(self, toolset_id: str) -> bool:
+        try:
+            await self._obj.get_info(toolset_id)  # raises for a deleted one too
+        except (ObjectNotFoundError, NotFoundError):
+            return False
+        return True
 
     async def get(self, toolset_id: str) -> StoredToolset | None:
         hit = self._cache.get(toolset_id)

@@ -13,6 +13,7 @@ from toolbus_common.toolsets import ToolsetStore
 from toolbus_registry.credentials import CredentialsServiceSink
 from toolbus_registry.handlers import routes
 from toolbus_registry.listing import list_server_tools
+from toolbus_registry.paging import ENVELOPE_SLACK
 from toolbus_registry.searching import open_searcher
 from toolbus_registry.service import RegistryService, ToolsetCredentialSink
 from toolbus_registry.workflows import WorkflowStore
@@ -35,7 +36,12 @@ class RegistryApp:
         s = self.settings
         nc = await self.bus.connect()
         js = nc.jetstream()
-        toolsets = ToolsetStore(js, s.js_name("toolsets"), placement=JsPlacement.of(s))
+        toolsets = ToolsetStore(
+            js,
+            s.js_name("toolsets"),
+            placement=JsPlacement.of(s),
+            chunk_bytes=nc.max_payload - ENVELOPE_SLACK,
+        )
         await toolsets.open()
         workflows = WorkflowStore(await ensure_kv(js, s.js_name("workflows"), placement=JsPlacement.of(s)))
         credentials = self._credentials or CredentialsServiceSink(nc, s.subjects)
