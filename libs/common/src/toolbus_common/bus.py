@@ -44,7 +44,7 @@ import contextlib
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar, get_type_hints
 
@@ -67,6 +67,7 @@ from toolbus_contracts import Subjects, ToolbusError, WireModel, parse_body, rep
 from toolbus_contracts.errors import ErrorCode, Internal, OutputTooLarge, Unavailable
 
 from toolbus_common.connections import flush, nats_options
+from toolbus_common.direct_sub import spawner, subscribe_direct
 from toolbus_common.faults import is_backing_store_fault, unavailable
 from toolbus_common.settings import Settings
 
@@ -89,6 +90,23 @@ COMMANDS = Counter(
 REPLY_FAILURES = Counter(
     "toolbus_reply_failures_total", "Replies that could not be sent as built, by cause", ["cause"]
 )
+
+_COUNTED: dict[tuple[str, str], Any] = {}
+_TIMED: dict[str, Any] = {}
+
+
+def served(subject: str, code: str, seconds: float) -> None:
+    """Count a request and time it: the labelled children are looked up once per subject and code
+    (prometheus_client's `labels()` takes a lock and builds the key on every call)."""
+    counter = _COUNTED.get((subject, code))
+    if counter is None:
+        counter = _COUNTED[(subject, code)] = REQUESTS.labels(subject, code)
+    timer = _TIMED.get(subject)
+    if timer is None:
+        timer = _TIMED[subject] = LATENCY.labels(subject)
+    counter.inc()
+    timer.observe(seconds)
+
 
 INTERNAL_STREAM = "INTERNAL"
 MAX_WORKERS = 256
@@ -364,7 +382,7 @@ class Bus:
             graceful_timeout=10.0,
         )
         self._tables: list[Routes[Any]] = []
-        self._raw: list[tuple[str, str, Callable[[Msg], Awaitable[None]]]] = []
+        self._raw: list[tuple[str, str, Callable[[Msg], Coroutine[Any, Any, None]]]] = []
         self._subs: list[Subscription] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._nc: NatsClient | None = None
@@ -453,8 +471,7 @@ class Bus:
             error = failure(exc, subject)
             code = error.code.value
             body = encode_error(error)
-        REQUESTS.labels(subject, code).inc()
-        LATENCY.labels(subject).observe(time.perf_counter() - started)
+        served(subject, code, time.perf_counter() - started)
         return body
 
     def _fs_request(
@@ -471,13 +488,15 @@ class Bus:
         serve.__name__ = getattr(entry.handler, "__name__", "serve")
         return serve
 
-    def _raw_request(self, entry: Entry, bound: Any, subject: str) -> Callable[[Msg], Awaitable[None]]:
+    def _raw_request(
+        self, entry: Entry, bound: Any, subject: str
+    ) -> Callable[[Msg], Coroutine[Any, Any, None]]:
         async def serve(msg: Msg) -> None:
             body = await self._answer(entry, bound, subject, msg.data, msg.reply)
             if body is not None and msg.reply:
                 await self.reply(msg.reply, body)
 
-        return self._spawning(serve)
+        return serve
 
     async def reply(self, subject: str, body: bytes) -> None:
         """Publish a reply on the service's connection, guarded like every other reply: too large
@@ -495,7 +514,7 @@ class Bus:
 
     # -- listeners --
 
-    def _listener(self, entry: Entry, bound: Any) -> Callable[[Msg], Awaitable[None]]:
+    def _listener(self, entry: Entry, bound: Any) -> Callable[[Msg], Coroutine[Any, Any, None]]:
         assert entry.handler is not None
         handler = entry.handler
 
@@ -505,10 +524,10 @@ class Bus:
             except Exception:
                 log.exception("handler failed", extra={"subject": msg.subject})
 
-        return self._spawning(listen)
+        return listen
 
     def _fs_listener(self, entry: Entry, bound: Any) -> Callable[[NatsMessage], Awaitable[None]]:
-        listen = self._listener(entry, bound)
+        listen = self._spawning(self._listener(entry, bound))
 
         async def serve(msg: NatsMessage) -> None:
             await listen(msg.raw_message)
@@ -642,8 +661,10 @@ class Bus:
         if self._nc is None:
             await self.connect()
         await self.broker.start()
-        for subject, queue, cb in self._raw:
-            self._subs.append(await self.nc.subscribe(subject, queue=queue, cb=cb))
+        for subject, queue, handle in self._raw:
+            # each message straight from the client's reader into a task of its own
+            deliver = spawner(self._tasks, handle)
+            self._subs.append(await subscribe_direct(self.nc, subject, deliver, queue=queue))
         # nats-py buffers SUB lines; a PING/PONG round trip proves the server has them, so a request
         # sent once `start()` returns (the service reports ready) always finds its subscriber.
         await flush(self.nc)

@@ -382,11 +382,13 @@ class McpConnection:
         arguments: dict[str, Any],
         *,
         idempotency_key: str,
-        timeout: float,  # noqa: ASYNC109 - the SDK's per-request timeout, which also aborts the POST
+        timeout: float | None,  # noqa: ASYNC109 - the SDK's per-request timeout, which also aborts the POST
         input_schema: Mapping[str, Any] | None = None,
     ) -> ToolResult:
         """Call one tool once. The idempotency key travels as the `Idempotency-Key` HTTP header and
-        as `_meta["toolbus/idempotencyKey"]`. `timeout` bounds the wait for the answer.
+        as `_meta["toolbus/idempotencyKey"]`. `timeout` bounds the wait for the answer; None arms no
+        timer here, for a caller that bounds the call itself (the dispatcher's attempt timeout,
+        `asyncio.timeout` around this call: one timer per call instead of two).
 
         `input_schema` (e.g. the pinned one) lets a 2026-era call mirror the arguments its
         `x-mcp-header` annotations name into `Mcp-Param-*` headers on the first try; without it,
@@ -433,7 +435,7 @@ class McpConnection:
         name: str,
         arguments: dict[str, Any],
         key: str,
-        timeout: float,  # noqa: ASYNC109
+        timeout: float | None,  # noqa: ASYNC109
         input_schema: Mapping[str, Any] | None = None,
         *,
         header_retry: bool = True,
@@ -475,7 +477,7 @@ class McpConnection:
         name: str,
         arguments: dict[str, Any],
         key: str,
-        timeout: float,  # noqa: ASYNC109
+        timeout: float | None,  # noqa: ASYNC109
         input_schema: Mapping[str, Any] | None,
         header_retry: bool,
     ) -> dict[str, Any]:
@@ -496,6 +498,8 @@ class McpConnection:
         attempt = Attempt(idempotency_key=key)
         token = current_attempt.set(attempt)
         try:
+            if timeout is None:  # the caller bounds the call
+                return await self._post(body, headers, request_id, attempt)
             async with asyncio.timeout(timeout):
                 return await self._post(body, headers, request_id, attempt)
         except TimeoutError:
@@ -555,7 +559,7 @@ class McpConnection:
             self._given_headers[name] = given
         return given[1]
 
-    async def _learn_tool(self, live: _Live, name: str, timeout: float) -> None:  # noqa: ASYNC109
+    async def _learn_tool(self, live: _Live, name: str, timeout: float | None) -> None:  # noqa: ASYNC109
         """Let the SDK list tools page by page until it has seen `name` (it keeps their headers)."""
         client = live.client
         assert client is not None

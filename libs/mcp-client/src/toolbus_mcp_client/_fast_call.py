@@ -40,6 +40,7 @@ from mcp.shared.inbound import (
     x_mcp_header_map,
 )
 from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR
+from opentelemetry import context as otel_context  # opentelemetry-api comes with mcp (its inject)
 from toolbus_contracts.errors import OutputTooLarge
 
 Stamp = Callable[[dict[str, Any], CallOptions], None]
@@ -99,7 +100,9 @@ def _build(
     data: dict[str, Any] = {"method": method, "params": params}
     opts: CallOptions = {}
     stamp(data, opts)
-    inject_trace_context(data["params"].setdefault("_meta", {}))
+    meta = data["params"].setdefault("_meta", {})
+    if otel_context.get_current():  # an empty context has no span and no baggage to inject
+        inject_trace_context(meta)
     headers = dict(_BASE_HEADERS)
     headers.update(opts.get("headers") or {})
     message = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": data["params"]}

@@ -64,10 +64,20 @@ class Unsendable(Exception):
     """A header this pool does not write (not plain ASCII text): send the request through httpx2."""
 
 
+_TOKENS: set[str] = set()
+"""Header names already found to be tokens (a handful per process): checked once, not per call."""
+
+
 def _field(name: str, value: str) -> str:
     """One header line; `Unsendable` for a name that is not a token or a value that is not plain
     ASCII text (CR, LF or another control character could end or split the request)."""
-    if not _TOKEN.fullmatch(name) or not value.isascii() or _CONTROL.search(value):
+    if name not in _TOKENS:
+        if not _TOKEN.fullmatch(name):
+            raise Unsendable(name)
+        if len(_TOKENS) < 1024:
+            _TOKENS.add(name)
+    # printable ASCII has no control character; only a value with one (HTAB is allowed) is searched
+    if not value.isascii() or (not value.isprintable() and _CONTROL.search(value)):
         raise Unsendable(name)
     return f"{name}: {value}\r\n"
 
@@ -140,12 +150,18 @@ class _Exchange:
     """One request's answer as it arrives: the status and headers, then the body; resolves
     `result` with the JSON-RPC result (or an `MCPError`) as soon as it is known."""
 
-    def __init__(self, request_id: int, attempt: Attempt | None, max_body: int | None = None) -> None:
+    def __init__(
+        self,
+        request_id: int,
+        attempt: Attempt | None,
+        max_body: int | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
         self.request_id = request_id
         self.max_body = max_body
         self._received = 0
         self.attempt = attempt
-        self.result: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.result: asyncio.Future[dict[str, Any]] = (loop or asyncio.get_running_loop()).create_future()
         self.headers: dict[str, str] = {}
         self.status = 0
         self.keep_alive = False
@@ -300,6 +316,8 @@ class _Connection(asyncio.Protocol):
         self.exchange: _Exchange | None = None
         self.closed = False
         self.idle_since = 0.0
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """The connection's event loop, taken once it is made (each lookup is a `getpid`)."""
         self._interim = False
         self._drain: asyncio.TimerHandle | None = None
 
@@ -332,7 +350,7 @@ class _Connection(asyncio.Protocol):
             self._finish()
         elif exchange.answered:
             exchange.returned = True
-            self._drain = asyncio.get_running_loop().call_later(DRAIN, self.close)
+            self._drain = (self.loop or asyncio.get_running_loop()).call_later(DRAIN, self.close)
         else:
             self.close()
 
@@ -359,6 +377,7 @@ class _Connection(asyncio.Protocol):
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.loop = asyncio.get_running_loop()
 
     def data_received(self, data: bytes) -> None:
         if self.exchange is None:
@@ -445,9 +464,10 @@ class Http1Pool:
         authority = host if self._port == default_port else f"{host}:{self._port}"
         target = parsed.raw_path.decode("ascii") or "/"
         self._head = f"POST {target} HTTP/1.1\r\nHost: {authority}\r\n".encode("ascii")
-        self._defaults = {k.lower(): (k, v) for k, v in headers.items() if k.lower() not in _OWN_HEADERS}
-        for name, value in self._defaults.values():
-            _field(name, value)  # refuse now a connection header that could never be written
+        # the connection's own header lines, written (and refused, if they could never be) once
+        self._defaults = {
+            k.lower(): _field(k, v) for k, v in headers.items() if k.lower() not in _OWN_HEADERS
+        }
         self._idle: collections.deque[_Connection] = collections.deque()
         self._live: set[_Connection] = set()
         self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
@@ -481,19 +501,18 @@ class Http1Pool:
     ) -> dict[str, Any]:
         """POST `body` and return the JSON-RPC result; raise `MCPError`, or `Redirected` /
         `Unsendable` for requests httpx2 must carry."""
-        fields = dict(self._defaults)  # the request's own headers win, as httpx2 merges them
+        lines = dict(self._defaults)  # the request's own headers win, as httpx2 merges them
         for name, value in headers.items():
             key = name.lower()
             if key not in _OWN_HEADERS:
-                fields[key] = (name, value)
+                lines[key] = _field(name, value)
         if attempt is not None and attempt.idempotency_key is not None:
-            fields["idempotency-key"] = (IDEMPOTENCY_HEADER, attempt.idempotency_key)
-        lines = [_field(name, value) for name, value in fields.values()]
-        lines.append(f"Content-Length: {len(body)}\r\n\r\n")
-        request = self._head + "".join(lines).encode("ascii") + body
+            lines["idempotency-key"] = _field(IDEMPOTENCY_HEADER, attempt.idempotency_key)
+        head = "".join(lines.values()) + f"Content-Length: {len(body)}\r\n\r\n"
+        request = self._head + head.encode("ascii") + body
         async with self._slots:
             conn = await self._connection(attempt, connect_timeout)
-            exchange = _Exchange(request_id, attempt, self._max_body)
+            exchange = _Exchange(request_id, attempt, self._max_body, conn.loop)
             try:
                 conn.start(exchange, request)
                 return await exchange.result

@@ -27,12 +27,13 @@ from nats.js import JetStreamContext
 from toolbus_common.bus import RawJson, encode_error, encode_ok
 from toolbus_common.clock import now_iso
 from toolbus_common.faults import is_backing_store_fault
-from toolbus_common.toolsets import Tool, ToolsetStore
+from toolbus_common.toolsets import StoredToolset, Tool, ToolsetStore
 from toolbus_contracts import Subjects, ToolbusError, duration_seconds
 from toolbus_contracts.errors import Internal, Timeout, UpstreamUnreachable
 from toolbus_contracts.internal import CallParked
 from toolbus_contracts.registry import ToolKind
 
+from toolbus_dispatcher.deadline import within
 from toolbus_dispatcher.executors.base import Attempt, Executor, Interrupted, NeedsCredentials
 from toolbus_dispatcher.outcomes import after_interruption, backoff, failed, ok
 from toolbus_dispatcher.outputs import OutputStore
@@ -99,6 +100,8 @@ class CallRunner:
         renewal that finds them no longer running (the script already took their lease) never
         cancels them."""
         self._timeouts: dict[str | None, float | None] = {None: None}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The event loop the calls run on, taken once (each `get_running_loop()` is a `getpid`)."""
         self._renewed_at = time.monotonic()
         """When the last renewal that went through was sent: every lease held here runs at least
         a lease from then (a call admitted later got its lease at admission)."""
@@ -112,20 +115,31 @@ class CallRunner:
             if rec.call_id in self._tasks:
                 continue  # our own lease lapsed and we claimed it back: it is still running here
             self._leased.add(rec.call_id)
-            task = asyncio.create_task(self._drive(rec, reaped), name=f"call-{rec.call_id}")
+            task = self.loop.create_task(self._drive(rec, reaped), name=f"call-{rec.call_id}")
             self._tasks[rec.call_id] = task
             task.add_done_callback(self._done_callback(rec.call_id))
 
-    async def run_here(self, rec: CallRecord) -> None:
-        """Run a just-admitted call in the current task (a `calls.invoke` handler): one task less."""
-        task = asyncio.current_task()
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
+
+    async def run_here(
+        self, rec: CallRecord, known: tuple[StoredToolset, Tool] | None = None, call_input: Any = None
+    ) -> None:
+        """Run a just-admitted call in the current task (a `calls.invoke` handler): one task less.
+        `known`: the toolset and tool the handler just looked up, and `call_input` the parsed input
+        (not read back from the record's JSON)."""
+        task = asyncio.current_task(self.loop)
         assert task is not None
         if rec.call_id in self._tasks:
             return  # handed over again by a retried script and already running in a task
         self._leased.add(rec.call_id)
         self._tasks[rec.call_id] = task
         try:
-            await self._drive(rec, False)
+            await self._drive(rec, False, known, call_input)
         finally:
             self._done(rec.call_id)
 
@@ -150,9 +164,15 @@ class CallRunner:
 
     # ---- one call -------------------------------------------------------------------------------
 
-    async def _drive(self, rec: CallRecord, reaped: bool) -> None:
+    async def _drive(
+        self,
+        rec: CallRecord,
+        reaped: bool,
+        known: tuple[StoredToolset, Tool] | None = None,
+        call_input: Any = None,
+    ) -> None:
         try:
-            outcome = await self._attempts(rec, reaped)
+            outcome = await self._attempts(rec, reaped, known, call_input)
             if outcome is not None:
                 await self.finish(rec, outcome)
         except _NoLongerOurs:
@@ -185,11 +205,23 @@ class CallRunner:
             await asyncio.sleep(pause * random.uniform(0.8, 1.2))
             pause = min(pause * 2, 2.0)
 
-    async def _attempts(self, rec: CallRecord, reaped: bool) -> dict[str, Any] | None:
-        stored = await self._persist(rec, "reading the toolset", lambda: self._toolsets.get(rec.toolset_id))
-        tool = stored.table.get(rec.tool) if stored is not None else None
-        if stored is None or tool is None:
-            return failed("internal", f"The toolset of this call no longer has tool '{rec.tool}'.")
+    async def _attempts(
+        self,
+        rec: CallRecord,
+        reaped: bool,
+        known: tuple[StoredToolset, Tool] | None = None,
+        call_input: Any = None,
+    ) -> dict[str, Any] | None:
+        if known is not None:
+            stored, tool = known
+        else:
+            found = await self._persist(
+                rec, "reading the toolset", lambda: self._toolsets.get(rec.toolset_id)
+            )
+            listed = found.table.get(rec.tool) if found is not None else None
+            if found is None or listed is None:
+                return failed("internal", f"The toolset of this call no longer has tool '{rec.tool}'.")
+            stored, tool = found, listed
         attempt = rec.attempts
         if reaped:
             gone = Interrupted(UpstreamUnreachable("The dispatcher running this call stopped mid-call."))
@@ -200,7 +232,8 @@ class CallRunner:
         timeout = self._timeout(tool)
         allow = tuple(stored.pinned.http.allow) if tool.kind == "http" and stored.pinned.http else ()
         executor = self._executors[tool.kind]
-        call_input = rec.input
+        if call_input is None:
+            call_input = rec.input
         while True:
             try:
                 output = await self._run(
@@ -226,13 +259,11 @@ class CallRunner:
             value = self._timeouts[text] = duration_seconds(text) if text else None
             return value
 
-    @staticmethod
-    async def _run(executor: Executor, attempt: Attempt, tool: Tool) -> Any:
+    async def _run(self, executor: Executor, attempt: Attempt, tool: Tool) -> Any:
         try:
             if attempt.timeout is None:
                 return await executor.execute(attempt)
-            async with asyncio.timeout(attempt.timeout):
-                return await executor.execute(attempt)
+            return await within(self.loop, attempt.timeout, executor.execute(attempt))
         except TimeoutError:
             raise Interrupted(
                 Timeout(f"Tool '{tool.name}' gave no answer within {tool.policy.timeout}."),

@@ -98,17 +98,36 @@ class StoreCredentials:
     """Resolves through the credentials service's encrypted `CredentialStore`, served from its
     in-process cache while the version counter (seen in the per-call script) is unchanged."""
 
+    MEMO_SIZE = 4096
+
     def __init__(self, store: CredentialStore) -> None:
         self._store = store
         self._version = 0
+        self._memo: dict[tuple[str, str | None, str, str], tuple[Mapping[str, str], CredentialLevel]] = {}
+        """Answers at `_memo_version`, by (toolset, namespace, run, server): the store's cache
+        holds the documents, this the pick from them, so a repeated call is one dict lookup."""
+        self._memo_version = 0
 
     async def resolve(
         self, toolset_id: str, namespace: str | None, run_id: str, server: str
     ) -> tuple[Mapping[str, str], CredentialLevel]:
+        version = self._version
+        key = (toolset_id, namespace, run_id, server)
+        if self._memo_version != version:
+            self._memo.clear()
+            self._memo_version = version
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
         found = await self._store.resolve(
-            toolset_id=toolset_id, namespace=namespace, run_id=run_id, server=server, version=self._version
+            toolset_id=toolset_id, namespace=namespace, run_id=run_id, server=server, version=version
         )
-        return found.headers, found.level or "toolset"
+        answer: tuple[Mapping[str, str], CredentialLevel] = (found.headers, found.level or "toolset")
+        if self._memo_version == version:  # no newer version seen while Redis was read
+            if len(self._memo) >= self.MEMO_SIZE:
+                self._memo.clear()
+            self._memo[key] = answer
+        return answer
 
     def observe_version(self, version: str) -> None:
         try:

@@ -4,6 +4,7 @@ subscriptions here (see `handlers.py`); every answer is a value or a contract ex
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -41,6 +42,14 @@ PublishReply = Callable[[str, bytes], Awaitable[None]]
 CANCELLED_JSON = orjson.dumps(
     failed("cancelled", "The call's run was closed before the call finished.")
 ).decode()
+
+
+def fresh_ids() -> tuple[str, str, str]:
+    """Three random ids of 32 hex digits (128 bits each) from one `os.urandom` call: a call's
+    idempotency key (when the request gives none), its callId and, for approval, its approvalId.
+    One system call instead of a `uuid4` (a `UUID` object and an `os.urandom`) per id."""
+    raw = os.urandom(48).hex()
+    return raw[:32], raw[32:64], raw[64:]
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,14 +141,15 @@ class DispatcherService:
         if tool is None:
             raise UnknownTool(f"Tool '{req.tool}' is not in this run's toolset.", details={"tool": req.tool})
         self._schemas.check(toolset_id, tool.name, tool.info.input_schema, req.input)
-        key = req.idempotency_key or uuid.uuid4().hex
-        call_id = f"call_{uuid.uuid4().hex}"
+        fresh_key, fresh_call, fresh_approval = fresh_ids()
+        key = req.idempotency_key or fresh_key
+        call_id = "call_" + fresh_call
         policy = tool.policy
         now = now_iso()
         approval_id = digest = ""
         announce: tuple[str, bytes] | None = None
         if policy.approval:
-            approval_id, digest = f"apr_{uuid.uuid4().hex}", sha256_hex(req.input)
+            approval_id, digest = "apr_" + fresh_approval, sha256_hex(req.input)
             # The approval command goes into the outbox with the stored call (message id
             # `approvalNeeded:<callId>`): a dispatcher dying right after the store can no longer
             # leave the call waiting with the approval service never told.
@@ -185,7 +195,8 @@ class DispatcherService:
         mine = next((r for r in created.admitted if r.call_id == call_id), None)
         if mine is not None and run_here:
             self._runner.start([r for r in created.admitted if r is not mine])
-            await self._runner.run_here(mine)
+            assert stored is not None  # the tool was found in it above
+            await self._runner.run_here(mine, (stored, tool), req.input)
         elif created.admitted:
             self._runner.start(created.admitted)
         return Started(call_id, key)

@@ -15,6 +15,8 @@ from jsonschema.exceptions import SchemaError, ValidationError, best_match
 from jsonschema.protocols import Validator
 from toolbus_contracts.errors import InvalidInput
 
+from toolbus_dispatcher.schema_fast import Accept, fast_accept
+
 log = logging.getLogger(__name__)
 
 
@@ -31,21 +33,31 @@ def _path(error: ValidationError) -> str:
 
 
 class SchemaCache:
-    """Compiled validators keyed by (toolset id, tool name): pinned schemas never change."""
+    """Compiled validators keyed by (toolset id, tool name): pinned schemas never change. Each
+    comes with the schema's fast accept (`schema_fast`), when it has one: a value it accepts is
+    valid without walking `jsonschema`; anything else is judged by the validator."""
 
     def __init__(self, size: int = 4096) -> None:
-        self._cache: OrderedDict[tuple[str, str], Validator | None] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str], tuple[Validator, Accept | None] | None] = OrderedDict()
         self._size = size
 
-    def validator(self, toolset_id: str, tool: str, schema: dict[str, Any]) -> Validator | None:
+    def compiled(
+        self, toolset_id: str, tool: str, schema: dict[str, Any]
+    ) -> tuple[Validator, Accept | None] | None:
+        """(validator, fast accept or None), or None for a schema that is not enforced."""
         key = (toolset_id, tool)
         try:
-            hit = self._cache[key]
+            return self._cache[key]
         except KeyError:
-            hit = self._cache[key] = self._compile(tool, schema)
+            validator = self._compile(tool, schema)
+            hit = self._cache[key] = (validator, fast_accept(schema)) if validator is not None else None
             while len(self._cache) > self._size:
                 self._cache.popitem(last=False)
-        return hit
+            return hit
+
+    def validator(self, toolset_id: str, tool: str, schema: dict[str, Any]) -> Validator | None:
+        hit = self.compiled(toolset_id, tool, schema)
+        return hit[0] if hit is not None else None
 
     @staticmethod
     def _compile(tool: str, schema: dict[str, Any]) -> Validator | None:
@@ -63,8 +75,11 @@ class SchemaCache:
 
     def check(self, toolset_id: str, tool: str, schema: dict[str, Any], value: dict[str, Any]) -> None:
         """Raise `InvalidInput` naming the failing path when `value` fails the schema."""
-        validator = self.validator(toolset_id, tool, schema)
-        if validator is None:
+        hit = self.compiled(toolset_id, tool, schema)
+        if hit is None:
+            return
+        validator, accept = hit
+        if accept is not None and accept(value):
             return
         error = best_match(validator.iter_errors(value))
         if error is None:

@@ -44,7 +44,7 @@ class McpConnectionLike(Protocol):
         arguments: dict[str, Any],
         *,
         idempotency_key: str,
-        timeout: float,  # noqa: ASYNC109
+        timeout: float | None,  # noqa: ASYNC109
     ) -> ToolResultLike: ...
 
 
@@ -88,7 +88,9 @@ class McpExecutor:
                 tool.remote_name,
                 attempt.input,
                 idempotency_key=call.idempotency_key,
-                timeout=attempt.timeout or DEFAULT_TIMEOUT,
+                # An attempt's own timeout is the runner's timer around this whole attempt
+                # (`CallRunner._run`): the connection arms none of its own then.
+                timeout=None if attempt.timeout is not None else DEFAULT_TIMEOUT,
             )
         except CredentialsRejected as exc:
             if exc.details.get("status") == 401:
