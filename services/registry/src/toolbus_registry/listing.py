@@ -4,34 +4,17 @@ The listing is bounded (`TOOLBUS_REGISTRY_MAX_LISTING_BYTES`, 64 MiB by default)
 the server is read no further than that, and its pages' tools no further than that in all, so one
 server cannot exhaust the registry's memory. A listing over it is the server misbehaving during
 listing: `upstreamError` naming the server, like an invalid answer or endless paging.
-
-The MCP client package (with the mcp SDK, httpx2 and what they import) is imported on the first
-listing, in a worker thread so the event loop goes on serving, not when the registry starts: a
-registry that only serves toolsets already pinned never loads it (idle RSS, see docs/design.md).
 """
 
 from __future__ import annotations
 
-import asyncio
-import sys
 from collections.abc import Mapping
-from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from toolbus_contracts.errors import OutputTooLarge, UpstreamError
-
-if TYPE_CHECKING:
-    from toolbus_mcp_client import McpConnection
+from toolbus_mcp_client import McpConnection
 
 DEFAULT_MAX_LISTING_BYTES = 64 * 1024 * 1024
-
-
-@cache
-def mcp_connection_class() -> type[McpConnection]:
-    """`McpConnection`, importing the MCP client package the first time."""
-    from toolbus_mcp_client import McpConnection
-
-    return McpConnection
 
 
 def listing_too_large(server: str, limit: int) -> UpstreamError:
@@ -48,12 +31,8 @@ async def list_server_tools(
 ) -> list[dict[str, Any]]:
     """Every tool the server lists (all pages), at most `max_bytes` of it. Raises
     `UpstreamUnreachable`, `CredentialsRejected` or `UpstreamError`, naming the server."""
-    if "toolbus_mcp_client" in sys.modules:
-        connection_class = mcp_connection_class()
-    else:  # the first listing: the import takes ~0.5 s of CPU, off the event loop
-        connection_class = await asyncio.to_thread(mcp_connection_class)
     try:
-        connection = await connection_class.open(url, dict(headers), server_name=server, max_body=max_bytes)
+        connection = await McpConnection.open(url, dict(headers), server_name=server, max_body=max_bytes)
         try:
             return await connection.list_tools(max_bytes=max_bytes)
         finally:
