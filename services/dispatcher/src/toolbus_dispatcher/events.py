@@ -29,8 +29,11 @@ paused holder) only publish duplicates, which JetStream drops. The lock keeps th
 on one replica and makes such overlaps rare.
 
 Acks come to one inbox subscription of the relay's (not a request and a task per event, as
-`JetStreamContext.publish` does: that costs more than the rest of a call's dispatching); each
-round waits on one future that its acks count down (`_Round`).
+`JetStreamContext.publish` does: that costs more than the rest of a call's dispatching), a direct
+one (`toolbus_common.direct_sub`: the client's reader hands each ack to `_on_ack`, with no queue
+and task between); each round waits on one future that its acks count down (`_Round`), in time
+slices of a timer each (no `asyncio.wait`). The relay keeps the loop it runs on (`run`, `drain`)
+rather than looking it up per round (each look-up is a `getpid` system call in CPython).
 
 Under load the relay lingers (`LINGER` after a batch of `LINGER_FROM` entries or more), so that
 each read, delete and round carries more entries: on two cores the calls' own work gets the CPU
@@ -58,6 +61,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from redis.asyncio import Redis
 from redis.exceptions import LockError, ResponseError
+from toolbus_common.direct_sub import subscribe_direct
 from toolbus_common.script_pipe import ScriptPipe, ScriptReplyError
 from toolbus_common.settings import REDIS_LONGEST_BLOCK
 
@@ -98,7 +102,8 @@ def order_key(msg_id: str) -> str:
 
 class _Round:
     """The acks of one publishing round: `results[i]` for its i-th entry (False until a PubAck
-    came), `done` once every entry sent has its answer."""
+    came), `done` once every entry sent has its answer (`complete`), or when the waiter's time
+    slice ends (`wake`: the waiter then sees it not complete and waits on a new `done`)."""
 
     __slots__ = ("done", "pending", "results", "sending")
 
@@ -118,6 +123,15 @@ class _Round:
         """Publishing is over (acks may all have come during it)."""
         self.sending = False
         if not self.pending and not self.done.done():
+            self.done.set_result(None)
+
+    @property
+    def complete(self) -> bool:
+        return not self.pending and not self.sending
+
+    def wake(self) -> None:
+        """The waiter's time slice is over (a timer's callback)."""
+        if not self.done.done():
             self.done.set_result(None)
 
 
@@ -147,6 +161,7 @@ class EventRelay:
         self._acks: dict[str, tuple[_Round, int]] = {}  # reply subject -> its round and place
         self._seq = itertools.count()
         self._sub: Subscription | None = None
+        self._loop: asyncio.AbstractEventLoop  # the one `run` or `drain` runs on (set there)
         # redis-py's lock: SET NX PX to take it, a compare-and-PEXPIRE script to renew, a
         # compare-and-DEL one to release; the token is this relay's, not the thread's.
         self._lock = redis.lock(
@@ -177,8 +192,7 @@ class EventRelay:
 
     async def _take(self) -> bool:
         """Take the lock if free, or renew it if ours; True when ours. Redis errors propagate."""
-        loop = asyncio.get_running_loop()
-        sent = loop.time()
+        sent = self._loop.time()
         was = sent < self._valid_until
         ours = False
         if self._lock.local.token is not None:
@@ -202,7 +216,7 @@ class EventRelay:
 
     async def _fence(self) -> bool:
         """Renew the lock when due; True while it is ours (checked before each batch and round)."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         if loop.time() >= self._renew_at:
             try:
                 await self._take()
@@ -222,7 +236,8 @@ class EventRelay:
 
     # ---- relaying -------------------------------------------------------------------------------
 
-    async def _on_ack(self, msg: Msg) -> None:
+    def _on_ack(self, msg: Msg) -> None:
+        """Called by the NATS client's reader with each ack (a direct subscription): must not block."""
         waiting = self._acks.pop(msg.subject, None)
         if waiting is None:  # a late ack of a round given up, or not ours
             return
@@ -233,11 +248,12 @@ class EventRelay:
 
     async def _subscribe(self) -> None:
         if self._sub is None:
-            self._sub = await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_ack)
+            self._sub = await subscribe_direct(self._nc, f"{self._inbox}.*", self._on_ack)
 
     async def run(self) -> None:
         """Relay while holding the lock, compete for it otherwise, until cancelled; outages are
         waited out (entries stay in the outbox meanwhile)."""
+        self._loop = asyncio.get_running_loop()
         pause = self._pause
         while True:
             try:
@@ -262,7 +278,7 @@ class EventRelay:
         """Passes over the outbox while the lock is ours. A pass starts at the oldest entry (again
         whenever a held-back call's pause is over); between, the cursor only moves on, since every
         entry before it was published and deleted or belongs to a held-back call."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         cursor = b"0-0"
         pause = self._pause
         while await self._fence():
@@ -350,11 +366,11 @@ class EventRelay:
     def _hold(self, key: str) -> None:
         pause = min(self._backoff.get(key, self._pause / 2) * 2, RETRY_MAX)
         self._backoff[key] = pause
-        self._held[key] = asyncio.get_running_loop().time() + pause
+        self._held[key] = self._loop.time() + pause
 
     async def _round(self, batch: list[dict[bytes, bytes]]) -> tuple[list[bool], BaseException | None]:
         """Publish one entry each of distinct calls, pipelined; wait for their acks."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         round_ = _Round(len(batch), loop.create_future())
         replies: list[str] = []
         error: BaseException | None = None
@@ -374,13 +390,20 @@ class EventRelay:
                 break
         round_.sent()
         deadline = loop.time() + ACK_WAIT
-        while not round_.done.done():
-            left = deadline - loop.time()
+        while not round_.complete:
+            now = loop.time()
+            left = deadline - now
             if left <= 0:
                 break
+            if round_.done.done():  # woken by the last slice's timer: wait on a new future
+                round_.done = loop.create_future()
             # In slices no longer than the lock's validity, so that a slow ack never lets it lapse.
-            await asyncio.wait((round_.done,), timeout=max(0.05, min(left, self._valid_until - loop.time())))
-            if not round_.done.done() and not await self._fence():
+            timer = loop.call_later(max(0.05, min(left, self._valid_until - now)), round_.wake)
+            try:
+                await round_.done
+            finally:
+                timer.cancel()
+            if not round_.complete and not await self._fence():
                 break
         for reply in replies:  # acks that come later (or never) are dropped
             self._acks.pop(reply, None)
@@ -390,6 +413,7 @@ class EventRelay:
         """On shutdown (the relay loop stopped): relay what the outbox holds, for up to `within`
         seconds, if this relay holds the lock (or can take it); then release the lock. What is
         left waits for the next relay (another replica, or this one restarted)."""
+        self._loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(within):
                 self._held.clear()
