@@ -57,7 +57,9 @@ async def round_of(call: Call, n: int, pids: dict[str, int]) -> tuple[float, dic
     return rate, {name: (after[name] - before[name]) / n for name in pids}
 
 
-def median(values: list[float]) -> float:
+def upper_median(values: list[float]) -> float:
+    """The middle value, the larger of the two middle ones for an even count (of two rounds:
+    the larger)."""
     ordered = sorted(values)
     return ordered[len(ordered) // 2]
 
@@ -123,13 +125,13 @@ async def main(calls: int, rounds: int) -> None:
 
 def print_processes(got: dict[str, list[tuple[float, dict[str, float]]]]) -> None:
     print()
-    print("CPU per call, µs (median of the rounds; each round's figures after the slash)")
+    print("CPU per call, µs (upper median of the rounds; each round's figures after the slash)")
     print(f"{'process':<16} {'direct McpConnection':>28} {'calls.invoke':>40}")
     for name in ORDER:
         cells = []
         for path in ("direct", "invoke"):
             values = [per[name] * 1e6 for _, per in got[path]]
-            cells.append(f"{median(values):6.0f} / " + " ".join(f"{v:.0f}" for v in values))
+            cells.append(f"{upper_median(values):6.0f} / " + " ".join(f"{v:.0f}" for v in values))
         print(f"{name:<16} {cells[0]:>28} {cells[1]:>40}")
     for label, fn in (("total", sum), ("calls/s", None)):
         cells = []
@@ -138,18 +140,18 @@ def print_processes(got: dict[str, list[tuple[float, dict[str, float]]]]) -> Non
                 values = [rate for rate, _ in got[path]]
             else:
                 values = [fn(per.values()) * 1e6 for _, per in got[path]]
-            cells.append(f"{median(values):6.0f} / " + " ".join(f"{v:.0f}" for v in values))
+            cells.append(f"{upper_median(values):6.0f} / " + " ".join(f"{v:.0f}" for v in values))
         print(f"{label:<16} {cells[0]:>28} {cells[1]:>40}")
 
 
 def print_redis(stats: list[dict[str, tuple[float, float]]]) -> None:
     print()
-    print("Redis INFO commandstats per calls.invoke (invoke rounds; median): calls, µs in Redis")
-    names = sorted({n for s in stats for n in s}, key=lambda n: -median([s.get(n, (0, 0))[1] for s in stats]))
+    print("Redis INFO commandstats per calls.invoke (invoke rounds; upper median): calls, µs in Redis")
+    names = sorted({n for s in stats for n in s}, key=lambda n: -upper_median([s.get(n, (0, 0))[1] for s in stats]))
     total_calls = total_us = 0.0
     for name in names:
-        c = median([s.get(name, (0, 0))[0] for s in stats])
-        u = median([s.get(name, (0, 0))[1] for s in stats])
+        c = upper_median([s.get(name, (0, 0))[0] for s in stats])
+        u = upper_median([s.get(name, (0, 0))[1] for s in stats])
         total_calls += c
         total_us += u
         if c >= 0.005:
@@ -159,9 +161,9 @@ def print_redis(stats: list[dict[str, tuple[float, float]]]) -> None:
 
 def print_nats(msgs: list[dict[str, float]]) -> None:
     print()
-    print("nats-server /varz per calls.invoke (invoke rounds; median)")
+    print("nats-server /varz per calls.invoke (invoke rounds; upper median)")
     for key in ("in_msgs", "out_msgs", "in_bytes", "out_bytes"):
-        print(f"  {key:<10} {median([m[key] for m in msgs]):8.1f}")
+        print(f"  {key:<10} {upper_median([m[key] for m in msgs]):8.1f}")
 
 
 async def print_stream(stack: BenchStack) -> None:

@@ -24,6 +24,24 @@ async def test_within_raises_timeout_error_when_the_time_is_up() -> None:
     assert task is not None and task.cancelling() == 0  # the timer's cancellation was taken back
 
 
+async def test_a_swallowed_timeout_leaves_the_task_not_cancelling() -> None:
+    """As `asyncio.timeout` does: when the awaited code swallows the timer's cancellation and
+    returns, the cancellation is taken back all the same (a later TaskGroup or timeout in the
+    task would otherwise see it as being cancelled)."""
+    loop = asyncio.get_running_loop()
+
+    async def stubborn() -> str:
+        try:
+            await asyncio.sleep(5)
+        except asyncio.CancelledError:
+            return "kept going"
+        return "slept"
+
+    assert await within(loop, 0.01, stubborn()) == "kept going"
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0
+
+
 async def test_a_cancellation_from_elsewhere_stays_a_cancellation() -> None:
     loop = asyncio.get_running_loop()
     inner = asyncio.ensure_future(within(loop, 5.0, asyncio.sleep(5)))

@@ -10,7 +10,7 @@ message straight to `deliver`, in the order received, and the subscription's own
 stopped. `deliver` must not block (it starts a task, or sets a future).
 
 nats-py is pinned (uv.lock); the attributes used here are what `Client._process_msg`,
-`Subscription._drain` and `Subscription.pending_msgs` touch, and tests/unit/test_direct_sub.py
+`Subscription._drain` and `Subscription.pending_msgs` touch, and tests/integration/test_direct_sub.py
 runs it against a real server.
 """
 

@@ -26,6 +26,9 @@ from toolbus_contracts.registry import (
 from toolbus_common.connections import DEFAULT_PLACEMENT, JsPlacement, ensure_object_store
 from toolbus_common.lru import Lru
 
+MAX_CHUNK_BYTES = 1024 * 1024
+"""The largest chunk a toolset is stored in (NATS's default max_payload)."""
+
 HTTP_FETCH = "http.fetch"
 
 
@@ -189,7 +192,9 @@ class ToolsetStore:
         self._js = js
         self._bucket = bucket
         self._placement = placement
-        self._chunk_bytes = max(chunk_bytes, OBJ_DEFAULT_CHUNK_SIZE)
+        # Between nats-py's default 128 KiB and NATS's default max_payload (1 MiB): the writer
+        # passes its connection's max_payload, which a server configured larger would make huge.
+        self._chunk_bytes = min(max(chunk_bytes, OBJ_DEFAULT_CHUNK_SIZE), MAX_CHUNK_BYTES)
         self._store: ObjectStore | None = None
         self._cache: Lru[str, StoredToolset] = Lru(cache_size)
 
@@ -222,7 +227,9 @@ class ToolsetStore:
         acknowledged publishes instead of eight of the default 128 KiB."""
         if self._cache.get(stored.id) is None and not await self._stored(stored.id):
             data = orjson.dumps(wire) if wire is not None else stored.pinned.wire_json()
-            meta = ObjectMeta(name=stored.id, options=ObjectMetaOptions(max_chunk_size=self._chunk_bytes))
+            # nats-py's put allocates a buffer of the whole chunk size whatever the data's size.
+            chunk = min(self._chunk_bytes, max(len(data), 1))
+            meta = ObjectMeta(name=stored.id, options=ObjectMetaOptions(max_chunk_size=chunk))
             await self._obj.put(stored.id, data, meta=meta)
         self._remember(stored)
 

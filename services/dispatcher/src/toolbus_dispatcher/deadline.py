@@ -33,8 +33,12 @@ async def within(loop: asyncio.AbstractEventLoop, seconds: float, awaitable: Awa
     try:
         return await awaitable
     except asyncio.CancelledError:
-        if fired and task.uncancel() <= cancelling:
-            raise TimeoutError from None
+        if fired:
+            fired = False  # uncancelled here, not again below
+            if task.uncancel() <= cancelling:
+                raise TimeoutError from None
         raise
     finally:
         handle.cancel()
+        if fired:  # the time ran out, but the awaited code swallowed the cancellation
+            task.uncancel()

@@ -161,7 +161,7 @@ class EventRelay:
         self._acks: dict[str, tuple[_Round, int]] = {}  # reply subject -> its round and place
         self._seq = itertools.count()
         self._sub: Subscription | None = None
-        self._loop: asyncio.AbstractEventLoop  # the one `run` or `drain` runs on (set there)
+        self._running_loop: asyncio.AbstractEventLoop | None = None  # see `_loop`
         # redis-py's lock: SET NX PX to take it, a compare-and-PEXPIRE script to renew, a
         # compare-and-DEL one to release; the token is this relay's, not the thread's.
         self._lock = redis.lock(
@@ -250,10 +250,18 @@ class EventRelay:
         if self._sub is None:
             self._sub = await subscribe_direct(self._nc, f"{self._inbox}.*", self._on_ack)
 
+    @property
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        """The loop this relay runs on: kept by `run` and `drain` (looking it up costs a system
+        call), looked up once by any other first caller."""
+        if self._running_loop is None:
+            self._running_loop = asyncio.get_running_loop()
+        return self._running_loop
+
     async def run(self) -> None:
         """Relay while holding the lock, compete for it otherwise, until cancelled; outages are
         waited out (entries stay in the outbox meanwhile)."""
-        self._loop = asyncio.get_running_loop()
+        self._running_loop = asyncio.get_running_loop()
         pause = self._pause
         while True:
             try:
@@ -413,7 +421,7 @@ class EventRelay:
         """On shutdown (the relay loop stopped): relay what the outbox holds, for up to `within`
         seconds, if this relay holds the lock (or can take it); then release the lock. What is
         left waits for the next relay (another replica, or this one restarted)."""
-        self._loop = asyncio.get_running_loop()
+        self._running_loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(within):
                 self._held.clear()

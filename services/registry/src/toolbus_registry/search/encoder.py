@@ -75,7 +75,7 @@ class Int8Matrix:
 
     def apply(self, x: Vectors, scratch: Vectors) -> Vectors:
         """`x @ m`, the matrix widened into `scratch` (a flat float32 buffer of at least its
-        size, reused from product to product: see `Encoder._scratch`)."""
+        size, reused from product to product: see `Encoder._take_scratch`)."""
         wide = scratch[: self.q.size].reshape(self.q.shape)
         np.copyto(wide, self.q, casting="unsafe")
         out: Vectors = (x @ wide) * self.scale
