@@ -4,12 +4,20 @@ RSS to import it, 7.1 more to load this tokenizer; docs/design.md, "Tool search"
 
 What it does, in the order the Rust tokenizer does it: the added (special) tokens are matched in
 the raw text first (they are not normalized); each other span is normalized as `BertNormalizer`
-does (control characters dropped, whitespace made a space, CJK ideographs spaced out, accents
-stripped, lowercased), split on whitespace and punctuation (`BertPreTokenizer`), and each word is
+does (control characters dropped: Cc, Cf, Co, Cs, not unassigned Cn; whitespace made a space;
+CJK ideographs spaced out; accents stripped; lowercased), split on whitespace and punctuation (`BertPreTokenizer`), and each word is
 split greedily into the longest word pieces of the vocabulary (`##` before a continuation; a word
-with no split, or over 100 characters, is `[UNK]`). The ids are wrapped in `[CLS]` ... `[SEP]`
-and cut to `max_tokens` with them. Checked id for id against `tokenizers` on both labelled
-corpora's tool texts and queries and on odd text (tests/unit/test_search_wordpiece.py).
+with no split, or over `max_input_chars_per_word` characters, is `[UNK]`). The ids are wrapped in
+`[CLS]` ... `[SEP]` and cut to `max_tokens` with them; the words after the cut are not split.
+`from_file` refuses a `tokenizer.json` with settings this module does not implement. Checked id
+for id against `tokenizers` on both labelled corpora's tool texts and queries, on odd text and
+on every code point of the BMP and U+1F000-1FFFF as "a<c>b" (tests/unit/test_search_wordpiece.py).
+
+Limit: character classes come from the interpreter's `unicodedata` (Unicode 14.0.0 on Python
+3.11), and `tokenizers`' come from older tables. On a code point whose category differs between
+the two (assigned or re-categorized between their versions: 114 in the BMP and U+1F000-1FFFF,
+all of them marks, punctuation or format characters, and 503 in all of Unicode) the ids differ;
+another interpreter's Unicode version moves that set.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +36,13 @@ def _is_whitespace(c: str) -> bool:
     return c in " \t\n\r" or c.isspace()
 
 
+_CONTROL_CATEGORIES = frozenset({"Cc", "Cf", "Co", "Cs"})
+
+
 def _is_control(c: str) -> bool:
-    return c not in "\t\n\r" and unicodedata.category(c).startswith("C")
+    """`is_control` of tokenizers' `normalizers/bert.rs`: "other" but not unassigned (Cn), which
+    stays in the text (and makes its word `[UNK]`); tab, newline and return count as whitespace."""
+    return c not in "\t\n\r" and unicodedata.category(c) in _CONTROL_CATEGORIES
 
 
 def _is_punctuation(c: str) -> bool:
@@ -70,25 +84,68 @@ def normalize(text: str) -> str:
     return stripped.lower() if "\u03a3" not in stripped else "".join(c.lower() for c in stripped)
 
 
-def pre_tokenize(text: str) -> list[str]:
-    """`BertPreTokenizer`: words split on whitespace, each punctuation character a word."""
-    words: list[str] = []
+def pre_tokenize(text: str) -> Iterator[str]:
+    """`BertPreTokenizer`: words split on whitespace, each punctuation character a word (lazily,
+    so that `encode` stops splitting once it has its tokens)."""
     current: list[str] = []
     for c in text:
         if c.isspace():
             if current:
-                words.append("".join(current))
+                yield "".join(current)
                 current = []
         elif _is_punctuation(c):
             if current:
-                words.append("".join(current))
+                yield "".join(current)
                 current = []
-            words.append(c)
+            yield c
         else:
             current.append(c)
     if current:
-        words.append("".join(current))
-    return words
+        yield "".join(current)
+
+
+_NORMALIZER = {"type": "BertNormalizer", "clean_text": True, "handle_chinese_chars": True, "lowercase": True}
+# What this module does with an added token: matched as is in the raw text, anywhere, not
+# normalized, no whitespace stripped around it.
+_ADDED_TOKEN = {"single_word": False, "lstrip": False, "rstrip": False, "normalized": False}
+
+
+def _single_template(processor: dict[str, Any]) -> list[str]:
+    if processor.get("type") == "BertProcessing":
+        return [str(processor["cls"][0]), "A", str(processor["sep"][0])]
+    if processor.get("type") == "TemplateProcessing":
+        return [str(next(iter(piece.values()))["id"]) for piece in processor.get("single", [])]
+    return []
+
+
+def _check_supported(data: dict[str, Any], path: Path) -> None:
+    """Refuse a `tokenizer.json` whose settings this module does not implement, rather than give
+    other ids than `tokenizers` would."""
+    model = data.get("model") or {}
+    normalizer = data.get("normalizer") or {}
+    unsupported: list[str] = []
+    if model.get("type") != "WordPiece":
+        unsupported.append(f"model type {model.get('type')!r}")
+    if model.get("continuing_subword_prefix", _CONTINUATION) != _CONTINUATION:
+        unsupported.append(f"continuing_subword_prefix {model['continuing_subword_prefix']!r}")
+    for key, value in _NORMALIZER.items():
+        if normalizer.get(key) != value:
+            unsupported.append(f"normalizer {key} {normalizer.get(key)!r}")
+    # null: strip accents when lowercasing, as BertNormalizer does.
+    if normalizer.get("strip_accents") not in (None, True):
+        unsupported.append(f"normalizer strip_accents {normalizer.get('strip_accents')!r}")
+    if (data.get("pre_tokenizer") or {}).get("type") != "BertPreTokenizer":
+        unsupported.append("pre_tokenizer other than BertPreTokenizer")
+    if _single_template(data.get("post_processor") or {}) != ["[CLS]", "A", "[SEP]"]:
+        unsupported.append("post_processor other than [CLS] A [SEP]")
+    for token in data.get("added_tokens", []):
+        for key, value in _ADDED_TOKEN.items():
+            if token.get(key, value) != value:
+                unsupported.append(f"added token {token.get('content')!r} {key} {token.get(key)!r}")
+    if unsupported:
+        raise ValueError(
+            f"{path} is not a BERT WordPiece tokenizer this module implements: " + "; ".join(unsupported)
+        )
 
 
 class WordPiece:
@@ -112,6 +169,9 @@ class WordPiece:
         self._sep = vocab[sep]
         self._max_tokens = max_tokens
         self._max_word_chars = max_word_chars
+        # No piece is longer than the longest entry: the prefix search starts there, not at the
+        # word's end (the same greedy longest match, without trying prefixes that cannot match).
+        self._max_piece_chars = max((len(k) for k in vocab), default=0)
         self._split_specials = (
             re.compile("(" + "|".join(re.escape(s) for s in sorted(specials, key=len, reverse=True)) + ")")
             if specials
@@ -122,9 +182,8 @@ class WordPiece:
     def from_file(cls, path: Path, max_tokens: int = 128) -> WordPiece:
         """From a `tokenizer.json` of a BERT WordPiece model."""
         data: dict[str, Any] = json.loads(path.read_text())
+        _check_supported(data, path)
         model = data["model"]
-        if model.get("type") != "WordPiece" or data["normalizer"].get("type") != "BertNormalizer":
-            raise ValueError(f"{path} is not a BERT WordPiece tokenizer")
         vocab = {str(k): int(v) for k, v in model["vocab"].items()}
         specials = {str(t["content"]): int(t["id"]) for t in data.get("added_tokens", [])}
         return cls(
@@ -141,7 +200,7 @@ class WordPiece:
         ids: list[int] = []
         start = 0
         while start < len(word):
-            end = len(word)
+            end = min(len(word), start + self._max_piece_chars)
             found = None
             while start < end:
                 piece = word[start:end] if start == 0 else _CONTINUATION + word[start:end]
@@ -165,6 +224,8 @@ class WordPiece:
             else:
                 for word in pre_tokenize(normalize(span)):
                     ids.extend(self._word_ids(word))
+                    if len(ids) >= limit:
+                        break
             if len(ids) >= limit:
                 break
         return [self._cls, *ids[:limit], self._sep]
