@@ -99,6 +99,21 @@ def metric(base_url: str, name: str) -> float | None:
     return None
 
 
+def registry_env(prefix: str) -> dict[str, str]:
+    """The environment of a registry process serving on a subject prefix of its own."""
+    return {
+        "TOOLBUS_NATS_URL": NATS_URL,
+        "TOOLBUS_REDIS_URL": REDIS_URL,
+        "TOOLBUS_SUBJECT_PREFIX": prefix,
+        "TOOLBUS_LOG_LEVEL": "WARNING",
+    }
+
+
+def create_body(servers: Sequence[McpTestServer]) -> bytes:
+    """A `toolsets.create` body registering every one of `servers`."""
+    return json.dumps({"mcp": [{"name": s.name, "url": s.url} for s in servers]}).encode()
+
+
 async def serve(tools: Sequence[ToolInfo]) -> list[McpTestServer]:
     by_server: dict[str, list[dict[str, Any]]] = {}
     for t in tools:
@@ -131,13 +146,8 @@ async def bench_corpus(
 
     servers = await serve(tools)
     prefix = f"tbbench{uuid.uuid4().hex[:8]}"
-    env = {
-        "TOOLBUS_NATS_URL": NATS_URL,
-        "TOOLBUS_REDIS_URL": REDIS_URL,
-        "TOOLBUS_SUBJECT_PREFIX": prefix,
-        "TOOLBUS_LOG_LEVEL": "WARNING",
-    }
-    body = json.dumps({"mcp": [{"name": s.name, "url": s.url} for s in servers]}).encode()
+    env = registry_env(prefix)
+    body = create_body(servers)
     nc = await nats.connect(NATS_URL)
 
     async def ask(subject: str, payload: bytes, wait: float = 60) -> dict[str, Any]:

@@ -30,7 +30,7 @@ import nats
 from toolbus_devstack.services import start_service, stop_process
 
 from bench.harness import percentile
-from bench.search import NATS_URL, REDIS_URL, cpu_seconds, metric, serve
+from bench.search import NATS_URL, cpu_seconds, create_body, metric, registry_env, serve
 from tests.search.labelled import load_queries, load_tools, load_twilio_tasks
 from tests.search.openapi_corpus import load_large_corpus
 
@@ -53,13 +53,8 @@ async def main() -> None:
         tools, queries = load_large_corpus(), load_twilio_tasks()
     servers = await serve(tools)
     prefix = f"tblat{uuid.uuid4().hex[:8]}"
-    env = {
-        "TOOLBUS_NATS_URL": NATS_URL,
-        "TOOLBUS_REDIS_URL": REDIS_URL,
-        "TOOLBUS_SUBJECT_PREFIX": prefix,
-        "TOOLBUS_LOG_LEVEL": "WARNING",
-    }
-    body = json.dumps({"mcp": [{"name": s.name, "url": s.url} for s in servers]}).encode()
+    env = registry_env(prefix)
+    body = create_body(servers)
     nc = await nats.connect(NATS_URL)
     registry = start_service("registry", env, python=args.registry_python)
     try:
