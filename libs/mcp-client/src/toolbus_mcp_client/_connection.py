@@ -388,7 +388,7 @@ class McpConnection:
         """Call one tool once. The idempotency key travels as the `Idempotency-Key` HTTP header and
         as `_meta["toolbus/idempotencyKey"]`. `timeout` bounds the wait for the answer; None arms no
         timer here, for a caller that bounds the call itself (the dispatcher's attempt timeout,
-        `asyncio.timeout` around this call: one timer per call instead of two).
+        `deadline.within` around this call: one timer per call instead of two).
 
         `input_schema` (e.g. the pinned one) lets a 2026-era call mirror the arguments its
         `x-mcp-header` annotations name into `Mcp-Param-*` headers on the first try; without it,
