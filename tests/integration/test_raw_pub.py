@@ -1,0 +1,98 @@
+"""`raw_pub.Batch`: the bytes it hands a nats-py client are the ones `Client.publish` would queue
+for the same message, and on a real server every message arrives once, in the order added, with
+its reply subject and `Nats-Msg-Id` (JetStream drops a repeated id); what nats-py would refuse or
+rewrite is left to `publish`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from nats.aio.msg import Msg
+from nats.js.api import StreamConfig
+from toolbus_common.direct_sub import subscribe_direct
+from toolbus_common.raw_pub import Batch
+
+from tests.support.infra import js_name, unique_prefix, until
+
+pytestmark = pytest.mark.integration
+
+
+async def _queued_by_publish(nc: Any, subject: str, payload: bytes, reply: str, msg_id: str) -> bytes:
+    """What `publish` appends to the client's pending list (read before the flusher runs: nothing
+    in `publish` yields while connected)."""
+    before = len(nc._pending)
+    headers = {"Nats-Msg-Id": msg_id} if msg_id else None
+    await nc.publish(subject, payload, reply=reply, headers=headers)
+    data: bytes = nc._pending[before]
+    return data
+
+
+async def test_the_bytes_are_the_ones_publish_queues(nc: Any) -> None:
+    subject = f"{unique_prefix()}.raw.same"
+    for payload, reply, msg_id in [
+        (b'{"type":"accepted"}', "_INBOX.abc.1", "call_1:1"),
+        (b"", "_INBOX.abc.2", "call_1:2"),
+        (b"x" * 3000, "", "runClosed:run_1"),
+        (b"plain", "", ""),
+        (b"with reply", "_INBOX.r", ""),
+    ]:
+        batch = Batch(nc)
+        assert batch.add(subject.encode(), payload, reply=reply.encode(), msg_id=msg_id.encode())
+        expected = await _queued_by_publish(nc, subject, payload, reply, msg_id)
+        before = len(nc._pending)
+        await batch.send()
+        assert nc._pending[before] == expected
+        assert len(batch) == 0
+    await nc.flush()
+
+
+async def test_what_publish_would_refuse_or_rewrite_is_not_added(nc: Any) -> None:
+    batch = Batch(nc)
+    assert not batch.add(b"", b"x")
+    assert not batch.add(b"a b", b"x")
+    assert not batch.add(b"a\r\nPUB x 1", b"x")
+    assert not batch.add(b"ok", b"x", reply=b"in box")
+    assert not batch.add(b"ok", b"x", msg_id=b" padded ")
+    assert not batch.add(b"ok", b"x", msg_id=b"a\nb")
+    assert not batch.add(b"ok", b"x" * (nc.max_payload + 1))
+    assert len(batch) == 0
+    await batch.send()  # nothing to send: a no-op
+
+
+async def test_messages_arrive_in_order_with_reply_and_id_and_jetstream_drops_repeats(nc: Any) -> None:
+    prefix = unique_prefix()
+    subject = f"{prefix}.raw.js"
+    stream = js_name(prefix, "RAWPUB")
+    js = nc.jetstream()
+    await js.add_stream(StreamConfig(name=stream, subjects=[f"{subject}.>"]))
+    inbox = nc.new_inbox()
+    acks: dict[str, bytes] = {}
+
+    def on_ack(msg: Msg) -> None:
+        acks[msg.subject] = msg.data
+
+    await subscribe_direct(nc, f"{inbox}.*", on_ack)
+    try:
+        seen: list[Msg] = []
+        await subscribe_direct(nc, f"{subject}.>", seen.append)
+        await nc.flush()
+        batch = Batch(nc)
+        for i in range(60):
+            msg_id = f"call_x:{i % 50}"  # the last ten repeat ids already sent
+            assert batch.add(
+                f"{subject}.c".encode(), b"%d" % i, reply=f"{inbox}.{i}".encode(), msg_id=msg_id.encode()
+            )
+        await batch.send()
+        await until(lambda: len(acks) == 60 and len(seen) == 60, "60 messages and 60 acks")
+        assert [m.data for m in seen] == [b"%d" % i for i in range(60)]
+        assert [m.headers["Nats-Msg-Id"] if m.headers else None for m in seen] == [
+            f"call_x:{i % 50}" for i in range(60)
+        ]
+        assert [m.reply for m in seen] == [f"{inbox}.{i}" for i in range(60)]
+        assert all(b'"duplicate"' not in acks[f"{inbox}.{i}"] for i in range(50))
+        assert all(b'"duplicate"' in acks[f"{inbox}.{i}"] for i in range(50, 60))
+        info = await js.stream_info(stream)
+        assert info.state.messages == 50
+    finally:
+        await js.delete_stream(stream)
