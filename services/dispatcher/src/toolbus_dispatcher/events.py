@@ -40,7 +40,9 @@ each read, delete and round carries more entries: on two cores the calls' own wo
 the wake-ups would take. A quiet outbox is read at once.
 
 The outbox is read (`XREAD BLOCK`) and trimmed (`XDEL`) over a `ScriptPipe` of the relay's own (a
-connection apart from the hot path's scripts, since a blocking read holds up what follows it):
+connection apart from the hot path's scripts, since a blocking read holds up what follows it); the
+`XDEL` of a batch's acked entries goes in one write with the next `XREAD`, ahead of it (one round
+trip a batch instead of two; when relaying stops they are deleted at once):
 through redis-py's pool the two cost about a tenth of a call's dispatching (measured in
 instructions, docs/design.md). The lock stays on redis-py (`redis.lock`, every third of its TTL,
 on its pool: apart from the lease renewal's commands and from the relay's blocking read).
@@ -87,6 +89,14 @@ Entry = tuple[bytes, dict[bytes, bytes]]
 
 def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _forget(future: asyncio.Future[Any]) -> None:
+    """A reply no longer wanted: cancelled if still to come, its error taken if it failed."""
+    if not future.done():
+        future.cancel()
+    elif not future.cancelled():
+        future.exception()
 
 
 def order_key(msg_id: str) -> str:
@@ -180,6 +190,7 @@ class EventRelay:
         self._linger = linger
         self._held: dict[str, float] = {}  # order key -> loop time its entry may be tried again
         self._backoff: dict[str, float] = {}  # order key -> its last pause
+        self._acked: list[bytes] = []  # entries JetStream acked, deleted with the next read
         self.relayed = 0
         self.acquired = 0
         """How many times this relay took the lock (for tests and logs)."""
@@ -271,6 +282,7 @@ class EventRelay:
                     await asyncio.sleep(self._ttl / 3)
                     continue
                 await self._relay_while_held()
+                await self._delete_acked()  # the lock is lost: leave no acked entry behind
                 pause = self._pause
             except asyncio.CancelledError:
                 raise
@@ -316,10 +328,28 @@ class EventRelay:
                     await asyncio.sleep(self._linger)  # busy: let the next batch fill (see LINGER)
 
     async def _read(self, cursor: bytes, block_ms: int | None) -> list[Entry]:
+        """The next entries after `cursor`; the `XDEL` of what was acked since the last read goes
+        in the same write, ahead of the `XREAD` (so a pass from the oldest entry never sees them)."""
         command: tuple[bytes | str | int, ...] = ("XREAD", "COUNT", BATCH)
         if block_ms is not None:
             command += ("BLOCK", block_ms)
-        res = await self._pipe.execute(*command, "STREAMS", self._outbox, cursor)
+        command += ("STREAMS", self._outbox, cursor)
+        deletes, self._acked = self._acked, []
+        if not deletes:
+            res = await self._pipe.execute(*command)
+        else:
+            try:
+                xdel, read = await self._pipe.execute_many(("XDEL", self._outbox, *deletes), command)
+                try:
+                    await xdel
+                except BaseException:
+                    _forget(read)
+                    raise
+            except BaseException:  # not known to be deleted: sent again (deleting twice is harmless)
+                self._acked[:0] = deletes
+                raise
+            self.relayed += len(deletes)
+            res = await read
         if not res:
             return []
         entries: list[Entry] = []
@@ -362,15 +392,26 @@ class EventRelay:
                     failed += 1
                     self._hold(key)
                     del chains[key]
-        if done:
-            await self._pipe.execute("XDEL", self._outbox, *done)
-            self.relayed += len(done)
+        # Deleted with the next read (`_read`), or by `_delete_acked` when relaying stops.
+        self._acked += done
         if failed:
             log.warning(
                 "event relay: JetStream did not take some events; those calls' events wait and are sent again",
                 extra={"failed": failed, "error": type(error).__name__ if error else "no ack"},
             )
         return len(done), failed
+
+    async def _delete_acked(self) -> None:
+        """Delete what JetStream acked and no read has carried yet (relaying stops: the lock was
+        lost, or shutdown). Safe without the lock: those entries are in the stream."""
+        deletes, self._acked = self._acked, []
+        if deletes:
+            try:
+                await self._pipe.execute("XDEL", self._outbox, *deletes)
+            except BaseException:
+                self._acked[:0] = deletes
+                raise
+            self.relayed += len(deletes)
 
     def _hold(self, key: str) -> None:
         pause = min(self._backoff.get(key, self._pause / 2) * 2, RETRY_MAX)
@@ -443,6 +484,9 @@ class EventRelay:
         except Exception:
             log.warning("event relay: events left in the outbox at shutdown; the next relay sends them")
         finally:
+            with contextlib.suppress(Exception):  # not deleted: the next relay sends them again
+                async with asyncio.timeout(1.0):
+                    await self._delete_acked()
             await self.release()
 
     async def pending(self) -> int:
