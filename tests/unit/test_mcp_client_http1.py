@@ -18,7 +18,7 @@ from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR
 from toolbus_mcp_client._http1 import Http1Pool, Redirected, Unsendable
 from toolbus_mcp_client._transport import Attempt
 
-from tests.support.infra import free_port
+from tests.support.infra import free_port, until
 from tests.support.mcp_answers import NOT_A_RESULT, NOT_A_RESULT_FIELDS, NOT_A_RESULT_IDS, RESULT, sse
 
 Reply = bytes | Callable[[asyncio.StreamWriter], Awaitable[None]]
@@ -39,14 +39,15 @@ def http(status: int, body: bytes, content_type: str, *, close: bool = False, ch
 
 
 class Scripted:
-    """A raw HTTP/1.1 server on a free port that answers each request with the next reply."""
+    """A raw HTTP/1.1 server on a port the OS picks as it binds (known once started) that answers
+    each request with the next reply."""
 
-    def __init__(self, *replies: Reply) -> None:
+    def __init__(self, *replies: Reply, path: str = "/mcp") -> None:
         self.replies = list(replies)
         self.connections = 0
         self.requests: list[tuple[str, bytes]] = []
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/mcp"
+        self.port = 0
+        self.path = path
         self._server: asyncio.Server | None = None
         self._writers: list[asyncio.StreamWriter] = []
 
@@ -74,8 +75,14 @@ class Scripted:
                         return
         writer.close()
 
+    @property
+    def url(self) -> str:
+        assert self.port, "the server is not started"
+        return f"http://127.0.0.1:{self.port}{self.path}"
+
     async def __aenter__(self) -> Scripted:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
         return self
 
     async def __aexit__(self, *_: object) -> None:
@@ -306,9 +313,7 @@ async def test_sse_line_endings_of_every_kind_and_split_anywhere() -> None:
 
 
 async def test_the_request_target_is_percent_encoded_and_dns_failures_name_no_host() -> None:
-    server = Scripted(ok_json())
-    server.url = f"http://127.0.0.1:{server.port}/my mcp/é?x=1"
-    async with server, pool_for(server) as pool:
+    async with Scripted(ok_json(), path="/my mcp/é?x=1") as server, pool_for(server) as pool:
         await post(pool)
     assert server.requests[0][0].startswith("POST /my%20mcp/%C3%A9?x=1 HTTP/1.1\r\n")
     pool2 = Http1Pool.for_url("http://no-such-host.invalid/mcp", {}, ssl.create_default_context())
@@ -320,13 +325,20 @@ async def test_the_request_target_is_percent_encoded_and_dns_failures_name_no_ho
 
 
 async def test_a_retired_pool_lets_calls_in_flight_finish_then_closes_their_connections() -> None:
-    async def slow(writer: asyncio.StreamWriter) -> None:
-        await asyncio.sleep(0.05)
+    # The server holds its answer until the pool is retired, so the call is in flight (its
+    # request received) when `retire()` runs: a fixed sleep before it let a loaded machine
+    # retire the pool before the call had its connection, which then failed "closed".
+    answer = asyncio.Event()
+
+    async def held(writer: asyncio.StreamWriter) -> None:
+        await answer.wait()
         writer.write(ok_json())
 
-    async with Scripted(slow) as server, pool_for(server) as pool:
+    async with Scripted(held) as server, pool_for(server) as pool:
         call = asyncio.create_task(post(pool))
-        await asyncio.sleep(0.01)
+        await until(lambda: len(server.requests) == 1, "the call's request reached the server")
         pool.retire()
+        assert not call.done() and len(pool._live) == 1
+        answer.set()
         assert await call == RESULT
         assert not pool._live and not pool._idle
