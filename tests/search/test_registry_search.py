@@ -1,7 +1,8 @@
 """`toolsets.search` through the registry against real NATS (JetStream) and a real MCP server:
 vectors are computed once and then persisted in the JetStream KV bucket, so a registry restart
-and a second replica embed nothing again (counted), and a search that arrives while a toolset is
-still being embedded answers at once from the lexical ranking."""
+and a second replica embed nothing again (counted) and rank exactly as the registry that
+embedded (same order, same scores), and a search that arrives while a toolset is still being
+embedded answers at once from the lexical ranking."""
 
 from __future__ import annotations
 
@@ -87,6 +88,20 @@ async def register(nc: Any, subjects: Subjects, server: McpTestServer) -> str:
     return toolset_id
 
 
+QUERIES = ("give the money back", "discount", "chargebacks from banks", "pay out to my bank", "invoice")
+"""Searches whose whole ranking (every tool, with its score) must not depend on the replica."""
+
+
+async def rankings(app: RegistryApp, toolset_id: str) -> list[list[tuple[str, float]]]:
+    """Each of `QUERIES`' hits on `app`, every tool of the toolset, as (name, score)."""
+    assert app.service is not None
+    out = []
+    for query in QUERIES:
+        reply = await app.service.search(ToolsetSearchRequest(id=toolset_id, query=query, limit=len(TASKS)))
+        out.append([(hit.name, hit.score) for hit in reply.tools])
+    return out
+
+
 async def test_vectors_persist_across_a_restart_and_are_shared_by_a_replica(
     nc: Any, subjects: Subjects, settings: Settings, billing: McpTestServer
 ) -> None:
@@ -96,6 +111,10 @@ async def test_vectors_persist_across_a_restart_and_are_shared_by_a_replica(
         await until(lambda: searcher_of(first).dense(toolset_id), "first registry embedded", 60)
         # Two texts a tool: its text and its name's words (`SearchIndex.embedding_texts`).
         assert searcher_of(first).embedder.encoded == 2 * len(TASKS)
+        # The registry that embedded ranks with the vectors the store holds (float16), so the
+        # replica and the restarted registry below give the same order and the same scores.
+        embedded = await rankings(first, toolset_id)
+        assert all(len(hits) == len(TASKS) for hits in embedded)
         reply = await request(
             nc, subjects.toolsets_search, {"id": toolset_id, "query": "give the money back", "limit": 3}
         )
@@ -113,6 +132,7 @@ async def test_vectors_persist_across_a_restart_and_are_shared_by_a_replica(
                 ToolsetSearchRequest(id=toolset_id, query="chargebacks from banks", limit=1)
             )
             assert hits.tools[0].name == "billing.list_disputes"
+            assert await rankings(replica, toolset_id) == embedded
         finally:
             await replica.stop()
     finally:
@@ -125,6 +145,7 @@ async def test_vectors_persist_across_a_restart_and_are_shared_by_a_replica(
         await until(lambda: searcher_of(again).dense(toolset_id), "restarted registry loaded vectors", 30)
         assert searcher_of(again).embedder.encoded == 0
         assert searcher_of(again).embedder.loaded == 2 * len(TASKS)
+        assert await rankings(again, toolset_id) == embedded
     finally:
         await again.stop()
 

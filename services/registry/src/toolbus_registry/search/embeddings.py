@@ -4,6 +4,8 @@
 a worker thread. Texts are keyed by content hash, so a tool shared by two toolsets, a toolset
 registered again, a restarted registry and a second replica all reuse the same vectors;
 `encoded` counts the texts this process actually ran through the model. Bounded LRU in memory.
+A freshly encoded vector is rounded to the store's float16 before it is used (`as_stored`), so
+the registry that embedded a toolset ranks exactly as a restarted one or a second replica does.
 
 The background encoding runs in one worker thread of its own at a lower scheduling priority
 (`BACKGROUND_NICE`), so a 1,000-tool embedding (tens of seconds of CPU) yields the cores to what
@@ -23,7 +25,7 @@ import numpy as np
 from toolbus_common.lru import Lru
 
 from toolbus_registry.search.encoder import Encoder, Vectors
-from toolbus_registry.search.store import VectorStore, text_key
+from toolbus_registry.search.store import VectorStore, as_stored, text_key
 
 ENCODE_BATCH = 8
 """Texts per forward pass. Measured on 256 tool texts: peak RSS 271 MiB at 8 against 333 at 32
@@ -114,7 +116,9 @@ class Embedder:
         return np.stack([found[k] for k in keys])
 
     def _encode(self, texts: list[str]) -> Vectors:
-        vectors = self._encoder().encode(texts, batch_size=ENCODE_BATCH)
+        # Rounded as the store keeps them, so this process ranks with the vectors every replica
+        # and every restart reads back, not with float32 ones of its own.
+        vectors = as_stored(self._encoder().encode(texts, batch_size=ENCODE_BATCH))
         with self._lock:
             self.encoded += len(texts)
         return vectors

@@ -40,6 +40,13 @@ class VectorStore(Protocol):
     async def put_many(self, vectors: Mapping[str, Vectors]) -> None: ...
 
 
+def as_stored(vectors: Vectors) -> Vectors:
+    """`vectors` rounded to what a store keeps (float16), as float32: a vector the registry has
+    just encoded ranks exactly as the one a restarted registry or another replica reads back."""
+    rounded: Vectors = vectors.astype(np.float16).astype(np.float32)
+    return rounded
+
+
 def _encode(vector: Vectors) -> bytes:
     return vector.astype(np.float16).tobytes()
 
