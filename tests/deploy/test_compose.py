@@ -26,7 +26,8 @@ COMPOSE_ONLY = {"TOOLBUS_IMAGE_PREFIX", "TOOLBUS_IMAGE_TAG", *REDIS_USER_PASSWOR
 # Settings a service reads that compose does not hand it, and why:
 NOT_GIVEN = {
     # compose authenticates to NATS with user and password (deploy/nats/); no token, creds or nkey files.
-    "all": {"TOOLBUS_NATS_TOKEN", "TOOLBUS_NATS_CREDS_FILE", "TOOLBUS_NATS_NKEY_FILE"},
+    # ... and binds its own port (no listening socket handed down: TOOLBUS_HTTP_FD).
+    "all": {"TOOLBUS_NATS_TOKEN", "TOOLBUS_NATS_CREDS_FILE", "TOOLBUS_NATS_NKEY_FILE", "TOOLBUS_HTTP_FD"},
     # The registry keeps nothing in Redis, decrypts nothing and sends no webhooks.
     "registry": {"TOOLBUS_SECRET_KEY", "TOOLBUS_WEBHOOK_URL", "TOOLBUS_WEBHOOK_SECRET"},
     "dispatcher": {"TOOLBUS_WEBHOOK_URL", "TOOLBUS_WEBHOOK_SECRET"},

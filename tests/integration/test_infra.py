@@ -134,12 +134,14 @@ def test_service_process_waits_for_readyz_and_stops_the_process(tmp_path: Path) 
         "        self.end_headers()\n"
         "    def log_message(self, *a):\n"
         "        pass\n"
-        "port = int(os.environ['TOOLBUS_HTTP_PORT'])\n"
-        "http.server.HTTPServer(('127.0.0.1', port), H).serve_forever()\n"
+        "import socket\n"
+        "server = http.server.HTTPServer(('127.0.0.1', 0), H, bind_and_activate=False)\n"
+        "server.socket = socket.socket(fileno=int(os.environ['TOOLBUS_HTTP_FD']))\n"
+        "server.serve_forever()\n"
     )
     env = {"PYTHONPATH": str(tmp_path)}
     with service_process("infra_ready", env, log_dir=tmp_path, python=sys.executable) as svc:
         assert svc.proc.poll() is None
-        assert svc.env["TOOLBUS_HTTP_PORT"] == str(svc.port)
+        assert svc.env["TOOLBUS_HTTP_PORT"] == str(svc.port)  # bound here, served by the child
         assert http_status(svc.ready_url) == 200
     assert svc.proc.returncode is not None

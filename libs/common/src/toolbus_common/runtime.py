@@ -11,6 +11,7 @@ import contextlib
 import gc
 import logging
 import signal
+import socket
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Protocol
 
@@ -120,10 +121,13 @@ async def serve(service: Service, settings: Settings) -> None:
         lifespan="off",
     )
     server = _EmbeddedServer(config)
-    http = asyncio.create_task(server.serve())
+    # An inherited listening socket (TOOLBUS_HTTP_FD) is served as it is: its port is already bound.
+    sockets = None if settings.http_fd is None else [socket.socket(fileno=settings.http_fd)]
+    http = asyncio.create_task(server.serve(sockets=sockets))
     await service.start()
     tune_gc()
-    log.info("service started", extra={"service": service.name, "http_port": settings.http_port})
+    port = settings.http_port if sockets is None else sockets[0].getsockname()[1]
+    log.info("service started", extra={"service": service.name, "http_port": port})
     await stop.wait()
     log.info("service stopping", extra={"service": service.name})
     with contextlib.suppress(Exception):

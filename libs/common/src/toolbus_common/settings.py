@@ -88,6 +88,10 @@ class Settings(BaseSettings):
     together); more is `upstreamError` naming the server."""
     http_host: str = "127.0.0.1"
     http_port: int = 0
+    http_fd: int | None = Field(default=None, ge=0)
+    """A listening TCP socket handed down by the process that started this one (its descriptor
+    number, systemd-style): served instead of binding `http_host:http_port`. toolbus_devstack
+    passes one, so a service's port is bound before it starts: no free port to race for."""
     log_level: str = "INFO"
     log_format: str = "auto"
     """`json`, `text`, or `auto` (JSON when stderr is not a TTY)."""

@@ -24,11 +24,20 @@ class ServerStartError(RuntimeError):
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the OS picks it)."""
+    """A TCP port that was free a moment ago (the OS picks it). Racy: anything on the machine may
+    take it before it is bound again (an outgoing connection's local port among them); where
+    the server can take a socket, bind one with `listening_socket` and hand it over instead."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def listening_socket(host: str = "127.0.0.1") -> socket.socket:
+    """A TCP socket listening on a port the OS picks as it binds (`getsockname()[1]`), to hand
+    to a child process (`spawn(pass_fds=...)`): the port is its own from the start."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, 0), family=family, backlog=128)
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
@@ -75,8 +84,10 @@ def spawn(
     env: Mapping[str, str] | None,
     detach: bool,
     cwd: str | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> subprocess.Popen[bytes]:
-    """Start `argv` with stdout and stderr appended to `log_path`; `detach` lets it outlive us."""
+    """Start `argv` with stdout and stderr appended to `log_path`; `detach` lets it outlive us;
+    `pass_fds` stay open in the child, under the same numbers."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log: IO[bytes] = log_path.open("ab")
     try:
@@ -92,6 +103,7 @@ def spawn(
             cwd=cwd,
             start_new_session=detach,
             preexec_fn=_die_with_parent if tie and sys.platform == "linux" else None,
+            pass_fds=tuple(pass_fds),
         )
     finally:
         log.close()

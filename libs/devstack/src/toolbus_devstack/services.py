@@ -15,8 +15,8 @@ from typing import Any
 
 from toolbus_devstack.processes import (
     ServerStartError,
-    free_port,
     http_status,
+    listening_socket,
     log_tail,
     spawn,
     stop_process,
@@ -44,7 +44,9 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], log_path: Path, *, what:
                 f"{what} exited with code {proc.returncode} before {url} answered 200. "
                 f"Log tail ({log_path}):\n{log_tail(log_path)}"
             )
-        last = http_status(url, timeout=1.0)
+        # A socket handed down by launch_service accepts before the child serves: the probe waits
+        # in its backlog and is answered as soon as the child serves (a dead child resets it).
+        last = http_status(url, timeout=5.0)
         if last == 200:
             return
         time.sleep(0.1)
@@ -97,15 +99,27 @@ def launch_service(
     detach: bool = False,
     python: str | None = None,
 ) -> ServiceProcess:
-    """Spawn `python -m toolbus_<name>` with `env` over this process's environment, on `port` (a
-    free one by default) as `TOOLBUS_HTTP_PORT`; does not wait (see `wait_ready`)."""
-    port = port if port is not None else free_port()
-    full_env = {**os.environ, **env, "TOOLBUS_HTTP_PORT": str(port)}
+    """Spawn `python -m toolbus_<name>` with `env` over this process's environment; does not wait
+    (see `wait_ready`). On `port` (`TOOLBUS_HTTP_PORT`) when one is given; else on a socket bound
+    here to a port the OS picks and handed down (`TOOLBUS_HTTP_FD`), so nothing can take the port
+    while the child starts (a free port chosen here and bound by the child seconds later could
+    be taken meanwhile, by an outgoing connection's local port among others)."""
+    full_env = {**os.environ, **env}
+    full_env.pop("TOOLBUS_HTTP_FD", None)  # an env copied from an earlier process carries its fd
     full_env.setdefault("TOOLBUS_HTTP_HOST", "127.0.0.1")
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     log_dir = log_dir if log_dir is not None else Path(tempfile.mkdtemp(prefix=f"toolbus-{name}-"))
     log_path = log_dir / f"{name}.log"
-    proc = spawn([python or sys.executable, "-m", f"toolbus_{name}"], log_path, env=full_env, detach=detach)
+    argv = [python or sys.executable, "-m", f"toolbus_{name}"]
+    if port is not None:
+        full_env["TOOLBUS_HTTP_PORT"] = str(port)
+        proc = spawn(argv, log_path, env=full_env, detach=detach)
+        return ServiceProcess(name, proc, port, full_env, log_path)
+    with listening_socket(full_env["TOOLBUS_HTTP_HOST"]) as listener:  # the child keeps its copy
+        port = listener.getsockname()[1]
+        full_env["TOOLBUS_HTTP_PORT"] = str(port)
+        full_env["TOOLBUS_HTTP_FD"] = str(listener.fileno())
+        proc = spawn(argv, log_path, env=full_env, detach=detach, pass_fds=[listener.fileno()])
     return ServiceProcess(name, proc, port, full_env, log_path)
 
 
