@@ -50,6 +50,9 @@ class ToolLister(Protocol):
 
 
 WorkflowLookup = Callable[[str, str | None], Awaitable[Workflow | None]]
+ServerPinned = Callable[[PinnedServer], None]
+"""Called with each server pinned afresh (not remembered from an identical listing), as soon as
+its listing is pinned: while the other servers are still being listed."""
 ToolsetLookup = Callable[[str], Awaitable[PinnedToolset | None]]
 
 
@@ -184,16 +187,17 @@ class Pinner:
         self._toolset = toolsets
         self._memo: Lru[bytes, ServerPin] = Lru(SERVER_MEMO_BYTES, weight=lambda key, _: len(key))
 
-    async def pin(self, spec: ToolsetCreateRequest) -> Pinned:
+    async def pin(self, spec: ToolsetCreateRequest, on_pinned: ServerPinned | None = None) -> Pinned:
         """The pinned toolset of a spec. Its wire form is assembled from the listed tools as they
-        are checked, so a 1,000-tool toolset is not serialised again to compute its id."""
+        are checked, so a 1,000-tool toolset is not serialised again to compute its id.
+        `on_pinned` sees each server pinned afresh as soon as it is (see `ServerPinned`)."""
         if spec.base is not None:
             derived = await self._derive(spec)
             wire = orjson.loads(derived.wire_json())
             return Pinned(derived, wire, canonical_json(wire))
         self._check_names(spec)
         servers, workflows = await asyncio.gather(
-            self._pin_servers(spec), self._pin_workflows(spec.workflows)
+            self._pin_servers(spec, on_pinned), self._pin_workflows(spec.workflows)
         )
         host = sorted(
             (
@@ -277,7 +281,9 @@ class Pinner:
                         details={"field": f"credentials.servers.{name}", "server": name},
                     )
 
-    async def _pin_servers(self, spec: ToolsetCreateRequest) -> list[ServerPin]:
+    async def _pin_servers(
+        self, spec: ToolsetCreateRequest, on_pinned: ServerPinned | None
+    ) -> list[ServerPin]:
         creds = spec.credentials.servers if spec.credentials else {}
 
         async def one(i: int) -> ServerPin:
@@ -296,6 +302,8 @@ class Pinner:
             if hit is None:
                 hit = _pin_server(i, server, listed)
                 self._memo.put(key, hit)
+                if on_pinned is not None:
+                    on_pinned(hit.model)
             return hit
 
         pinned = await asyncio.gather(*(one(i) for i in range(len(spec.mcp))))

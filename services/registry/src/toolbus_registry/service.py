@@ -31,7 +31,8 @@ from toolbus_contracts.errors import NotFound
 from toolbus_registry.declarations import declarations_floor, render_dts, render_prompt
 from toolbus_registry.paging import ENVELOPE_SLACK, decode_cursor, encode_cursor, page_items, page_text
 from toolbus_registry.pinning import Pinner, ToolLister, check_json_schema
-from toolbus_registry.searching import Searcher
+from toolbus_registry.search.index import ToolFields
+from toolbus_registry.searching import Searcher, server_fields
 from toolbus_registry.workflows import WorkflowStore
 
 
@@ -109,7 +110,11 @@ class RegistryService:
     # ---- toolsets ---------------------------------------------------------------------------
 
     async def create(self, req: ToolsetCreateRequest) -> RawJson:
-        pinned = await self._pinner.pin(req)
+        # Each server's tools are tokenised for the search index as soon as that server is
+        # pinned, while the others are still being listed: after the last listing, only the last
+        # server's share and the merge are left (docs/design.md, "Registration, overlapped").
+        prepared: dict[str, ToolFields] = {}
+        pinned = await self._pinner.pin(req, lambda server: prepared.update(server_fields(server)))
         tid = pinned.id
         stored = self._toolsets.entry(tid, pinned.toolset)
         cached = self._replies.get(tid)
@@ -123,11 +128,13 @@ class RegistryService:
             _, reply, _ = await asyncio.gather(
                 self._toolsets.save(stored, pinned.wire),
                 self._create_reply(stored),
-                self._searcher.index(stored),
+                self._searcher.index(stored, prepared),
             )
             self._replies.put(tid, reply)
         else:
-            await asyncio.gather(self._toolsets.save(stored, pinned.wire), self._searcher.index(stored))
+            await asyncio.gather(
+                self._toolsets.save(stored, pinned.wire), self._searcher.index(stored, prepared)
+            )
             reply = cached
         if req.credentials is not None and self._credentials is not None:
             await self._credentials.set_toolset(tid, req.credentials)
@@ -164,6 +171,11 @@ class RegistryService:
         task = asyncio.create_task(later())
         self._warming[stored.id] = task
         task.add_done_callback(lambda _: self._warming.pop(stored.id, None))
+
+    async def warmed(self) -> None:
+        """Until the toolsets registered so far are warmed (declarations rendered, embeddings
+        started): for benches and tests that want no background work but the embedding."""
+        await asyncio.gather(*self._warming.values(), return_exceptions=True)
 
     async def get(self, req: ToolsetGetRequest) -> ToolsetGetReply:
         stored = await self._stored(req.id)

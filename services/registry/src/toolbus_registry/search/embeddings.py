@@ -115,6 +115,11 @@ class Embedder:
             return np.zeros((0, self._encoder().dim), dtype=np.float32)
         return np.stack([found[k] for k in keys])
 
+    async def settled(self) -> None:
+        """Until the chunk of texts being encoded in the background (if one is) is done: after
+        the embeddings are cancelled (`Searcher.close`), the thread finishes its chunk."""
+        await asyncio.get_running_loop().run_in_executor(self._background, lambda: None)
+
     def _encode(self, texts: list[str]) -> Vectors:
         # Rounded as the store keeps them, so this process ranks with the vectors every replica
         # and every restart reads back, not with float32 ones of its own.
