@@ -14,7 +14,7 @@ import asyncio
 import ctypes
 import ctypes.util
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import cache
 
 from nats.js import JetStreamContext
@@ -74,15 +74,19 @@ SEARCH_OPTIONS = SearchOptions()
 """How the registry's indexes rank (and tokenise: `server_fields` uses the same)."""
 
 
-def server_fields(server: PinnedServer) -> dict[str, ToolFields]:
+def server_fields(
+    server: PinnedServer, terms_of: Callable[[str], list[str]] | None = None
+) -> dict[str, ToolFields]:
     """The search fields of a pinned MCP server's tools by qualified name, as `SearchIndex.build`
-    would tokenise them from the toolset's `ToolInfo`s (same name, description, schema)."""
+    would tokenise them from the toolset's `ToolInfo`s (same name, description, schema);
+    `terms_of` as `prepare_fields`'s."""
     return prepare_fields(
         (
             (mcp_tool_name(server.name, t.name), t.description or t.title or "", t.input_schema)
             for t in server.tools
         ),
         SEARCH_OPTIONS,
+        terms_of,
     )
 
 

@@ -31,7 +31,7 @@ from toolbus_contracts.errors import NotFound
 from toolbus_registry.declarations import declarations_floor, render_dts, render_prompt
 from toolbus_registry.paging import ENVELOPE_SLACK, decode_cursor, encode_cursor, page_items, page_text
 from toolbus_registry.pinning import Pinner, ToolLister, check_json_schema
-from toolbus_registry.search.index import ToolFields
+from toolbus_registry.search.index import ToolFields, memo_terms
 from toolbus_registry.searching import Searcher, server_fields
 from toolbus_registry.workflows import WorkflowStore
 
@@ -114,7 +114,8 @@ class RegistryService:
         # pinned, while the others are still being listed: after the last listing, only the last
         # server's share and the merge are left (docs/design.md, "Registration, overlapped").
         prepared: dict[str, ToolFields] = {}
-        pinned = await self._pinner.pin(req, lambda server: prepared.update(server_fields(server)))
+        terms_of = memo_terms()  # shared by the servers: they often share schemas' text
+        pinned = await self._pinner.pin(req, lambda server: prepared.update(server_fields(server, terms_of)))
         tid = pinned.id
         stored = self._toolsets.entry(tid, pinned.toolset)
         cached = self._replies.get(tid)

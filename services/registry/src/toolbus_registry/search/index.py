@@ -158,7 +158,7 @@ ToolFields = Mapping[str, list[str]]
 """A tool's BM25F fields, {field: its terms}: what `LexicalIndex` indexes of it."""
 
 
-def _memo_terms() -> Callable[[str], list[str]]:
+def memo_terms() -> Callable[[str], list[str]]:
     """`terms`, each distinct text once: namespaces repeat on every tool of a server, and many
     tools share their parameters' text (the same schema on every tool of an API)."""
     known: dict[str, list[str]] = {}
@@ -190,12 +190,15 @@ def tool_fields(
 
 
 def prepare_fields(
-    tools: Iterable[tuple[str, str, Mapping[str, Any]]], options: SearchOptions | None = None
+    tools: Iterable[tuple[str, str, Mapping[str, Any]]],
+    options: SearchOptions | None = None,
+    terms_of: Callable[[str], list[str]] | None = None,
 ) -> dict[str, ToolFields]:
     """{qualified name: fields} of (qualified name, description, input schema) triples, for
-    `SearchIndex.build(..., prepared=)` with the same options."""
+    `SearchIndex.build(..., prepared=)` with the same options. `terms_of` (a `memo_terms()`)
+    may be shared by the servers of one registration: they often share schemas' text."""
     options = options or SearchOptions()
-    terms_of = _memo_terms()
+    terms_of = terms_of or memo_terms()
     return {name: tool_fields(name, d, schema, options, terms_of) for name, d, schema in tools}
 
 
@@ -312,7 +315,7 @@ class SearchIndex:
         its listing arrives: `prepare_fields`); the others are tokenised here. Same index either
         way."""
         options = options or SearchOptions()
-        terms_of = _memo_terms()
+        terms_of = memo_terms()
         prepared = prepared or {}
         docs = []
         for tool in tools:
