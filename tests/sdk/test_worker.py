@@ -104,6 +104,8 @@ async def test_concurrency_bound_and_errors(tb: Toolbus) -> None:
         handles = [await run.start("pool.job", {"n": n}) for n in (1, 2, 3, 4, -1)]
         while worker.in_flight < 5:  # noqa: ASYNC110 - a plain attribute, no event to wait on
             await asyncio.sleep(0.01)
+        # Received is not yet running: wait for the two slots to fill, then give a third a chance.
+        await until(lambda: running == 2, "two handlers running")
         await asyncio.sleep(0.2)
         assert running == 2  # five received, two running, three waiting for a slot (heartbeating)
         release.set()
