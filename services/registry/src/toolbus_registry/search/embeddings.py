@@ -109,11 +109,16 @@ class Embedder:
             found.update(fresh)
             if self._store is not None:
                 await self._store.put_many(fresh)
-        for k, v in found.items():
-            self._memory.put(k, v)
         if not keys:
             return np.zeros((0, self._encoder().dim), dtype=np.float32)
-        return np.stack([found[k] for k in keys])
+        vectors = np.stack([found[k] for k in keys])
+        vectors.flags.writeable = False  # its rows are shared with the memory below
+        # Memory keeps rows of the returned array, not the vectors it was stacked from: the index
+        # that attaches it and this memory then hold one copy of each vector, not two (3.7 MiB for
+        # 1,350 tools; docs/design.md, "Registry memory").
+        for row, k in enumerate(keys):
+            self._memory.put(k, vectors[row])
+        return vectors
 
     async def settled(self) -> None:
         """Until the chunk of texts being encoded in the background (if one is) is done: after

@@ -9,6 +9,9 @@ thread-safely; encoding is plain CPU work, so async callers should run it in a t
 
 from __future__ import annotations
 
+import json
+import os
+import struct
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -96,6 +99,72 @@ def _quantize_rows(chunks: Iterable[Vectors]) -> tuple[npt.NDArray[np.int8], Vec
     return np.concatenate(parts), np.concatenate(scales)
 
 
+class _TokenRows:
+    """The token table as int8 rows with one float32 scale a row, held in memory (11.2 MiB for
+    30,522 x 384)."""
+
+    def __init__(self, chunks: Iterable[Vectors]) -> None:
+        self._q, self._scale = _quantize_rows(chunks)
+        self.dim = int(self._q.shape[1])
+
+    def widened(self, ids: npt.NDArray[np.int64]) -> Vectors:
+        """The dequantized rows of `ids`, shape `ids.shape + (dim,)`."""
+        out: Vectors = self._q[ids].astype(np.float32) * self._scale[ids][..., None]
+        return out
+
+
+class _FileTokenRows:
+    """The token table read from the model file, only the rows a batch uses, each quantized as it
+    is read: the same int8 rows and scales as `_TokenRows` (`_quantize_rows` works row by row), so
+    the same vectors, with none of the table resident (a text uses a few dozen of its 30,522 rows;
+    `os.pread` goes through the page cache, which is not the process's RSS, where a memory map's
+    touched pages would be)."""
+
+    def __init__(self, path: Path, offset: int, rows: int, dim: int) -> None:
+        self._fd = os.open(path, os.O_RDONLY)
+        self._offset = offset
+        self._rows = rows
+        self._row_bytes = dim * 4
+        self.dim = dim
+
+    def widened(self, ids: npt.NDArray[np.int64]) -> Vectors:
+        """The dequantized rows of `ids`, shape `ids.shape + (dim,)`."""
+        unique, inverse = np.unique(ids, return_inverse=True)
+        raw = np.empty((unique.size, self.dim), dtype=np.float32)
+        for k, i in enumerate(unique.tolist()):
+            if not 0 <= i < self._rows:
+                raise IndexError(f"token id {i} is not in the table ({self._rows} rows)")
+            data = os.pread(self._fd, self._row_bytes, self._offset + i * self._row_bytes)
+            if len(data) != self._row_bytes:
+                raise OSError(f"the model file ended inside row {i} of the token table")
+            raw[k] = np.frombuffer(data, dtype="<f4")
+        q, scale = _quantize_rows([raw])
+        out: Vectors = (q.astype(np.float32) * scale[:, None])[inverse.reshape(ids.shape)]
+        return out
+
+    def __del__(self) -> None:
+        fd = getattr(self, "_fd", None)
+        if fd is not None:
+            os.close(fd)
+
+
+def _float32_tensor_at(path: Path, name: str) -> tuple[int, int, int] | None:
+    """(byte offset, rows, columns) of a 2-d little-endian float32 tensor in a safetensors file
+    (8-byte header length, JSON header, data), or None when it is not one."""
+    try:
+        with path.open("rb") as f:
+            (size,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(size))
+        entry = header[name]
+        rows, cols = (int(n) for n in entry["shape"])
+        start, end = (int(n) for n in entry["data_offsets"])
+    except (OSError, ValueError, KeyError, TypeError, struct.error):
+        return None
+    if entry.get("dtype") != "F32" or end - start != rows * cols * 4:
+        return None
+    return 8 + size + start, rows, cols
+
+
 @dataclass(frozen=True)
 class _Layer:
     qkv_w: Int8Matrix  # (hidden, 3*hidden): query, key, value fused into one matmul
@@ -115,9 +184,11 @@ class _Layer:
 class _LazyTensors(Mapping[str, Vectors]):
     """The tensors of an open safetensors file, read when asked for."""
 
-    def __init__(self, handle: Any) -> None:
+    def __init__(self, handle: Any, path: Path | None = None) -> None:
         self._f = handle
         self._names = list(handle.keys())
+        self.path = path
+        """The file, where the token table may be read row by row (`_FileTokenRows`)."""
 
     def __getitem__(self, name: str) -> Vectors:
         if name not in self._names:
@@ -151,18 +222,25 @@ class Encoder:
         # per row for the 30,522-row token table): 22 MiB instead of 87. Measured on 104 tool
         # texts of the large corpus: cosine 0.9994 at worst to the float32 model's vectors (under
         # the float16 store's rounding); a query takes as long (the widening is ~1 ms a layer).
+        # The token table is read from the model file as rows are needed where it can be (-11.2
+        # MiB of RSS; docs/design.md, "Registry memory"), else quantized into memory.
         name = "embeddings.word_embeddings.weight"
-        if isinstance(weights, _LazyTensors):
-            chunks: Iterable[Vectors] = weights.row_chunks(name, 2048)
+        self._word: _TokenRows | _FileTokenRows
+        at = None
+        if isinstance(weights, _LazyTensors) and weights.path is not None and hasattr(os, "pread"):
+            at = _float32_tensor_at(weights.path, name)
+        if at is not None and isinstance(weights, _LazyTensors) and weights.path is not None:
+            self._word = _FileTokenRows(weights.path, *at)
+        elif isinstance(weights, _LazyTensors):
+            self._word = _TokenRows(weights.row_chunks(name, 2048))
         else:
             table = weights[name]
-            chunks = (table[i : i + 2048] for i in range(0, len(table), 2048))
-        self._word, self._word_scale = _quantize_rows(chunks)
+            self._word = _TokenRows(table[i : i + 2048] for i in range(0, len(table), 2048))
         self._position = w("embeddings.position_embeddings.weight")
         self._token_type0 = w("embeddings.token_type_embeddings.weight")[0]
         self._emb_ln_w = w("embeddings.LayerNorm.weight")
         self._emb_ln_b = w("embeddings.LayerNorm.bias")
-        self.dim = int(self._word.shape[1])
+        self.dim = self._word.dim
         layers: list[_Layer] = []
         i = 0
         while f"encoder.layer.{i}.attention.self.query.weight" in weights:
@@ -203,13 +281,18 @@ class Encoder:
         self._tokenizer = tokenizer
 
     @classmethod
-    def from_directory(cls, directory: Path, max_tokens: int = DEFAULT_MAX_TOKENS) -> Encoder:
-        """Load `model.safetensors` and `tokenizer.json` from a sentence-transformers model folder."""
+    def from_directory(
+        cls, directory: Path, max_tokens: int = DEFAULT_MAX_TOKENS, *, token_table_in_memory: bool = False
+    ) -> Encoder:
+        """Load `model.safetensors` and `tokenizer.json` from a sentence-transformers model folder.
+        The token table stays in the file, read a row at a time, unless `token_table_in_memory`
+        (same vectors either way)."""
         tokenizer = WordPiece.from_file(directory / "tokenizer.json", max_tokens)
+        path = directory / "model.safetensors"
         # Tensor by tensor from the memory-mapped file: the whole file is never a copy in memory
         # beside the arrays built from it (loading it at once peaked ~60 MiB higher).
-        with safe_open(str(directory / "model.safetensors"), framework="np") as f:
-            return cls(_LazyTensors(f), tokenizer)
+        with safe_open(str(path), framework="np") as f:
+            return cls(_LazyTensors(f, None if token_table_in_memory else path), tokenizer)
 
     def encode(self, texts: Sequence[str], batch_size: int = 32) -> Vectors:
         """Embed texts as unit vectors, shape (len(texts), dim). Batches group texts of similar
@@ -261,11 +344,7 @@ class Encoder:
         batch, seq = ids.shape
         hidden = self.dim
         head_dim = hidden // _HEADS
-        x = (
-            self._word[ids].astype(np.float32) * self._word_scale[ids][:, :, None]
-            + self._position[:seq][None, :, :]
-            + self._token_type0
-        )
+        x = self._word.widened(ids) + self._position[:seq][None, :, :] + self._token_type0
         x = _layer_norm(x, self._emb_ln_w, self._emb_ln_b)
         # Padding keys get a large negative score so that softmax gives them no weight.
         bias = ((1.0 - mask) * np.float32(-1e9))[:, None, None, :]
