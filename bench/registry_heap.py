@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import nats
+from toolbus_devstack import free_port
 from toolbus_devstack.services import start_service, stop_process
 
 from bench.search import NATS_URL, cpu_seconds, create_body, metric, registry_env, rss_mib, serve
@@ -80,7 +81,9 @@ async def run(corpus: str, trace: bool, python: str) -> None:
         return reply["data"]  # type: ignore[no-any-return]
 
     try:
-        registry = start_service("registry", env, python=str(launcher))
+        # Another checkout's registry binds a free port itself (see bench.search.start_registry).
+        port = free_port() if python != sys.executable else None
+        registry = start_service("registry", env, python=str(launcher), port=port)
         pid = registry.proc.pid
         try:
             print(f"RSS idle {rss_mib(pid)[0]:.1f} MiB")

@@ -38,7 +38,8 @@ sys.path.insert(0, str(ROOT))
 
 import nats
 from toolbus_contracts import ToolInfo
-from toolbus_devstack.services import start_service, stop_process
+from toolbus_devstack import free_port
+from toolbus_devstack.services import ServiceProcess, start_service, stop_process
 from toolbus_registry.search.lexical import Bm25Params, Field, LexicalIndex
 from toolbus_registry.search.text import split_identifier
 
@@ -97,6 +98,13 @@ def metric(base_url: str, name: str) -> float | None:
     except OSError:
         return None
     return None
+
+
+def start_registry(env: dict[str, str], python: str | None) -> ServiceProcess:
+    """A ready registry, run by `python` (another checkout's venv) when given. Such a registry binds
+    a free port itself: code older than `TOOLBUS_HTTP_FD` would bind the port of a handed-down
+    socket a second time and fail."""
+    return start_service("registry", env, python=python, port=free_port() if python else None)
 
 
 def registry_env(prefix: str) -> dict[str, str]:
@@ -175,7 +183,7 @@ async def bench_corpus(
         return time.perf_counter() - t0
 
     try:
-        registry = start_service("registry", env, python=python)
+        registry = start_registry(env, python)
         try:
             idle = rss_mib(registry.proc.pid)
             toolset_id, registered, first = await register_and_first_search()
@@ -216,7 +224,7 @@ async def bench_corpus(
             }
         finally:
             stop_process(registry.proc)
-        registry = start_service("registry", env, python=python)
+        registry = start_registry(env, python)
         try:
             _, registered, first = await register_and_first_search()
             embedded = await wait_embedded(registry.base_url)

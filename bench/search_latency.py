@@ -27,10 +27,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import nats
-from toolbus_devstack.services import start_service, stop_process
+from toolbus_devstack.services import stop_process
 
 from bench.harness import percentile
-from bench.search import NATS_URL, cpu_seconds, create_body, metric, registry_env, serve
+from bench.search import NATS_URL, cpu_seconds, create_body, metric, registry_env, serve, start_registry
 from tests.search.labelled import load_queries, load_tools, load_twilio_tasks
 from tests.search.openapi_corpus import load_large_corpus
 
@@ -56,7 +56,7 @@ async def main() -> None:
     env = registry_env(prefix)
     body = create_body(servers)
     nc = await nats.connect(NATS_URL)
-    registry = start_service("registry", env, python=args.registry_python)
+    registry = start_registry(env, args.registry_python)
     try:
         created = json.loads((await nc.request(f"{prefix}.toolsets.create", body, timeout=60)).data)
         toolset_id = created["data"]["id"]

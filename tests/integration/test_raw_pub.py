@@ -11,7 +11,7 @@ import pytest
 from nats.aio.msg import Msg
 from nats.js.api import StreamConfig
 from toolbus_common.direct_sub import subscribe_direct
-from toolbus_common.raw_pub import Batch
+from toolbus_common.raw_pub import SEND_AT_BYTES, Batch
 
 from tests.support.infra import js_name, unique_prefix, until
 
@@ -96,3 +96,25 @@ async def test_messages_arrive_in_order_with_reply_and_id_and_jetstream_drops_re
         assert info.state.messages == 50
     finally:
         await js.delete_stream(stream)
+
+
+async def test_a_batch_of_large_messages_is_full_at_a_mebibyte_and_sent_in_parts_in_order(nc: Any) -> None:
+    """The relay sends a full batch before adding more (events.py), so a round of large outputs is
+    never held whole in the batch; what is sent in parts arrives in the order added."""
+    subject = f"{unique_prefix()}.raw.large"
+    seen: list[Msg] = []
+    await subscribe_direct(nc, subject, seen.append)
+    await nc.flush()
+    payload = b"x" * (300 * 1024)
+    batch = Batch(nc)
+    sends = 0
+    for i in range(10):
+        assert batch.add(subject.encode(), b"%d" % i + payload)
+        assert len(batch._buf) < SEND_AT_BYTES + len(payload) + 100  # never more than one over
+        if batch.full:
+            await batch.send()
+            sends += 1
+    await batch.send()
+    assert sends == 2  # at 4 and at 8 messages of 300 KiB
+    await until(lambda: len(seen) == 10, "10 large messages")
+    assert [m.data[:1] for m in seen] == [b"%d" % i for i in range(10)]

@@ -32,6 +32,12 @@ _UNSAFE = re.compile(rb"[ \t\r\n]")
 value: a token with any of it is not sent raw."""
 
 
+SEND_AT_BYTES = 1024 * 1024
+"""A batch this large is sent before more is added (`Batch.full`): a round of 512 entries with
+outputs near `max_payload` would otherwise be held whole here, and copied once more by `send`,
+before nats-py's own limit on what waits to be written (`pending_size`, 2 MiB) could apply."""
+
+
 class Batch:
     """Messages for one write on `nc`: `add` each, then `await send()`."""
 
@@ -71,6 +77,12 @@ class Batch:
     def __len__(self) -> int:
         return self._msgs
 
+    @property
+    def full(self) -> bool:
+        """Holding `SEND_AT_BYTES` or more: `send` before adding more, so that a round of large
+        events is handed over (and written) a part at a time, not held whole in this buffer."""
+        return len(self._buf) >= SEND_AT_BYTES
+
     async def send(self) -> None:
         """Hand what was added to the client (one pending entry) and wake its flusher if idle,
         as `publish` does; the batch is empty again after."""
@@ -84,5 +96,7 @@ class Batch:
         self._msgs = self._payload = 0
         nc._pending.append(data)
         nc._pending_data_size += len(data)
-        if nc._flush_queue is not None and nc._flush_queue.empty():
+        if nc._max_pending_size > 0 and nc._pending_data_size > nc._max_pending_size:
+            await nc._flush_pending(force_flush=True)  # as `_send_command`: wait for the write
+        elif nc._flush_queue is not None and nc._flush_queue.empty():
             await nc._flush_pending()

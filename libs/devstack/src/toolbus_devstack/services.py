@@ -15,7 +15,6 @@ from typing import Any
 
 from toolbus_devstack.processes import (
     ServerStartError,
-    free_port,
     http_status,
     listening_socket,
     log_tail,
@@ -104,10 +103,7 @@ def launch_service(
     (see `wait_ready`). On `port` (`TOOLBUS_HTTP_PORT`) when one is given; else on a socket bound
     here to a port the OS picks and handed down (`TOOLBUS_HTTP_FD`), so nothing can take the port
     while the child starts (a free port chosen here and bound by the child seconds later could
-    be taken meanwhile, by an outgoing connection's local port among others). With another
-    `python` than this one (another checkout's, as `bench/search.py --registry-python` runs it),
-    the port is a free one the child binds itself: code older than `TOOLBUS_HTTP_FD` would bind
-    the handed socket's port a second time and fail."""
+    be taken meanwhile, by an outgoing connection's local port among others)."""
     full_env = {**os.environ, **env}
     full_env.pop("TOOLBUS_HTTP_FD", None)  # an env copied from an earlier process carries its fd
     full_env.setdefault("TOOLBUS_HTTP_HOST", "127.0.0.1")
@@ -115,8 +111,6 @@ def launch_service(
     log_dir = log_dir if log_dir is not None else Path(tempfile.mkdtemp(prefix=f"toolbus-{name}-"))
     log_path = log_dir / f"{name}.log"
     argv = [python or sys.executable, "-m", f"toolbus_{name}"]
-    if port is None and python not in (None, sys.executable):
-        port = free_port(full_env["TOOLBUS_HTTP_HOST"])
     if port is not None:
         full_env["TOOLBUS_HTTP_PORT"] = str(port)
         proc = spawn(argv, log_path, env=full_env, detach=detach)

@@ -431,6 +431,8 @@ class EventRelay:
             replies.append(reply)
             round_.pending += 1
             if out.add(fields[b"s"], fields[b"b"], reply=reply.encode(), msg_id=fields[b"i"]):
+                if out.full:
+                    await out.send()
                 continue
             try:  # what nats-py must see itself (reconnecting, too large, unusual names)
                 await out.send()
