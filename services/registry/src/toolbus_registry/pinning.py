@@ -50,9 +50,6 @@ class ToolLister(Protocol):
 
 
 WorkflowLookup = Callable[[str, str | None], Awaitable[Workflow | None]]
-ServerPinned = Callable[[PinnedServer], None]
-"""Called with each server pinned afresh (not remembered from an identical listing), as soon as
-its listing is pinned: while the other servers are still being listed."""
 ToolsetLookup = Callable[[str], Awaitable[PinnedToolset | None]]
 
 
@@ -188,17 +185,16 @@ class Pinner:
         self._toolset = toolsets
         self._memo: Lru[bytes, ServerPin] = Lru(SERVER_MEMO_BYTES, weight=lambda _, pin: len(pin.canonical))
 
-    async def pin(self, spec: ToolsetCreateRequest, on_pinned: ServerPinned | None = None) -> Pinned:
+    async def pin(self, spec: ToolsetCreateRequest) -> Pinned:
         """The pinned toolset of a spec. Its wire form is assembled from the listed tools as they
-        are checked, so a 1,000-tool toolset is not serialised again to compute its id.
-        `on_pinned` sees each server pinned afresh as soon as it is (see `ServerPinned`)."""
+        are checked, so a 1,000-tool toolset is not serialised again to compute its id."""
         if spec.base is not None:
             derived = await self._derive(spec)
             wire = orjson.loads(derived.wire_json())
             return Pinned(derived, wire, canonical_json(wire))
         self._check_names(spec)
         servers, workflows = await asyncio.gather(
-            self._pin_servers(spec, on_pinned), self._pin_workflows(spec.workflows)
+            self._pin_servers(spec), self._pin_workflows(spec.workflows)
         )
         host = sorted(
             (
@@ -282,9 +278,7 @@ class Pinner:
                         details={"field": f"credentials.servers.{name}", "server": name},
                     )
 
-    async def _pin_servers(
-        self, spec: ToolsetCreateRequest, on_pinned: ServerPinned | None
-    ) -> list[ServerPin]:
+    async def _pin_servers(self, spec: ToolsetCreateRequest) -> list[ServerPin]:
         creds = spec.credentials.servers if spec.credentials else {}
 
         async def one(i: int) -> ServerPin:
@@ -304,8 +298,6 @@ class Pinner:
             if hit is None:
                 hit = _pin_server(i, server, listed)
                 self._memo.put(key, hit)
-                if on_pinned is not None:
-                    on_pinned(hit.model)
             return hit
 
         pinned = await asyncio.gather(*(one(i) for i in range(len(spec.mcp))))

@@ -14,27 +14,18 @@ import asyncio
 import ctypes
 import ctypes.util
 import logging
-from collections.abc import Callable, Mapping
 from functools import cache
 
 from nats.js import JetStreamContext
 from prometheus_client import Counter, Gauge
 from toolbus_common.connections import DEFAULT_PLACEMENT, JsPlacement, ensure_kv
 from toolbus_common.lru import Lru
-from toolbus_common.toolsets import StoredToolset, mcp_tool_name
-from toolbus_contracts import PinnedServer, ToolsetSearchReply
+from toolbus_common.toolsets import StoredToolset
+from toolbus_contracts import ToolsetSearchReply
 
 from toolbus_registry.declarations import tool_dts_fragment, tool_prompt_line
-from toolbus_registry.search import (
-    Embedder,
-    KvVectorStore,
-    SearchIndex,
-    SearchOptions,
-    default_encoder,
-    to_hits,
-)
+from toolbus_registry.search import Embedder, KvVectorStore, SearchIndex, default_encoder, to_hits
 from toolbus_registry.search.encoder import MODEL_ID
-from toolbus_registry.search.index import ToolFields, prepare_fields
 
 log = logging.getLogger("toolbus.registry.search")
 
@@ -72,26 +63,6 @@ def release_freed_memory() -> None:
         trim(0)
 
 
-SEARCH_OPTIONS = SearchOptions()
-"""How the registry's indexes rank (and tokenise: `server_fields` uses the same)."""
-
-
-def server_fields(
-    server: PinnedServer, terms_of: Callable[[str], list[str]] | None = None
-) -> dict[str, ToolFields]:
-    """The search fields of a pinned MCP server's tools by qualified name, as `SearchIndex.build`
-    would tokenise them from the toolset's `ToolInfo`s (same name, description, schema);
-    `terms_of` as `prepare_fields`'s."""
-    return prepare_fields(
-        (
-            (mcp_tool_name(server.name, t.name), t.description or t.title or "", t.input_schema)
-            for t in server.tools
-        ),
-        SEARCH_OPTIONS,
-        terms_of,
-    )
-
-
 class Searcher:
     """Search indexes by toolset id with their background embedding. Runs on the event loop;
     CPU-bound work goes to worker threads."""
@@ -102,19 +73,14 @@ class Searcher:
         self._building: dict[str, asyncio.Future[SearchIndex]] = {}
         self._embedding: dict[str, asyncio.Task[None]] = {}
 
-    async def index(
-        self, stored: StoredToolset, prepared: Mapping[str, ToolFields] | None = None
-    ) -> SearchIndex:
-        """The toolset's index, built once (in a thread) however many ask at the same time.
-        `prepared`: fields of some of its tools tokenised already (`server_fields`)."""
+    async def index(self, stored: StoredToolset) -> SearchIndex:
+        """The toolset's index, built once (in a thread) however many ask at the same time."""
         index = self._indexes.get(stored.id)
         if index is not None:
             return index
         pending = self._building.get(stored.id)
         if pending is None:
-            pending = asyncio.ensure_future(
-                asyncio.to_thread(SearchIndex.build, stored.table.infos(), SEARCH_OPTIONS, prepared)
-            )
+            pending = asyncio.ensure_future(asyncio.to_thread(SearchIndex.build, stored.table.infos()))
             self._building[stored.id] = pending
             try:
                 index = await pending

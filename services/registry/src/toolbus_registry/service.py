@@ -31,8 +31,7 @@ from toolbus_contracts.errors import NotFound
 from toolbus_registry.declarations import declarations_floor, render_dts, render_prompt
 from toolbus_registry.paging import ENVELOPE_SLACK, decode_cursor, encode_cursor, page_items, page_text
 from toolbus_registry.pinning import Pinner, ToolLister, check_json_schema
-from toolbus_registry.search.index import ToolFields, memo_terms
-from toolbus_registry.searching import Searcher, server_fields
+from toolbus_registry.searching import Searcher
 from toolbus_registry.workflows import WorkflowStore
 
 
@@ -110,12 +109,7 @@ class RegistryService:
     # ---- toolsets ---------------------------------------------------------------------------
 
     async def create(self, req: ToolsetCreateRequest) -> RawJson:
-        # Each server's tools are tokenised for the search index as soon as that server is
-        # pinned, while the others are still being listed: after the last listing, only the last
-        # server's share and the merge are left (docs/design.md, "Registration, overlapped").
-        prepared: dict[str, ToolFields] = {}
-        terms_of = memo_terms()  # shared by the servers: they often share schemas' text
-        pinned = await self._pinner.pin(req, lambda server: prepared.update(server_fields(server, terms_of)))
+        pinned = await self._pinner.pin(req)
         tid = pinned.id
         stored = self._toolsets.entry(tid, pinned.toolset)
         cached = self._replies.get(tid)
@@ -129,13 +123,11 @@ class RegistryService:
             _, reply, _ = await asyncio.gather(
                 self._toolsets.save(stored, pinned.wire),
                 self._create_reply(stored),
-                self._searcher.index(stored, prepared),
+                self._searcher.index(stored),
             )
             self._replies.put(tid, reply)
         else:
-            await asyncio.gather(
-                self._toolsets.save(stored, pinned.wire), self._searcher.index(stored, prepared)
-            )
+            await asyncio.gather(self._toolsets.save(stored, pinned.wire), self._searcher.index(stored))
             reply = cached
         if req.credentials is not None and self._credentials is not None:
             await self._credentials.set_toolset(tid, req.credentials)

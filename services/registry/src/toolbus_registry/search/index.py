@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
@@ -154,54 +154,6 @@ def _schema_text(schema: Mapping[str, Any], limit: int) -> str:
     return " ".join(parts)[:limit]
 
 
-ToolFields = Mapping[str, list[str]]
-"""A tool's BM25F fields, {field: its terms}: what `LexicalIndex` indexes of it."""
-
-
-def memo_terms() -> Callable[[str], list[str]]:
-    """`terms`, each distinct text once: namespaces repeat on every tool of a server, and many
-    tools share their parameters' text (the same schema on every tool of an API)."""
-    known: dict[str, list[str]] = {}
-
-    def terms_of(text: str) -> list[str]:
-        found = known.get(text)
-        if found is None:
-            found = known[text] = terms(text)
-        return found
-
-    return terms_of
-
-
-def tool_fields(
-    name: str,
-    description: str,
-    input_schema: Mapping[str, Any],
-    options: SearchOptions,
-    terms_of: Callable[[str], list[str]] = terms,
-) -> ToolFields:
-    """The BM25F fields of one tool given by its qualified name, description and input schema."""
-    namespace, local = split_qualified_name(name)
-    return {
-        "name": terms_of(local),
-        "server": terms_of(namespace),
-        "description": terms_of(description),
-        "params": terms_of(_schema_text(input_schema, options.params_text_chars)),
-    }
-
-
-def prepare_fields(
-    tools: Iterable[tuple[str, str, Mapping[str, Any]]],
-    options: SearchOptions | None = None,
-    terms_of: Callable[[str], list[str]] | None = None,
-) -> dict[str, ToolFields]:
-    """{qualified name: fields} of (qualified name, description, input schema) triples, for
-    `SearchIndex.build(..., prepared=)` with the same options. `terms_of` (a `memo_terms()`)
-    may be shared by the servers of one registration: they often share schemas' text."""
-    options = options or SearchOptions()
-    terms_of = terms_of or memo_terms()
-    return {name: tool_fields(name, d, schema, options, terms_of) for name, d, schema in tools}
-
-
 SHARED_PREFIX_MIN_TOOLS = 3
 SHARED_PREFIX_MIN_CHARS = 16
 
@@ -302,27 +254,30 @@ class SearchIndex:
         self._members = [np.flatnonzero(self._namespace_of == k) for k in range(len(namespaces))]
 
     @classmethod
-    def build(
-        cls,
-        tools: Sequence[ToolInfo],
-        options: SearchOptions | None = None,
-        prepared: Mapping[str, ToolFields] | None = None,
-    ) -> SearchIndex:
-        """Index the tools lexically (milliseconds per thousand tools); `attach` adds vectors.
-
-        `prepared` holds the fields of some of these tools by qualified name, worked out before
-        with `tool_fields` and the same options (a registration tokenises each server's tools as
-        its listing arrives: `prepare_fields`); the others are tokenised here. Same index either
-        way."""
+    def build(cls, tools: Sequence[ToolInfo], options: SearchOptions | None = None) -> SearchIndex:
+        """Index the tools lexically (milliseconds per thousand tools); `attach` adds vectors."""
         options = options or SearchOptions()
-        terms_of = memo_terms()
-        prepared = prepared or {}
+        # Terms of each distinct text once: namespaces repeat on every tool of a server, and
+        # many tools share their parameters' text (the same schema on every tool of an API).
+        known: dict[str, list[str]] = {}
+
+        def terms_of(text: str) -> list[str]:
+            found = known.get(text)
+            if found is None:
+                found = known[text] = terms(text)
+            return found
+
         docs = []
         for tool in tools:
-            doc = prepared.get(tool.name)
-            if doc is None:
-                doc = tool_fields(tool.name, tool.description, tool.input_schema, options, terms_of)
-            docs.append(doc)
+            namespace, local = split_qualified_name(tool.name)
+            docs.append(
+                {
+                    "name": terms_of(local),
+                    "server": terms_of(namespace),
+                    "description": terms_of(tool.description),
+                    "params": terms_of(_schema_text(tool.input_schema, options.params_text_chars)),
+                }
+            )
         lexical = LexicalIndex(docs, options.bm25)
         return cls(tools, lexical, options)
 
