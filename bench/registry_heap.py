@@ -28,7 +28,16 @@ import nats
 from toolbus_devstack import free_port
 from toolbus_devstack.services import start_service, stop_process
 
-from bench.search import NATS_URL, cpu_seconds, create_body, metric, registry_env, rss_mib, serve
+from bench.search import (
+    NATS_URL,
+    cpu_seconds,
+    create_body,
+    drop_streams,
+    metric,
+    registry_env,
+    rss_mib,
+    serve,
+)
 from tests.search.labelled import evaluate, load_queries, load_tools, load_twilio_tasks
 from tests.search.openapi_corpus import load_large_corpus
 
@@ -119,10 +128,7 @@ async def run(corpus: str, trace: bool, python: str) -> None:
             stop_process(registry.proc)
     finally:
         await asyncio.gather(*(s.stop() for s in servers))
-        js = nc.jetstream()
-        for info in await js.streams_info():
-            if prefix.upper() in info.config.name.upper():
-                await js.delete_stream(info.config.name)
+        await drop_streams(nc, prefix)
         await nc.close()
 
 

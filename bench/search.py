@@ -100,6 +100,14 @@ def metric(base_url: str, name: str) -> float | None:
     return None
 
 
+async def drop_streams(nc: Any, prefix: str) -> None:
+    """Delete the JetStream streams a bench's registry made under `prefix`."""
+    js = nc.jetstream()
+    for info in await js.streams_info():
+        if prefix.upper() in info.config.name.upper():
+            await js.delete_stream(info.config.name)
+
+
 def start_registry(env: dict[str, str], python: str | None) -> ServiceProcess:
     """A ready registry, run by `python` (another checkout's venv) when given. Such a registry binds
     a free port itself: code older than `TOOLBUS_HTTP_FD` would bind the port of a handed-down
@@ -240,11 +248,7 @@ async def bench_corpus(
             stop_process(registry.proc)
     finally:
         await asyncio.gather(*(s.stop() for s in servers))
-        js = nc.jetstream()
-        for info in await js.streams_info():
-            name = info.config.name
-            if prefix.upper() in name.upper():
-                await js.delete_stream(name)
+        await drop_streams(nc, prefix)
         await nc.close()
     return out
 

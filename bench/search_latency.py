@@ -30,7 +30,16 @@ import nats
 from toolbus_devstack.services import stop_process
 
 from bench.harness import percentile
-from bench.search import NATS_URL, cpu_seconds, create_body, metric, registry_env, serve, start_registry
+from bench.search import (
+    NATS_URL,
+    cpu_seconds,
+    create_body,
+    drop_streams,
+    metric,
+    registry_env,
+    serve,
+    start_registry,
+)
 from tests.search.labelled import load_queries, load_tools, load_twilio_tasks
 from tests.search.openapi_corpus import load_large_corpus
 
@@ -105,10 +114,7 @@ async def main() -> None:
     finally:
         stop_process(registry.proc)
         await asyncio.gather(*(s.stop() for s in servers))
-        js = nc.jetstream()
-        for info in await js.streams_info():
-            if prefix.upper() in info.config.name.upper():
-                await js.delete_stream(info.config.name)
+        await drop_streams(nc, prefix)
         await nc.close()
 
 
