@@ -32,11 +32,11 @@ from bench.search import (
     NATS_URL,
     cpu_seconds,
     create_body,
-    drop_streams,
     metric,
     registry_env,
     rss_mib,
     serve,
+    tear_down,
 )
 from tests.search.labelled import evaluate, load_queries, load_tools, load_twilio_tasks
 from tests.search.openapi_corpus import load_large_corpus
@@ -127,9 +127,7 @@ async def run(corpus: str, trace: bool, python: str) -> None:
         finally:
             stop_process(registry.proc)
     finally:
-        await asyncio.gather(*(s.stop() for s in servers))
-        await drop_streams(nc, prefix)
-        await nc.close()
+        await tear_down(nc, prefix, servers)
 
 
 if __name__ == "__main__":

@@ -100,12 +100,15 @@ def metric(base_url: str, name: str) -> float | None:
     return None
 
 
-async def drop_streams(nc: Any, prefix: str) -> None:
-    """Delete the JetStream streams a bench's registry made under `prefix`."""
+async def tear_down(nc: Any, prefix: str, servers: Sequence[McpTestServer]) -> None:
+    """After a bench's registry run: stop the corpus's MCP servers, delete the JetStream streams
+    the registry made under `prefix`, close the connection."""
+    await asyncio.gather(*(s.stop() for s in servers))
     js = nc.jetstream()
     for info in await js.streams_info():
         if prefix.upper() in info.config.name.upper():
             await js.delete_stream(info.config.name)
+    await nc.close()
 
 
 def start_registry(env: dict[str, str], python: str | None) -> ServiceProcess:
@@ -247,9 +250,7 @@ async def bench_corpus(
         finally:
             stop_process(registry.proc)
     finally:
-        await asyncio.gather(*(s.stop() for s in servers))
-        await drop_streams(nc, prefix)
-        await nc.close()
+        await tear_down(nc, prefix, servers)
     return out
 
 

@@ -34,11 +34,11 @@ from bench.search import (
     NATS_URL,
     cpu_seconds,
     create_body,
-    drop_streams,
     metric,
     registry_env,
     serve,
     start_registry,
+    tear_down,
 )
 from tests.search.labelled import load_queries, load_tools, load_twilio_tasks
 from tests.search.openapi_corpus import load_large_corpus
@@ -113,9 +113,7 @@ async def main() -> None:
             spy.wait()
     finally:
         stop_process(registry.proc)
-        await asyncio.gather(*(s.stop() for s in servers))
-        await drop_streams(nc, prefix)
-        await nc.close()
+        await tear_down(nc, prefix, servers)
 
 
 if __name__ == "__main__":
