@@ -512,6 +512,7 @@ async def test_no_secret_in_replies_events_webhooks_logs_or_redis(
     assert all(SECRET not in line for line in lines)
     keys = [k async for k in redis_client.scan_iter(match=f"{stack.keys.prefix}:*")]
     assert keys
-    for key in keys:
-        dumped = await redis_client.dump(key)
-        assert dumped is not None and TOKEN.encode() not in dumped
+    dumps = [await redis_client.dump(key) for key in keys]
+    # A key may go between SCAN and DUMP (the parked call's entries are removed as it is resumed).
+    assert any(d is not None for d in dumps)
+    assert all(TOKEN.encode() not in d for d in dumps if d is not None)
