@@ -72,9 +72,11 @@ async def test_the_assembled_wire_form_is_the_models_and_gives_its_id() -> None:
     assert pinned.wire == pinned.toolset.wire()
     assert pinned.canonical == canonical_json(pinned.wire)  # assembled from per-server parts
     assert pinned.id == toolset_id(pinned.toolset) == content_id("ts_", pinned.toolset.wire())
-    # what is stored (the wire form) validates back to the same toolset, so a stored one keeps its id
-    stored = PinnedToolset.model_validate_json(orjson.dumps(pinned.wire))
-    assert toolset_id(stored) == pinned.id
+    # what is stored (the canonical JSON) validates back to the same toolset, so a stored one
+    # keeps its id; so does the wire form a toolset stored before validates from
+    for stored_json in (pinned.canonical, orjson.dumps(pinned.wire)):
+        stored = PinnedToolset.model_validate_json(stored_json)
+        assert toolset_id(stored) == pinned.id
 
 
 RICH_TOOLSET_ID = "ts_c95275285f59e59a032b78be073d8cbcbeadae95098adc4825e48d274cf9e8fe"

@@ -108,8 +108,8 @@ def _pin_tool(raw: dict[str, Any], server: str) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class Pinned:
-    """A pinned toolset, its wire form (what is stored) and that form's RFC 8785 canonical JSON
-    (what the id is computed over)."""
+    """A pinned toolset, its wire form and that form's RFC 8785 canonical JSON (what the id is
+    computed over, and what the store holds)."""
 
     toolset: PinnedToolset
     wire: dict[str, Any]
