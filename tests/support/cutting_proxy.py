@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 from urllib.parse import urlsplit
 
 
@@ -34,6 +35,10 @@ class CuttingProxy:
         self._marker: bytes | None = None
         self._stall = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self._handlers: set[asyncio.Task[Any]] = set()
+        """The connection handlers `start_server` runs (`_serve`): stopped with the proxy, so one
+        still connecting upstream cannot open a connection to Redis after `stop`."""
+        self._stopped = False
         self._writers: set[asyncio.StreamWriter] = set()
         self.port = 0
         self.cuts = 0
@@ -87,8 +92,14 @@ class CuttingProxy:
         return self
 
     async def stop(self) -> None:
+        self._stopped = True
         if self._server is not None:
             self._server.close()
+        for handler in list(self._handlers):
+            handler.cancel()
+        for handler in list(self._handlers):
+            with contextlib.suppress(BaseException):
+                await handler
         for writer in list(self._writers):
             if writer.transport is not None:
                 writer.transport.abort()  # at once, both sides: nothing is left open at the end
@@ -103,7 +114,16 @@ class CuttingProxy:
         await asyncio.sleep(0)  # the aborted transports close their sockets on the next loop turn
 
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        if self._down:
+        handler = asyncio.current_task()
+        assert handler is not None
+        self._handlers.add(handler)
+        try:
+            await self._relay(client_r, client_w)
+        finally:
+            self._handlers.discard(handler)
+
+    async def _relay(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        if self._down or self._stopped:
             self.refused += 1
             client_w.transport.abort()
             return
@@ -111,6 +131,13 @@ class CuttingProxy:
             server_r, server_w = await asyncio.open_connection(*self._target)
         except OSError:
             client_w.close()
+            return
+        except asyncio.CancelledError:  # stopped while connecting upstream
+            client_w.transport.abort()
+            raise
+        if self._stopped:  # stopped as the upstream connection was made: nothing may stay open
+            client_w.transport.abort()
+            server_w.transport.abort()
             return
         self._writers.update((client_w, server_w))
         doomed = asyncio.Event()  # set once this connection carried the armed command
