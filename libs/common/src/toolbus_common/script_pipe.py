@@ -168,9 +168,12 @@ class ScriptPipe:
         try:
             for command in setup:
                 await self._send(protocol, command)
-        except ScriptReplyError as exc:
+        except BaseException as exc:
+            # Refused, lost or cancelled during the setup: the connection is nobody's, so close it.
             if protocol.transport is not None:
                 protocol.transport.close()
+            if not isinstance(exc, ScriptReplyError):
+                raise
             # The reply names no secret (WRONGPASS / NOAUTH); the password is never in the text.
             raise PipeConnectionError(
                 f"Redis refused the connection setup: {str(exc).split(' ')[0]}"
