@@ -79,6 +79,19 @@ async def test_the_assembled_wire_form_is_the_models_and_gives_its_id() -> None:
         assert toolset_id(stored) == pinned.id
 
 
+async def test_the_store_gets_the_canonical_json_unless_it_rounded_an_integer() -> None:
+    pinned = await _rich_pinned()
+    assert pinned.stored_json() == pinned.canonical
+    big = 2**53 + 1  # JCS writes it as the double 2**53
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "maximum": big}}}
+    pinner = Pinner(_lister({"a": [{"name": "t", "inputSchema": schema}]}), _workflow, _nothing)
+    exact = await pinner.pin(ToolsetCreateRequest(mcp=[McpServerSpec(name="a", url="http://a/mcp")]))
+    assert exact.stored_json() != exact.canonical
+    stored = PinnedToolset.model_validate_json(exact.stored_json())
+    assert stored.servers[0].tools[0].input_schema["properties"]["n"]["maximum"] == big
+    assert toolset_id(stored) == exact.id
+
+
 RICH_TOOLSET_ID = "ts_c95275285f59e59a032b78be073d8cbcbeadae95098adc4825e48d274cf9e8fe"
 """The id of `_rich_pinned()` as main gave it before the registration-cost work (cd40079): ids are
 content addresses that stored toolsets and clients hold, so no speed-up may change one."""

@@ -60,6 +60,13 @@ def canonical_json(value: Any) -> bytes:
     return fast
 
 
+def numbers_exact(canonical: bytes) -> bool:
+    """Whether every number in this canonical JSON reads back as the value it was made from. JCS
+    writes an integer beyond 2**53 as the double it rounds to, so JSON with a run of 16 or more
+    digits may not (digits inside strings count too: a cheap check, erring on the safe side)."""
+    return _LONG not in canonical.translate(_CLASSES)
+
+
 def canonical_members(members: Mapping[str, bytes]) -> bytes:
     """The canonical JSON of an object whose member values are canonical JSON already: lets a
     large value be canonicalised part by part (and the parts be reused)."""

@@ -23,6 +23,7 @@ from toolbus_common.canonical import (
     canonical_members,
     content_id,
     json_safe,
+    numbers_exact,
 )
 from toolbus_common.lru import Lru
 from toolbus_common.toolsets import qualified_names
@@ -109,7 +110,7 @@ def _pin_tool(raw: dict[str, Any], server: str) -> dict[str, Any]:
 @dataclass(frozen=True, slots=True)
 class Pinned:
     """A pinned toolset, its wire form and that form's RFC 8785 canonical JSON (what the id is
-    computed over, and what the store holds)."""
+    computed over, and what the store holds: `stored_json`)."""
 
     toolset: PinnedToolset
     wire: dict[str, Any]
@@ -119,6 +120,12 @@ class Pinned:
     def id(self) -> str:
         """`ts_` + SHA-256 of the canonical JSON of the normalised pinned toolset."""
         return "ts_" + hashlib.sha256(self.canonical).hexdigest()
+
+    def stored_json(self) -> bytes:
+        """What the toolset store holds: the canonical JSON (no second serialisation), unless JCS
+        wrote an integer in it as the double it rounds to; then the wire form, whose numbers are
+        exact, so a dispatcher reading the toolset validates against the schema as listed."""
+        return self.canonical if numbers_exact(self.canonical) else orjson.dumps(self.wire)
 
 
 def _pinned_server(data: dict[str, Any], server: str) -> PinnedServer:
