@@ -4,6 +4,7 @@ persisted store, shared description openings, and the contract's hits."""
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -231,17 +232,24 @@ def test_namespace_terms_leave_out_versions_and_words_most_namespaces_share() ->
     assert namespace_terms(["twilio_api_v2010", "twilio_chat_v2"])["twilio_chat_v2"] == {"twilio", "chat"}
 
 
-def test_the_embedders_memory_holds_rows_of_the_vectors_it_returned_not_a_second_copy() -> None:
-    # The index attaches the returned array and the memory keeps its rows: one copy of each vector.
+def test_the_embedders_memory_holds_float16_copies_not_rows_of_the_arrays_it_returned() -> None:
+    # A row of a returned array would keep the whole array (an index's) alive: the memory keeps
+    # each vector's float16 bytes instead, exact since the vectors are rounded to float16.
     embedder = Embedder(default_encoder)
     texts = list(SearchIndex.build(TOOLS).texts)
     vectors = asyncio.run(embedder.embed(texts + texts[:1]))
     assert not vectors.flags.writeable
+    encoded = embedder.encoded
     again = asyncio.run(embedder.embed(texts))
+    assert embedder.encoded == encoded  # all from memory
     assert np.array_equal(again, vectors[: len(texts)])
     for row, text in enumerate(texts):
         remembered = embedder._memory.get(text_key(text))
-        assert remembered is not None and np.shares_memory(remembered, again)
-        assert np.array_equal(remembered, vectors[row])
+        assert isinstance(remembered, bytes) and len(remembered) == 2 * vectors.shape[1]
+        assert np.array_equal(np.frombuffer(remembered, dtype=np.float16).astype(np.float32), vectors[row])
     cached = embedder.cached(texts)
     assert cached is not None and np.array_equal(cached, again)
+    # What an index let go of is freed, whatever the memory still remembers.
+    returned = weakref.ref(vectors)
+    del vectors
+    assert returned() is None

@@ -6,6 +6,8 @@ registered again, a restarted registry and a second replica all reuse the same v
 `encoded` counts the texts this process actually ran through the model. Bounded LRU in memory.
 A freshly encoded vector is rounded to the store's float16 before it is used (`as_stored`), so
 the registry that embedded a toolset ranks exactly as a restarted one or a second replica does.
+The memory keeps each vector as those float16 bytes, a copy of its own (768 bytes at 384
+dimensions), so its bound is one on bytes: it holds no row of an array an index let go of.
 
 The background encoding runs in one worker thread of its own at a lower scheduling priority
 (`BACKGROUND_NICE`), so a 1,000-tool embedding (tens of seconds of CPU) yields the cores to what
@@ -48,6 +50,13 @@ def _lower_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + BACKGROUND_NICE)
 
 
+def _from_halves(rows: Sequence[bytes]) -> Vectors:
+    """float32 vectors, one per row, from the float16 bytes the memory keeps."""
+    halves = np.frombuffer(b"".join(rows), dtype=np.float16).reshape(len(rows), -1)
+    vectors: Vectors = halves.astype(np.float32)
+    return vectors
+
+
 class Embedder:
     """Embeddings of texts of one model, shared by every index of a registry process."""
 
@@ -59,7 +68,8 @@ class Embedder:
     ) -> None:
         self._encoder = encoder
         self._store = store
-        self._memory: Lru[str, Vectors] = Lru(max_entries)
+        self._memory: Lru[str, bytes] = Lru(max_entries)
+        """Text key -> the vector's float16 bytes (exact: vectors are rounded to float16)."""
         self._lock = threading.Lock()
         self._background = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="toolbus-embed", initializer=_lower_priority
@@ -77,16 +87,19 @@ class Embedder:
             if v is None:
                 return None
             rows.append(v)
-        return np.stack(rows) if rows else np.zeros((0, 0), dtype=np.float32)
+        return _from_halves(rows) if rows else np.zeros((0, 0), dtype=np.float32)
 
     async def embed(self, texts: Sequence[str]) -> Vectors:
         """Unit vectors of `texts`, shape (len(texts), dim), in order."""
         keys = [text_key(t) for t in texts]
-        found: dict[str, Vectors] = {}
+        hits: dict[str, bytes] = {}
         for k in keys:
-            v = self._memory.get(k)
-            if v is not None:
-                found[k] = v
+            half = self._memory.get(k)
+            if half is not None:
+                hits[k] = half
+        found: dict[str, Vectors] = (
+            dict(zip(hits, _from_halves(list(hits.values())), strict=True)) if hits else {}
+        )
         missing = [k for k in dict.fromkeys(keys) if k not in found]
         if missing and self._store is not None:
             stored = await self._store.get_many(missing)
@@ -112,12 +125,13 @@ class Embedder:
         if not keys:
             return np.zeros((0, self._encoder().dim), dtype=np.float32)
         vectors = np.stack([found[k] for k in keys])
-        vectors.flags.writeable = False  # its rows are shared with the memory below
-        # Memory keeps rows of the returned array, not the vectors it was stacked from: the index
-        # that attaches it and this memory then hold one copy of each vector, not two (3.7 MiB for
-        # 1,350 tools; docs/design.md, "Registry memory").
-        for row, k in enumerate(keys):
-            self._memory.put(k, vectors[row])
+        vectors.flags.writeable = False  # attached to indexes, shared by their searches
+        # Copies, not rows of `vectors`: a row would keep the whole array alive after the index
+        # holding it was dropped, so a few texts shared with later toolsets could each keep a
+        # toolset's array in memory. Half the size of the float32 rows (docs/design.md,
+        # "Registry memory").
+        for k, half in zip(keys, vectors.astype(np.float16), strict=True):
+            self._memory.put(k, half.tobytes())
         return vectors
 
     async def settled(self) -> None:
