@@ -49,6 +49,17 @@ async def test_a_stored_toolset_is_not_written_again_and_small_ones_use_small_ch
         again = _CountingPuts(second)
         await second.put(tid, pinned)
         assert again.chunks == []  # asked whether it is stored, not written again
+        encoded: list[bytes] = []
+
+        def encode() -> bytes:
+            encoded.append(pinned.wire_json())
+            return encoded[-1]
+
+        fresh = ToolsetStore(nc.jetstream(), bucket)  # stored already, not cached here
+        await fresh.open()
+        await fresh.save(fresh.entry(tid, pinned), encode)
+        await fresh.save(fresh.entry(tid, pinned), encode)  # and now cached
+        assert encoded == []  # the caller's encoding is not done for a toolset stored already
         third = ToolsetStore(nc.jetstream(), bucket)
         await third.open()
         read = await third.get(tid)

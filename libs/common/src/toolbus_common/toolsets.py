@@ -8,6 +8,7 @@ and both turn a pinned toolset into qualified tools with `ToolTable`, so the nam
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 from nats.js import JetStreamContext
@@ -216,18 +217,17 @@ class ToolsetStore:
         """The cached toolset of this id, else a new entry for `pinned`, not stored yet (`save`)."""
         return self._cache.get(toolset_id) or StoredToolset(toolset_id, pinned)
 
-    async def save(self, stored: StoredToolset, data: bytes | None = None) -> None:
-        """Store an entry unless it is there already, then cache it. `data`, where the caller has
-        it, is the JSON of `stored.pinned.wire()` (the registry passes the canonical JSON the id is
-        the hash of, so what is stored is what was hashed): stored as it is, not serialised again.
+    async def save(self, stored: StoredToolset, encode: Callable[[], bytes] | None = None) -> None:
+        """Store an entry unless it is there already, then cache it. `encode`, where the caller
+        has one, gives the JSON of `stored.pinned.wire()` (the registry's gives the canonical JSON
+        the id is the hash of, computed when pinning): called only when the toolset is written.
 
         Whether it is there is asked of the object's info alone (an uncached toolset stored
         already is not read back whole), and it is written in chunks of `chunk_bytes`: a writer
         that knows its connection's `max_payload` stores a 1,000-tool toolset (~1 MB) in one or two
         acknowledged publishes instead of eight of the default 128 KiB."""
         if self._cache.get(stored.id) is None and not await self._stored(stored.id):
-            if data is None:
-                data = stored.pinned.wire_json()
+            data = encode() if encode is not None else stored.pinned.wire_json()
             # nats-py's put allocates a buffer of the whole chunk size whatever the data's size.
             chunk = min(self._chunk_bytes, max(len(data), 1))
             meta = ObjectMeta(name=stored.id, options=ObjectMetaOptions(max_chunk_size=chunk))

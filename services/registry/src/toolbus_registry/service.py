@@ -121,14 +121,14 @@ class RegistryService:
         # with the build awaited here; docs/design.md).
         if cached is None:
             _, reply, _ = await asyncio.gather(
-                self._toolsets.save(stored, pinned.stored_json()),
+                self._toolsets.save(stored, pinned.stored_json),
                 self._create_reply(stored),
                 self._searcher.index(stored),
             )
             self._replies.put(tid, reply)
         else:
             await asyncio.gather(
-                self._toolsets.save(stored, pinned.stored_json()), self._searcher.index(stored)
+                self._toolsets.save(stored, pinned.stored_json), self._searcher.index(stored)
             )
             reply = cached
         if req.credentials is not None and self._credentials is not None:
