@@ -169,3 +169,25 @@ async def test_aclose_during_a_connect_leaves_no_connection_open(redis_url: str)
         await asyncio.sleep(0.05)
         gc.collect()
     assert pipe._protocol is None and pipe._connecting is None
+
+
+async def test_a_caller_cancelled_as_its_connect_ends_leaves_the_connection_to_the_pipe(
+    redis_url: str,
+) -> None:
+    """The connect ends, and the caller waiting on it is cancelled before it resumes (a service
+    stopping at that moment): the pipe keeps the connection it made, so `aclose()` closes it (this
+    left a socket to Redis open until pytest's exit, failing CI)."""
+    for _ in range(20):
+        pipe = ScriptPipe(redis_url)
+        waiting = asyncio.ensure_future(pipe.execute("PING"))
+        while pipe._connecting is None:
+            await asyncio.sleep(0)
+        connecting = pipe._connecting
+        while not connecting.done():
+            await asyncio.sleep(0)
+        waiting.cancel()  # the connect is done; the caller has not resumed yet, or has just
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+        await pipe.aclose()
+        transport = connecting.result().transport
+        assert transport is None or transport.is_closing()

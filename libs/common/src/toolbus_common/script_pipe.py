@@ -223,13 +223,18 @@ class ScriptPipe:
             return protocol
         if self._connecting is None:
             self._connecting = asyncio.ensure_future(self._connect())
-        try:
-            protocol = await asyncio.shield(self._connecting)
-        finally:
-            if self._connecting is not None and self._connecting.done():
-                self._connecting = None
-        self._protocol = protocol
-        return protocol
+            self._connecting.add_done_callback(self._connected)
+        return await asyncio.shield(self._connecting)
+
+    def _connected(self, connecting: asyncio.Future[_Protocol]) -> None:
+        """The pipe takes the connection it made as the connect ends, before any caller resumes:
+        a caller cancelled at that moment would otherwise drop it, open and nobody's (aclose would
+        not find it)."""
+        if self._connecting is not connecting:
+            return  # taken over by aclose, which closes what it made
+        self._connecting = None
+        if not connecting.cancelled() and connecting.exception() is None:
+            self._protocol = connecting.result()
 
     async def evalsha(self, sha: str, keys: list[str], args: list[Any]) -> Any:
         """Run a loaded script; raises `NoScript`, `ScriptReplyError` or `PipeConnectionError`."""
