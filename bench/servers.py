@@ -24,11 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from toolbus_devstack import free_port
 
 
 def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout: float = 20.0) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import random
 import signal
 import socket
 import subprocess
@@ -23,14 +24,46 @@ class ServerStartError(RuntimeError):
     """A local server or service did not come up; the message carries the tail of its log."""
 
 
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_PICKED = 20000
+"""`free_port` picks from here up to the start of the kernel's ephemeral range."""
+
+
+def _ephemeral_start() -> int | None:
+    """The first port Linux gives outgoing connections (`ip_local_port_range`), if known."""
+    try:
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the OS picks it). Racy: anything on the machine may
-    take it before it is bound again (an outgoing connection's local port among them); where
-    the server can take a socket, bind one with `listening_socket` and hand it over instead."""
+    """A TCP port that was free a moment ago, for a server started next with it on its command
+    line. Still racy, but less: it is picked at random below the kernel's ephemeral range (20000
+    up to `ip_local_port_range`'s start, where there is room), so the local port of an outgoing
+    connection, which the kernel takes from that range, can never be it; only another process
+    binding the same port explicitly can. A port the OS picks (`bind(..., 0)`), the fallback, is
+    from the ephemeral range itself. Where the server can take a socket, bind one with
+    `listening_socket` and hand it over instead."""
+    top = _ephemeral_start()
+    if top is not None and top - LOWEST_PICKED >= 1000:
+        for _ in range(64):
+            port = random.randrange(LOWEST_PICKED, top)
+            if _bindable(host, port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
+        picked: int = sock.getsockname()[1]
+        return picked
 
 
 def listening_socket(host: str = "127.0.0.1") -> socket.socket:
