@@ -225,14 +225,21 @@ class DispatcherApp:
                 log.exception(f"{what} failed; will try again")
 
     async def stop(self, grace: float = 10.0) -> None:
+        """Stop taking work; let calls in progress finish within `grace` seconds in all (the
+        requests being answered, then the calls running in tasks of their own, share it), then
+        relay what the outbox holds for what is left of it, at least 1 s and at most 5 s. What is
+        not done by then is not lost: leases lapse and another replica claims the calls, and the
+        next relay sends the events."""
         self._ready = False
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
         await self.bus.drain(grace)
         for task in self._loops:
             await cancel_and_wait(task)
         if self.runner is not None:
-            await self.runner.stop(grace)
+            await self.runner.stop(max(0.0, deadline - loop.time()))
         if self.relay is not None:
-            await self.relay.drain(within=min(grace, 5.0))
+            await self.relay.drain(within=min(max(deadline - loop.time(), 1.0), 5.0))
         if self._http is not None:
             await self._http.aclose()
         if self._owns_pool and self._mcp_pool is not None:
