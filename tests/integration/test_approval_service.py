@@ -313,6 +313,8 @@ async def test_unknown_approval_is_not_found(service: ApprovalApp, stack: Stack)
         ("decide", {"approvalId": "ap_1", "approve": [True]}, "approve"),
         ("decide", {"approvalId": 7, "approve": True}, "approvalId"),
         ("decide", {"approvalId": "", "approve": True}, "approvalId"),
+        ("decide", {"approvalId": "a" * 900_000, "approve": True}, "approvalId"),
+        ("decide", {"approvalId": "ap 1\n", "approve": True}, "approvalId"),
         ("decide", {"approvalId": "ap_1", "approve": True, "reason": 3}, "reason"),
         ("decide", {"approvalId": "ap_1", "approve": True, "approval_id": "x"}, "approval_id"),
         ("list", {"runId": 5}, "runId"),

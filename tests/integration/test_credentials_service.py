@@ -183,6 +183,19 @@ async def test_each_level_replies_its_level_and_resolves(nc: Any, redis_client: 
     [
         ("toolset", {"toolsetId": "ts_" + "0" * 64, "credentials": body(github="x")}, "notFound", None),
         ("run", {"runId": "no-such-run", "credentials": body(github="x")}, "notFound", None),
+        ("toolset", {"toolsetId": "ts_nope", "credentials": body(github="x")}, "invalidRequest", "toolsetId"),
+        (
+            "toolset",
+            {"toolsetId": "x" * 600_000, "credentials": body(github="x")},
+            "invalidRequest",
+            "toolsetId",
+        ),
+        (
+            "namespace",
+            {"toolsetId": "*", "namespace": "u", "credentials": body(github="x")},
+            "invalidRequest",
+            "toolsetId",
+        ),
         (
             "toolset",
             {"toolsetId": TS, "credentials": body(gitlab="x")},

@@ -236,6 +236,14 @@ async def test_unreachable_server_is_named(nc: Any, subjects: Subjects, registry
         ({"mcp": [{"name": "http", "url": "http://x/mcp"}]}, "invalidRequest", ["mcp[0].name", "reserved"]),
         ({"mcp": [{"name": "workflows", "url": "http://x/mcp"}]}, "invalidRequest", ["reserved"]),
         ({"mcp": [{"name": "ftp", "url": "ftp://x/mcp"}]}, "invalidRequest", ["ftp"]),
+        ({"mcp": [{"name": "ctl", "url": "http://x/m\ncp"}]}, "invalidRequest", ["mcp[0].url", "control"]),
+        ({"mcp": [{"name": "sp", "url": "http://x/a b"}]}, "invalidRequest", ["mcp[0].url", "whitespace"]),
+        ({"mcp": [{"name": "port", "url": "http://x:99999/mcp"}]}, "invalidRequest", ["mcp[0].url", "port"]),
+        (
+            {"mcp": [{"name": "long", "url": "http://x/" + "a" * 900_000}]},
+            "invalidRequest",
+            ["mcp[0].url", "longer than 2048"],
+        ),
         (
             {"host": [{"name": "a.b.c", "inputSchema": {"type": "object"}}]},
             "invalidRequest",
@@ -431,6 +439,7 @@ async def test_large_toolset_is_stored_whole_and_paged(
     tools: list[dict[str, Any]] = []
     cursor = None
     pages = 0
+    tools_cursor = None
     while True:
         body = {"id": data["id"], **({"cursor": cursor} if cursor else {})}
         page = await request(nc, subjects.toolsets_get, body, timeout=10)
@@ -438,9 +447,13 @@ async def test_large_toolset_is_stored_whole_and_paged(
         tools.extend(page["data"]["tools"])
         pages += 1
         cursor = page["data"].get("nextCursor")
+        tools_cursor = tools_cursor or cursor
         if cursor is None:
             break
     assert pages > 1 and len(tools) == 1500 and len({t["name"] for t in tools}) == 1500
+    # A cursor pages only what it was given for: not the declarations of the same toolset.
+    elsewhere = {"id": data["id"], "format": "dts", "cursor": tools_cursor}
+    assert_error(await request(nc, subjects.toolsets_declarations, elsewhere), "invalidRequest", "cursor")
 
     for fmt in ("prompt", "dts"):
         text, cursor, pages = "", None, 0
@@ -461,6 +474,15 @@ async def test_large_toolset_is_stored_whole_and_paged(
 async def test_get_unknown_and_bad_cursor(nc: Any, subjects: Subjects, registry: RegistryApp) -> None:
     assert_error(await request(nc, subjects.toolsets_get, {"id": "ts_" + "1" * 64}), "notFound")
     assert_error(await request(nc, subjects.toolsets_get, {}), "invalidRequest", "id")
+    for bad_id in ("ts_nope", "", "*", "x" * 900_000):  # never looked up: a store key of any size
+        for subject, rest in (
+            (subjects.toolsets_get, {}),
+            (subjects.toolsets_search, {"query": "q"}),
+            (subjects.toolsets_declarations, {"format": "dts"}),
+        ):
+            reply = await request(nc, subject, {"id": bad_id, **rest})
+            assert_error(reply, "invalidRequest", "id")
+            assert len(reply["error"]["message"]) < 200
     created = await create(nc, subjects, {"host": [{"name": "only", "inputSchema": {"type": "object"}}]})
     bad = await request(nc, subjects.toolsets_get, {"id": created["data"]["id"], "cursor": "%%%"})
     assert_error(bad, "invalidRequest", "cursor")

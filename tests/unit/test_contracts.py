@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import orjson
 import pytest
 import toolbus_contracts
 from toolbus_contracts import (
@@ -58,10 +59,27 @@ def test_durations(text: str, seconds: float) -> None:
     assert parse_duration(text) == timedelta(seconds=seconds)
 
 
-@pytest.mark.parametrize("text", ["0s", "0ms", "-1s", "5", "", "5 m", "1d", "m5"])
+@pytest.mark.parametrize(
+    "text",
+    ["0s", "0ms", "-1s", "5", "", "5 m", "1d", "m5", "8760h1ms", "99999999999h", "9" * 400 + "ms"],
+)
 def test_bad_durations(text: str) -> None:
-    with pytest.raises(ValueError, match=r"duration|longer than zero"):
+    with pytest.raises(ValueError, match=r"duration|longer than") as refused:
         parse_duration(text)
+    assert len(str(refused.value)) < 120  # quoted in part: a long one gives a short message
+
+
+def test_the_longest_duration_is_a_year() -> None:
+    assert parse_duration("8760h") == timedelta(days=365)
+
+
+def test_a_duration_too_long_for_a_timer_is_invalid_request_naming_the_field() -> None:
+    # timedelta overflowed on these (an OverflowError: `internal`), before the bound.
+    for text in ("99999999999h", "99999999999999999s", "99999999999999999999ms"):
+        body = {"host": [{"name": "ask", "inputSchema": {"type": "object"}, "policy": {"timeout": text}}]}
+        with pytest.raises(InvalidRequest) as info:
+            parse_body(ToolsetCreateRequest, orjson.dumps(body))
+        assert info.value.details["field"] == "host[0].policy.timeout"
 
 
 def test_errors_round_trip_through_the_wire() -> None:

@@ -32,8 +32,20 @@ def test_item_pages_cover_every_item_once() -> None:
 
 
 def test_cursors_round_trip_and_refuse_garbage() -> None:
-    assert decode_cursor(encode_cursor(1234)) == 1234
-    assert decode_cursor(None) == 0
-    for bad in ("%%%", encode_cursor(1)[:-1] + "!", "eDox"):
-        with pytest.raises(InvalidRequest):
-            decode_cursor(bad)
+    scope = "ts_" + "a" * 64 + ":tools"
+    assert decode_cursor(encode_cursor(scope, 1234), scope) == 1234
+    assert decode_cursor(None, scope) == 0
+    for bad in ("%%%", encode_cursor(scope, 1)[:-1] + "!", "eDox", encode_cursor(scope, 1)[:-2]):
+        with pytest.raises(InvalidRequest) as refused:
+            decode_cursor(bad, scope)
+        assert refused.value.details == {"field": "cursor"}
+
+
+def test_a_cursor_pages_only_the_document_it_was_given_for() -> None:
+    tools, dts = "ts_" + "a" * 64 + ":tools", "ts_" + "a" * 64 + ":dts"
+    other = "ts_" + "b" * 64 + ":tools"
+    for scope in (dts, other):
+        with pytest.raises(InvalidRequest) as refused:
+            decode_cursor(encode_cursor(tools, 7), scope)
+        assert "another toolset or another reply" in refused.value.message
+        assert refused.value.details == {"field": "cursor"}

@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from toolbus_contracts.base import WireModel
-from toolbus_contracts.names import Namespace, RunId
+from toolbus_contracts.names import ApprovalId, Namespace, RunId
 
 
 class ApprovalRequested(WireModel):
@@ -39,7 +39,7 @@ class ApprovalsListReply(WireModel):
 
 
 class ApprovalDecideRequest(WireModel):
-    approval_id: str = Field(min_length=1)
+    approval_id: ApprovalId
     approve: bool
     reason: str | None = Field(default=None, max_length=2000)
 

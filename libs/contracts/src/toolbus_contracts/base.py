@@ -112,13 +112,22 @@ _PART_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
+DURATION_MAX_HOURS = 8760
+"""The longest duration taken anywhere (365 days): longer ones (up to what would overflow a
+timer) are refused as mistakes, not kept as timeouts nobody will see end."""
+
+
 def parse_duration(text: str) -> timedelta:
-    """Parse `"500ms"`, `"60s"`, `"5m"`, `"1h30m"`; zero, negative or malformed raise ValueError."""
+    """Parse `"500ms"`, `"60s"`, `"5m"`, `"1h30m"`; zero, negative, malformed or longer than
+    `DURATION_MAX_HOURS` raise ValueError (quoting at most 40 characters of it)."""
+    shown = text[:40] + "…" if isinstance(text, str) and len(text) > 40 else text
     if not isinstance(text, str) or not _DURATION_RE.fullmatch(text):
-        raise ValueError(f"'{text}' is not a duration such as 500ms, 60s, 5m or 1h30m")
+        raise ValueError(f"'{shown}' is not a duration such as 500ms, 60s, 5m or 1h30m")
     seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in _PART_RE.findall(text))
     if seconds <= 0:
-        raise ValueError(f"'{text}' must be longer than zero")
+        raise ValueError(f"'{shown}' must be longer than zero")
+    if seconds > DURATION_MAX_HOURS * 3600:
+        raise ValueError(f"'{shown}' is longer than the longest duration taken, {DURATION_MAX_HOURS}h")
     return timedelta(seconds=seconds)
 
 

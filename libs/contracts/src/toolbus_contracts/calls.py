@@ -8,8 +8,7 @@ from pydantic import Field
 
 from toolbus_contracts.base import WireModel
 from toolbus_contracts.credentials import CredentialLevel
-from toolbus_contracts.names import CallId, IdempotencyKey, Namespace, RunId
-from toolbus_contracts.registry import ToolsetId
+from toolbus_contracts.names import CallId, IdempotencyKey, Namespace, RunId, ToolsetId
 
 CallState = Literal["queued", "awaitingApproval", "waitingSlot", "running", "parked", "done"]
 Id = str

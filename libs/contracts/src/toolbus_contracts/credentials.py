@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field, SecretStr, field_serializer
 
 from toolbus_contracts.base import WireModel
-from toolbus_contracts.names import Namespace, RunId
+from toolbus_contracts.names import Namespace, RunId, ToolsetId
 
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _FORBIDDEN_NAMES = frozenset(
@@ -78,13 +78,13 @@ CredentialLevel = Literal["toolset", "namespace", "run"]
 
 
 class ToolsetCredentialsSetRequest(WireModel):
-    toolset_id: str
+    toolset_id: ToolsetId
     credentials: Credentials
 
 
 class NamespaceCredentialsSetRequest(WireModel):
     namespace: Namespace
-    toolset_id: str
+    toolset_id: ToolsetId
     credentials: Credentials
 
 

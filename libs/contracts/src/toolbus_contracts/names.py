@@ -10,6 +10,8 @@ checked at the edge so a bad one is `invalidRequest` naming the field, never a s
 | host tool names               | one or two such parts, `a.b`    | 1–129  |
 | workflow versions             | 12 lowercase hex digits         | 12     |
 | `idempotencyKey`              | printable ASCII, no space (`[\x21-\x7e]`) | 1–256 |
+| toolset ids                   | `ts_` and 64 lowercase hex digits | 67   |
+| `approvalId`                  | `[A-Za-z0-9_-]`                 | 1–128  |
 
 The idempotency key becomes no key of a store, but it travels as an HTTP header value
 (`Idempotency-Key`, to MCP servers and `http.fetch`): printable ASCII can be sent as it is, whatever
@@ -22,7 +24,7 @@ import ipaddress
 import re
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 NAME_MAX = 64
 """Longest server, workflow or host-tool part name."""
@@ -33,9 +35,23 @@ TOKEN_PATTERN = r"^[A-Za-z0-9_-]+$"
 Namespace = Annotated[str, Field(min_length=1, max_length=128, pattern=NAMESPACE_PATTERN)]
 RunId = Annotated[str, Field(min_length=1, max_length=128, pattern=TOKEN_PATTERN)]
 CallId = Annotated[str, Field(min_length=1, max_length=128, pattern=TOKEN_PATTERN)]
+ApprovalId = Annotated[str, Field(min_length=1, max_length=128, pattern=TOKEN_PATTERN)]
 WorkflowVersion = Annotated[str, Field(pattern=r"^[0-9a-f]{12}$")]
 IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]+$"
 IdempotencyKey = Annotated[str, Field(min_length=1, max_length=256, pattern=IDEMPOTENCY_KEY_PATTERN)]
+
+TOOLSET_ID = re.compile(r"^ts_[0-9a-f]{64}$")
+
+
+def _check_toolset_id(value: str) -> str:
+    if not TOOLSET_ID.fullmatch(value):
+        raise ValueError("a toolset id is 'ts_' and 64 lowercase hex digits")
+    return value
+
+
+ToolsetId = Annotated[str, AfterValidator(_check_toolset_id)]
+"""A toolset's content id, as `toolsets.create` gives it; anything else is `invalidRequest`
+wherever a request names a toolset (never looked up: a store key or subject of any size)."""
 
 _LABEL = re.compile(r"^[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?$")
 

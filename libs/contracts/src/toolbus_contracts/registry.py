@@ -10,11 +10,10 @@ from pydantic import AfterValidator, Field, SerializerFunctionWrapHandler, model
 
 from toolbus_contracts.base import Duration, WireModel
 from toolbus_contracts.credentials import Credentials
-from toolbus_contracts.names import NAME_MAX, WorkflowVersion, is_allow_entry
+from toolbus_contracts.names import NAME_MAX, ToolsetId, WorkflowVersion, is_allow_entry
 
 IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 RESERVED_NAMES = frozenset({"http", "workflows"})
-TOOLSET_ID = re.compile(r"^ts_[0-9a-f]{64}$")
 WORKFLOW_REF = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:@([0-9a-f]{12}))?$")
 
 ToolKind = Literal["mcp", "host", "http", "workflow"]
@@ -55,12 +54,6 @@ def _check_host_name(name: str) -> str:
     return name
 
 
-def _check_toolset_id(value: str) -> str:
-    if not TOOLSET_ID.fullmatch(value):
-        raise ValueError("a toolset id is 'ts_' and 64 lowercase hex digits")
-    return value
-
-
 def _check_workflow_ref(value: str) -> str:
     if len(value.split("@")[0]) > NAME_MAX or not WORKFLOW_REF.fullmatch(value):
         raise ValueError(f"'{_q(value)}' is not a workflow name, or name@version with 12 hex digits")
@@ -77,7 +70,6 @@ def _check_allow_entry(entry: str) -> str:
 
 ServerName = Annotated[str, AfterValidator(_check_ident)]
 HostToolName = Annotated[str, AfterValidator(_check_host_name)]
-ToolsetId = Annotated[str, AfterValidator(_check_toolset_id)]
 WorkflowRef = Annotated[str, AfterValidator(_check_workflow_ref)]
 WorkflowName = Annotated[str, AfterValidator(_check_ident)]
 AllowEntry = Annotated[str, AfterValidator(_check_allow_entry)]
@@ -219,7 +211,7 @@ class ToolsetCreateReply(WireModel):
 
 
 class ToolsetGetRequest(WireModel):
-    id: str
+    id: ToolsetId
     cursor: str | None = None
 
 
@@ -233,7 +225,7 @@ DeclarationFormat = Literal["prompt", "dts"]
 
 
 class ToolsetDeclarationsRequest(WireModel):
-    id: str
+    id: ToolsetId
     format: DeclarationFormat
     cursor: str | None = None
 
@@ -245,7 +237,7 @@ class ToolsetDeclarationsReply(WireModel):
 
 
 class ToolsetSearchRequest(WireModel):
-    id: str
+    id: ToolsetId
     query: str = Field(min_length=1)
     limit: int = Field(default=5, ge=1, le=50)
 

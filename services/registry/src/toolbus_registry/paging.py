@@ -1,9 +1,11 @@
 """Paging of replies that would not fit in one NATS message: cursors are opaque strings that
-encode where the next page starts."""
+encode where the next page starts and which document they page (a short digest of the toolset id
+and what is paged)."""
 
 from __future__ import annotations
 
 import base64
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,23 +16,37 @@ ENVELOPE_SLACK = 4096
 """Bytes kept free for the envelope and the fields around a page."""
 
 
-def encode_cursor(offset: int) -> str:
-    return base64.urlsafe_b64encode(f"o:{offset}".encode()).decode().rstrip("=")
+def _scope_tag(scope: str) -> str:
+    return hashlib.blake2s(scope.encode(), digest_size=6).hexdigest()
 
 
-def decode_cursor(cursor: str | None) -> int:
+def encode_cursor(scope: str, offset: int) -> str:
+    """The cursor of the page at `offset` of one document: `scope` names it (the toolset and what
+    is paged, e.g. `ts_…:tools`, `ts_…:dts`), so a cursor is only taken back for that document."""
+    return base64.urlsafe_b64encode(f"{_scope_tag(scope)}:{offset}".encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str | None, scope: str) -> int:
+    """Where the page `cursor` asks for starts (0 without one); a cursor that this service did not
+    give for this very `scope` is `invalidRequest` naming `cursor`."""
     if cursor is None:
         return 0
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        kind, _, value = raw.partition(":")
+        tag, _, value = raw.partition(":")
         offset = int(value)
-        if kind != "o" or offset < 0:
+        if offset < 0 or not value.isdigit():
             raise ValueError
     except ValueError:
         raise InvalidRequest(
             "Field 'cursor' is not a cursor this service gave.", details={"field": "cursor"}
         ) from None
+    if tag != _scope_tag(scope):
+        raise InvalidRequest(
+            "Field 'cursor' was given for another toolset or another reply; page again from the "
+            "first page, without a cursor.",
+            details={"field": "cursor"},
+        )
     return offset
 
 

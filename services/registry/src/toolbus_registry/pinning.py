@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from operator import itemgetter
@@ -183,6 +184,29 @@ def _pin_server(i: int, server: McpServerSpec, listed: list[dict[str, Any]]) -> 
     return ServerPin(model, wire, canonical_json(wire))
 
 
+URL_MAX = 2048
+"""Longest MCP server URL taken (what browsers and most servers take at most)."""
+
+_URL_UNSAFE = re.compile(r"[\x00-\x20\x7f]")
+
+
+def url_problem(url: str) -> str | None:
+    """Why `url` cannot be an MCP server's address (None when it can): http or https with a host,
+    a port that is a number, no whitespace or control characters, at most `URL_MAX` characters."""
+    if len(url) > URL_MAX:
+        return f"it is longer than {URL_MAX} characters"
+    if _URL_UNSAFE.search(url):
+        return "it holds whitespace or a control character"
+    parts = urlsplit(url)
+    try:
+        parts.port  # noqa: B018 - raises for a port that is not a number in range
+    except ValueError:
+        return "its port is not a number from 0 to 65535"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "it must be an http or https URL"
+    return None
+
+
 class Pinner:
     """Builds pinned toolsets from specs under every rule of the contract's Registry section."""
 
@@ -267,10 +291,10 @@ class Pinner:
                     f"Server name '{server.name}' is given twice.", details={"field": f"mcp[{i}].name"}
                 )
             seen.add(server.name)
-            parts = urlsplit(server.url)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
+            problem = url_problem(server.url)
+            if problem is not None:  # the URL is not quoted: it may be huge or hold control characters
                 raise InvalidRequest(
-                    f"Server '{server.name}' has url '{server.url}': it must be an http or https URL.",
+                    f"Field 'mcp[{i}].url' (server '{server.name}') is not an MCP server's address: {problem}.",
                     details={"field": f"mcp[{i}].url", "server": server.name},
                 )
         for i, tool in enumerate(spec.host):

@@ -175,18 +175,24 @@ class RegistryService:
     async def get(self, req: ToolsetGetRequest) -> ToolsetGetReply:
         stored = await self._stored(req.id)
         tools = stored.table.wire()
-        page, nxt = page_items(tools, decode_cursor(req.cursor), self._budget)
+        scope = f"{req.id}:tools"
+        page, nxt = page_items(tools, decode_cursor(req.cursor, scope), self._budget)
         return ToolsetGetReply.model_validate(
-            {"id": req.id, "tools": page, "nextCursor": encode_cursor(nxt) if nxt is not None else None}
+            {
+                "id": req.id,
+                "tools": page,
+                "nextCursor": encode_cursor(scope, nxt) if nxt is not None else None,
+            }
         )
 
     async def declarations(self, req: ToolsetDeclarationsRequest) -> ToolsetDeclarationsReply:
         stored = await self._stored(req.id)
         rendered = await asyncio.to_thread(self._render, stored)
         text = rendered.prompt if req.format == "prompt" else rendered.dts
-        chunk, nxt = page_text(text, decode_cursor(req.cursor), self._budget)
+        scope = f"{req.id}:{req.format}"
+        chunk, nxt = page_text(text, decode_cursor(req.cursor, scope), self._budget)
         return ToolsetDeclarationsReply(
-            format=req.format, text=chunk, next_cursor=encode_cursor(nxt) if nxt is not None else None
+            format=req.format, text=chunk, next_cursor=encode_cursor(scope, nxt) if nxt is not None else None
         )
 
     async def search(self, req: ToolsetSearchRequest) -> ToolsetSearchReply:
