@@ -16,6 +16,7 @@ from nats.aio.subscription import Subscription
 from toolbus_contracts import WORKER_QUEUE, CallEvent
 
 from tests.integration.test_dispatcher_helpers import Harness, host_tool, wait_until
+from tests.support.infra import until
 
 pytestmark = pytest.mark.integration
 
@@ -149,6 +150,50 @@ async def test_calls_start_is_idempotent_per_run_and_key(h: Harness, ts: str) ->
     assert len(generated["idempotencyKey"]) >= 16
 
 
+async def test_a_key_naming_another_call_is_conflict_and_registers_nothing(h: Harness, ts: str) -> None:
+    run = await h.open_run(ts)
+    release = asyncio.Event()
+
+    async def held(value: dict[str, Any]) -> Any:
+        await release.wait()
+        return {"echo": value}
+
+    async with Worker(h, "crm.find", held) as worker:
+        body = {
+            "runId": run,
+            "tool": "crm.find",
+            "input": {"query": "a", "limit": 2},
+            "idempotencyKey": "k-2",
+        }
+        first = await h.ok(h.subjects.calls_start, body)
+        # The same input with its keys in another order is the same call.
+        reordered = {**body, "input": {"limit": 2, "query": "a"}}
+        assert await h.ok(h.subjects.calls_start, reordered) == first
+        for subject in (h.subjects.calls_start, h.subjects.calls_invoke):
+            for other in (
+                {**body, "input": {"query": "b", "limit": 2}},
+                {**body, "input": {"query": "a", "limit": 3}},
+                {**body, "tool": "quick", "input": {}},
+            ):
+                reply = await h.request(subject, other)
+                assert reply["ok"] is False and reply["error"]["code"] == "conflict", reply
+                assert reply["error"]["details"] == {"idempotencyKey": "k-2", "callId": first["callId"]}
+        assert h.redis is not None
+        # The call is still running: no conflicting invoke was registered to get its outcome.
+        assert await h.redis.llen(h.keys.call_replies(first["callId"])) == 0
+        waiting = asyncio.create_task(
+            h.invoke(run, "crm.find", {"limit": 2, "query": "a"}, idempotencyKey="k-2")
+        )
+        await until(lambda: h.redis.llen(h.keys.call_replies(first["callId"])), "the invoke registered")  # type: ignore[union-attr]
+        release.set()
+        done = await waiting
+        assert done["callId"] == first["callId"] and done["outcome"]["output"] == {
+            "echo": {"query": "a", "limit": 2}
+        }
+    assert [t["callId"] for t in worker.tasks if t["runId"] == run] == [first["callId"]]
+    assert await h.redis.scard(h.keys.run_calls(run)) == 1
+
+
 async def test_refusals_create_no_call(h: Harness, ts: str) -> None:
     run = await h.open_run(ts)
     unknown = await h.request(h.subjects.calls_start, {"runId": run, "tool": "crm.nope", "input": {}})
@@ -232,12 +277,23 @@ async def test_unknown_or_closed_runs_are_not_found(h: Harness, ts: str) -> None
     assert unknown_close["error"]["code"] == "notFound"
 
 
-async def test_runs_open_is_a_noop_again_and_conflicts_with_another_toolset(h: Harness, ts: str) -> None:
+async def test_runs_open_is_a_noop_again_and_conflicts_with_another_toolset_or_namespace(
+    h: Harness, ts: str
+) -> None:
     other = await h.toolset({"host": [host_tool("other")]})
     run = await h.open_run(ts, runId="fixed-run-1", namespace="user-42")
     assert run == "fixed-run-1"
     assert await h.open_run(ts, runId="fixed-run-1") == "fixed-run-1"
+    assert await h.open_run(ts, runId="fixed-run-1", namespace="user-42") == "fixed-run-1"
     clash = await h.request(h.subjects.runs_open, {"toolsetId": other, "runId": "fixed-run-1"})
+    assert clash["error"]["code"] == "conflict"
+    # Its calls resolve user-42's credentials: another namespace is not the same run.
+    for namespace in ("user-43", "USER-42"):
+        body = {"toolsetId": ts, "runId": "fixed-run-1", "namespace": namespace}
+        clash = await h.request(h.subjects.runs_open, body)
+        assert clash["error"]["code"] == "conflict" and "namespace" in clash["error"]["message"]
+    unnamed = await h.open_run(ts, runId="fixed-run-2")
+    clash = await h.request(h.subjects.runs_open, {"toolsetId": ts, "runId": unnamed, "namespace": "user-42"})
     assert clash["error"]["code"] == "conflict"
 
 

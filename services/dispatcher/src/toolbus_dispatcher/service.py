@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import orjson
 from nats.js import JetStreamContext
-from toolbus_common.canonical import sha256_hex
+from toolbus_common.canonical import canonical_json, sha256_hex
 from toolbus_common.clock import now_iso
 from toolbus_common.toolsets import ToolsetStore
 from toolbus_contracts import (
@@ -31,7 +31,7 @@ from toolbus_contracts.internal import ApprovalDecided, ApprovalNeeded, CallsRes
 from toolbus_dispatcher.calls import CallRunner, reply_body
 from toolbus_dispatcher.credentials import CredentialResolver
 from toolbus_dispatcher.outcomes import failed
-from toolbus_dispatcher.store import CallStore
+from toolbus_dispatcher.store import CallStore, Created
 from toolbus_dispatcher.validation import SchemaCache
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,17 @@ def fresh_ids() -> tuple[str, str, str]:
     One system call instead of a `uuid4` (a `UUID` object and an `os.urandom`) per id."""
     raw = os.urandom(48).hex()
     return raw[:32], raw[32:64], raw[64:]
+
+
+def _same_call(stored: Created, tool: str, call_input: object) -> bool:
+    """Whether the call a repeated key names is this one: the same tool, and the same input as
+    JSON values (compared canonically: key order and number spelling aside, `true` is not `1`)."""
+    if stored.tool != tool:
+        return False
+    try:
+        return canonical_json(orjson.loads(stored.input_json)) == canonical_json(call_input)
+    except (orjson.JSONDecodeError, TypeError, ValueError):
+        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +107,11 @@ class DispatcherService:
         status = await self._store.open_run(run_id, req.toolset_id, req.namespace, now_iso())
         if status == "conflict":
             raise Conflict(f"Run '{run_id}' is open with another toolset.", details={"runId": run_id})
+        if status == "namespace":  # its calls resolve credentials for the namespace it was opened with
+            raise Conflict(
+                f"Run '{run_id}' is open for another namespace; open a run with a new id.",
+                details={"runId": run_id},
+            )
         if status == "closed":
             raise Conflict(f"Run '{run_id}' was closed; open a run with a new id.", details={"runId": run_id})
         return RunOpenReply(run_id=run_id)
@@ -165,23 +181,36 @@ class DispatcherService:
                 requested_at=now,
             )
             announce = (self._subjects.internal_approval_requests, needed.wire_json())
-        created = await self._store.create_call(
-            call_id=call_id,
-            run_id=req.run_id,
-            idempotency_key=key,
-            tool=tool.name,
-            input_json=orjson.dumps(req.input).decode(),
-            toolset_id=toolset_id,
-            namespace=namespace,
-            concurrency=policy.concurrency,
-            on_interruption=policy.on_interruption,
-            reply=reply,
-            now=now,
-            approval_id=approval_id,
-            digest=digest,
-            announce=announce,
-        )
+        input_json = orjson.dumps(req.input).decode()
+        for _ in range(2):
+            created = await self._store.create_call(
+                call_id=call_id,
+                run_id=req.run_id,
+                idempotency_key=key,
+                tool=tool.name,
+                input_json=input_json,
+                toolset_id=toolset_id,
+                namespace=namespace,
+                concurrency=policy.concurrency,
+                on_interruption=policy.on_interruption,
+                reply=reply,
+                now=now,
+                approval_id=approval_id,
+                digest=digest,
+                announce=announce,
+            )
+            if created.status != "differs" or not _same_call(created, tool.name, req.input):
+                break
+            # The same call, its input written otherwise (another key order): ask with the text
+            # stored, so that the script finds it the same and registers this invoker.
+            input_json = created.input_json
         self._credentials.observe_version(created.cred_version)
+        if created.status == "differs":
+            raise Conflict(
+                f"Idempotency key '{key}' already names call '{created.call_id}' of this run, made "
+                f"with another {'tool' if created.tool != tool.name else 'input'}; a new call needs a new key.",
+                details={"idempotencyKey": key, "callId": created.call_id},
+            )
         if created.status == "exists":
             # (A call awaiting approval had its approval command queued by the first create.)
             if created.admitted:  # the first create's reply was lost: nobody runs these yet

@@ -63,7 +63,8 @@ class ScriptRunner:
 
 @dataclass(slots=True)
 class Created:
-    """What `create_call` did: `created` or `exists` (same key again) or `notFound`. `admitted`:
+    """What `create_call` did: `created`, `exists` (same key again), `differs` (the key names a call
+    of another tool or input text: nothing was registered) or `notFound`. `admitted`:
     the calls to start here (for `exists`, those the first create admitted that are still ours
     and running: its reply may have been lost)."""
 
@@ -73,6 +74,9 @@ class Created:
     state: str = ""
     outcome_json: str = ""
     admitted: list[CallRecord] = field(default_factory=list)
+    tool: str = ""
+    """For `differs`: the tool and input JSON of the call the key already names."""
+    input_json: str = ""
 
 
 @dataclass(slots=True)
@@ -139,7 +143,8 @@ class CallStore:
     # ---- runs -----------------------------------------------------------------------------------
 
     async def open_run(self, run_id: str, toolset_id: str, namespace: str | None, now: str) -> str:
-        """`opened`, `open` (already, same toolset), `conflict` (other toolset) or `closed`."""
+        """`opened`, `open` (already, same toolset and no other namespace), `conflict` (other
+        toolset), `namespace` (same toolset, another namespace given) or `closed`."""
         return _s(await self._open(keys=[self.keys.run(run_id)], args=[toolset_id, namespace or "", now]))
 
     async def run_info(self, run_id: str) -> tuple[str, str, str | None] | None:
@@ -277,6 +282,8 @@ class CallStore:
         if status == "exists":
             handed = [CallRecord.from_script(i) for i in res[5]] if len(res) > 5 else []
             return Created(status, cred_version, _s(res[2]), _s(res[3]), _s(res[4]), handed)
+        if status == "differs":
+            return Created(status, cred_version, _s(res[2]), tool=_s(res[3]), input_json=_s(res[4]))
         return Created(status, cred_version)
 
     async def finish(self, call_id: str, outcome_json: str, now: str) -> Finished:

@@ -1,6 +1,6 @@
 -- Store a new call durably and try to give it a slot, in one round trip; or, for a repeated
 -- idempotency key, return the existing call (registering the invoker's reply subject if the call
--- is not done yet).
+-- is not done yet), or `differs` when that call has another tool or input text.
 -- KEYS: run, run_keys, run_calls, call, call_replies, run_waiting, run_slots, leases, cred_version,
 --       outbox
 -- ARGV: callId, idemKey, tool, inputJson, toolsetId, conc, onInterruption, reply, now, expiry,
@@ -16,7 +16,12 @@ if run[2] ~= ARGV[5] then return {'toolsetChanged', credv} end
 local existing = redis.call('HGET', KEYS[2], ARGV[2])
 if existing then
   local ck = ARGV[14] .. existing
-  local c = redis.call('HMGET', ck, 'state', 'outcome', 'attempts')
+  local c = redis.call('HMGET', ck, 'state', 'outcome', 'attempts', 'tool', 'input')
+  if c[4] and (c[4] ~= ARGV[3] or c[5] ~= ARGV[4]) then
+    -- The key names a call of another tool or input (or the same input written otherwise):
+    -- nothing is registered here; the dispatcher compares the two and says which.
+    return {'differs', credv, existing, c[4], c[5] or ''}
+  end
   if c[1] ~= 'done' and ARGV[8] ~= '' then
     redis.call('RPUSH', ARGV[18] .. existing, ARGV[8])
   end
