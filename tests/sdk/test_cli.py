@@ -197,3 +197,21 @@ async def test_cli_logs_json_gives_one_object_per_line(tmp_path: Path) -> None:
     assert {"log": "registry", "line": "not json: a traceback line"} in lines
     assert {"log": "dispatcher", "record": {"event": "ready"}} in lines
     assert all(entry.get("line") != "old line" for entry in lines)  # -n 2: the last two lines only
+
+
+@pytest.mark.timeout(120)
+async def test_cli_refuses_what_is_no_run_id_or_timeout(stack: dict[str, str]) -> None:
+    env = {k: stack[k] for k in ("TOOLBUS_NATS_URL", "TOOLBUS_SUBJECT_PREFIX")}
+    # A run id becomes a subject token: a wildcard would tail every run's events.
+    for run in ("*", ">", "", "bad run!"):
+        tail = await cli(env, "events", "tail", "--run", run, "--no-follow", "--json")
+        assert tail.returncode == 5, (run, tail.stdout, tail.stderr)
+        error = json.loads(tail.stdout)["error"]
+        assert error["code"] == "invalidRequest" and error["details"] == {"field": "runId"}
+        assert "Traceback" not in tail.stderr
+    # Fields are named as on the wire, as the services name them.
+    bad = await cli(env, "calls", "get", "bad id", "--json")
+    assert bad.returncode == 5 and json.loads(bad.stdout)["error"]["details"] == {"field": "callId"}
+    for timeout in ("-1", "0", "nan"):
+        usage = await cli(env, "--timeout", timeout, "toolsets", "get", "ts_" + "0" * 64)
+        assert usage.returncode == 2 and usage.stderr.startswith("error: --timeout must be"), usage.stderr

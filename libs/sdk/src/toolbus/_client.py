@@ -42,8 +42,12 @@ def stream_name(prefix: str, name: str) -> str:
 def build(model: type[M], **fields: Any) -> M:
     """A contract request body, checked before it is sent: a bad field is `InvalidRequest` naming it,
     as the service would answer."""
+    # By wire name, so that an error names the field as the service would (`runId`, not `run_id`).
+    names = model.model_fields
     try:
-        return model.model_validate({k: v for k, v in fields.items() if v is not None})
+        return model.model_validate(
+            {(names[k].alias or k) if k in names else k: v for k, v in fields.items() if v is not None}
+        )
     except ValidationError as exc:
         raise validation_to_error(exc) from None
 

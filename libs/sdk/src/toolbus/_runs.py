@@ -71,7 +71,9 @@ class Runs:
         return Run(self._tb, reply.run_id, toolset_id(toolset), namespace)
 
     def attach(self, run_id: str) -> Run:
-        """A handle on a run opened elsewhere (no request is sent)."""
+        """A handle on a run opened elsewhere (no request is sent). A string that is no run id
+        (it becomes a subject token: `*`, `>`, a space) is `InvalidRequest` naming `runId`."""
+        build(RunCloseRequest, run_id=run_id)  # the run id's check, as the dispatcher makes it
         return Run(self._tb, run_id, None, None)
 
     async def call_status(self, call_id: str) -> CallStatus:

@@ -106,6 +106,8 @@ def _root(
     json_: JsonOpt = False,
 ) -> None:
     STATE.nats_url, STATE.prefix, STATE.timeout, STATE.json = nats_url, prefix, timeout, json_
+    if not timeout > 0:  # NaN too
+        _usage(json_, f"--timeout must be a number of seconds above 0, not {timeout}")
 
 
 # ---- output and errors -------------------------------------------------------------------------
