@@ -178,6 +178,19 @@ async def test_a_redirect_to_a_private_address_is_refused(fetcher: HttpExecutor,
     )
 
 
+@pytest.mark.parametrize(
+    "location",
+    ["mailto:a@b.c", "data:text/plain,hi", "foo:bar", "tel:123", "javascript:alert(1)", "ftp://x/"],
+)
+async def test_a_redirect_to_what_is_no_http_url_is_refused(
+    fetcher: HttpExecutor, plain: int, location: str
+) -> None:
+    # httpx itself failed on some of these (InvalidURL while building the next request), which
+    # ended the call `internal`.
+    err = await _refused(fetcher, f"http://127.0.0.1:{plain}/to/{location}", ["127.0.0.1"])
+    assert "http" in err.message
+
+
 async def test_a_redirect_from_https_to_http_is_refused(
     fetcher: HttpExecutor, plain: int, tls: tuple[int, ssl.SSLContext]
 ) -> None:

@@ -183,6 +183,13 @@ class HttpExecutor:
             )
             try:
                 response = await self._client.send(request, stream=True)
+            except httpx.InvalidURL:
+                # httpx builds the next request of every redirect, even one it does not follow,
+                # and fails on a Location such as `mailto:` or `data:` (the request was answered).
+                raise HostNotAllowed(
+                    f"'{parts.hostname}' redirected to a location that is not an http or https URL: refused.",
+                    details={"host": parts.hostname or ""},
+                ) from None
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 raise Interrupted(
                     UpstreamUnreachable(f"Could not connect to '{parts.hostname}': {type(exc).__name__}."),
