@@ -74,6 +74,8 @@ def note_routes() -> Routes[Sink]:
             raise redis.exceptions.ConnectionError("redis went away")
         if note.fail == "bug":
             raise RuntimeError("a bug")
+        if note.fail == "slow":
+            await asyncio.sleep(2.5)
         sink.applied.append(note.id)
 
     return routes
@@ -93,9 +95,11 @@ async def env(nats_url: str) -> AsyncIterator[tuple[Settings, Any]]:
         await client.close()
 
 
-async def started(settings: Settings, *tables: Routes[Sink], sink: Sink | None = None) -> tuple[Bus, Sink]:
+async def started(
+    settings: Settings, *tables: Routes[Sink], sink: Sink | None = None, ack_wait: float = 10.0
+) -> tuple[Bus, Sink]:
     sink = sink or Sink()
-    bus = Bus(settings, name="bustest", queue="toolbus-bustest", retry_delay=0.05)
+    bus = Bus(settings, name="bustest", queue="toolbus-bustest", retry_delay=0.05, ack_wait=ack_wait)
     await bus.connect()
     for table in tables:
         bus.include(table, sink)
@@ -210,6 +214,40 @@ async def test_two_replicas_share_the_durable_consumer_and_apply_each_command_on
     finally:
         await stopped(one)
         await stopped(two)
+
+
+async def test_a_handler_running_past_ack_wait_keeps_its_command(env: tuple[Settings, Any]) -> None:
+    settings, client = env
+    bus, sink = await started(settings, note_routes(), ack_wait=1.0)
+    try:
+        await _publish_notes(client, settings, ["slow"], fail="slow")  # 2.5 s: past two ack waits
+        await until(lambda: sink.applied == ["slow"], "the slow command")
+        await asyncio.sleep(1.5)  # a redelivery would show up now (not a timing assertion)
+        assert sink.attempts["slow"] == 1
+    finally:
+        await stopped(bus)
+
+
+async def test_a_command_held_by_a_replica_that_died_goes_to_another_within_ack_wait(
+    env: tuple[Settings, Any], nats_url: str
+) -> None:
+    settings, client = env
+    first, _ = await started(settings, note_routes(), ack_wait=1.0)  # makes the durable consumer
+    await stopped(first)
+    await _publish_notes(client, settings, ["orphan"])
+    # A replica that took the command and died (kill -9): delivered to it, never acked.
+    dying = await nats.connect(nats_url)
+    taken = await dying.jetstream().pull_subscribe_bind(
+        "bustest-notes", stream=js_name(settings.subject_prefix, "INTERNAL")
+    )
+    assert len(await taken.fetch(1, timeout=5)) == 1
+    await dying.close()
+    other, sink = await started(settings, note_routes(), ack_wait=1.0)
+    try:
+        # Delivered again once its ack wait is over (1 s here; 10 s by default, it was 30 s).
+        await until(lambda: sink.applied == ["orphan"], "the command on the other replica", limit=8)
+    finally:
+        await stopped(other)
 
 
 async def dead_letters(client: Any, settings: Settings, count: int) -> list[Any]:

@@ -117,8 +117,10 @@ RETRY_DELAY = 1.0
 """Seconds before a command that met a backing-store fault is delivered again."""
 MAX_DELIVERIES = 5
 """Deliveries of a command whose handler keeps failing (not a store fault) before it is dead-lettered."""
-ACK_WAIT = 30.0
-"""Seconds a delivered, unacknowledged command waits before JetStream delivers it again."""
+ACK_WAIT = 10.0
+"""Seconds a delivered, unacknowledged command waits before JetStream delivers it again: how long
+a command handed to a replica that died (its pull request was still waiting at the server) stays
+unapplied. A handler running longer keeps its command by `in_progress` every third of it."""
 PULL_TIMEOUT = 5.0
 """Seconds one pull request waits on the server; a command is handed over as soon as it is stored."""
 
@@ -365,10 +367,18 @@ class Bus:
     """One service's FastStream broker, its raw hot-path subscriptions and its command consumers."""
 
     def __init__(
-        self, settings: Settings, *, name: str, queue: str, title: str = "", retry_delay: float = RETRY_DELAY
+        self,
+        settings: Settings,
+        *,
+        name: str,
+        queue: str,
+        title: str = "",
+        retry_delay: float = RETRY_DELAY,
+        ack_wait: float = ACK_WAIT,
     ) -> None:
         self.settings = settings
         self.retry_delay = retry_delay
+        self.ack_wait = ack_wait
         self.subjects = settings.subjects
         self.name = name
         self.queue = queue
@@ -554,7 +564,7 @@ class Bus:
             filter_subject=subject,
             ack_policy=JsAckPolicy.EXPLICIT,
             deliver_policy=DeliverPolicy.ALL,
-            ack_wait=ACK_WAIT,
+            ack_wait=self.ack_wait,
             max_deliver=-1,
         )
         broker.subscriber(
@@ -583,11 +593,14 @@ class Bus:
             except ToolbusError as exc:
                 await self._dead_letter(msg, subject, durable, f"{entry.model.__name__}: {exc.message}")
                 return
+            working = asyncio.ensure_future(self._working(msg))
             try:
                 await apply(bound, command)
             except Exception as exc:
                 await self._failed(msg, subject, durable, exc)
                 return
+            finally:
+                working.cancel()
             COMMANDS.labels(subject, "applied").inc()
             with contextlib.suppress(Exception):  # unacked: redelivered, and every command is idempotent
                 await msg.ack()
@@ -595,6 +608,14 @@ class Bus:
         consume.__signature__ = _schema_signature(entry.model, None)  # type: ignore[attr-defined]
         consume.__name__ = getattr(apply, "__name__", "consume")
         return consume
+
+    async def _working(self, msg: NatsMessage) -> None:
+        """While a command's handler runs: tell JetStream every third of `ack_wait` that it is
+        being worked on, so that it is not delivered again meanwhile (to another replica)."""
+        while True:
+            await asyncio.sleep(self.ack_wait / 3)
+            with contextlib.suppress(Exception):  # gone: delivered again after ack_wait, idempotent
+                await msg.raw_message.in_progress()
 
     async def _failed(self, msg: NatsMessage, subject: str, durable: str, exc: Exception) -> None:
         """The one retry policy: store faults and retryable errors wait and retry without limit;
