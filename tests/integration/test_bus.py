@@ -75,7 +75,7 @@ def note_routes() -> Routes[Sink]:
         if note.fail == "bug":
             raise RuntimeError("a bug")
         if note.fail == "slow":
-            await asyncio.sleep(2.5)
+            await asyncio.sleep(3.5)
         sink.applied.append(note.id)
 
     return routes
@@ -218,11 +218,11 @@ async def test_two_replicas_share_the_durable_consumer_and_apply_each_command_on
 
 async def test_a_handler_running_past_ack_wait_keeps_its_command(env: tuple[Settings, Any]) -> None:
     settings, client = env
-    bus, sink = await started(settings, note_routes(), ack_wait=1.0)
+    bus, sink = await started(settings, note_routes(), ack_wait=1.5)
     try:
-        await _publish_notes(client, settings, ["slow"], fail="slow")  # 2.5 s: past two ack waits
+        await _publish_notes(client, settings, ["slow"], fail="slow")  # 3.5 s: past two ack waits
         await until(lambda: sink.applied == ["slow"], "the slow command")
-        await asyncio.sleep(1.5)  # a redelivery would show up now (not a timing assertion)
+        await asyncio.sleep(2.0)  # a redelivery would show up now (not a timing assertion)
         assert sink.attempts["slow"] == 1
     finally:
         await stopped(bus)
