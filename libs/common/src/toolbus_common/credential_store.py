@@ -14,6 +14,7 @@ of `{"servers": {name: {"headers": {...}}}}`. Scopes: the toolset id; `<toolsetI
 from __future__ import annotations
 
 import json
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,13 +24,29 @@ from redis.exceptions import WatchError
 from toolbus_contracts.credentials import CredentialLevel, Credentials
 
 from toolbus_common.keys import Keys
-from toolbus_common.secrets import Cipher
+from toolbus_common.secrets import Cipher, DecryptionError
+
+log = logging.getLogger(__name__)
 
 LEVELS: tuple[CredentialLevel, ...] = ("run", "namespace", "toolset")
 """Most specific first: the order resolution looks at."""
 
 _Doc = dict[str, dict[str, str]]
 """A decrypted credentials document: server -> header name -> value."""
+
+_UNREADABLE: _Doc = {}
+"""Stands for a stored document no configured key decrypts (compared by identity)."""
+
+
+class UnreadableCredentials(Exception):
+    """The credentials stored at `level` (the most specific level with a document) cannot be
+    decrypted with any `TOOLBUS_SECRET_KEY` entry: they count as present, so resolution never
+    falls back to a less specific level's headers (another identity); the caller treats them as
+    expired (the call is parked until they are set again)."""
+
+    def __init__(self, level: CredentialLevel) -> None:
+        super().__init__(f"the stored {level} credentials cannot be decrypted with the configured keys")
+        self.level = level
 
 
 def scope_of(
@@ -213,16 +230,30 @@ class CredentialStore:
         # MGET: one round trip. The keys are not hash-tagged together; under Redis Cluster this
         # would need a pipeline instead.
         raws = await self._redis.mget(keys)
-        return {k: (self._open(raw) if raw is not None else None) for k, raw in zip(keys, raws, strict=True)}
+        return {
+            k: (self._open(k, raw) if raw is not None else None) for k, raw in zip(keys, raws, strict=True)
+        }
 
-    def _open(self, raw: bytes) -> _Doc:
-        data: Any = json.loads(self._cipher.decrypt(raw))
+    def _open(self, key: str, raw: bytes) -> _Doc:
+        try:
+            data: Any = json.loads(self._cipher.decrypt(raw))
+        except DecryptionError:
+            # Set under a key no longer (or never) configured here: a key dropped before `rotate`,
+            # or another deployment's (each `make up` checkout makes its own dev key).
+            log.error(
+                "stored credentials cannot be decrypted with any TOOLBUS_SECRET_KEY entry; calls "
+                "that need them are parked until they are set again",
+                extra={"key": key},
+            )
+            return _UNREADABLE
         servers: dict[str, Any] = data.get("servers", {})
         return {name: dict(entry["headers"]) for name, entry in servers.items()}
 
 
 def _pick(server: str, docs: list[tuple[CredentialLevel, _Doc | None]]) -> Resolved:
     for level, doc in docs:
+        if doc is _UNREADABLE:  # it may hold this server's entry: never fall through past it
+            raise UnreadableCredentials(level)
         if doc is not None and server in doc:
             return Resolved(dict(doc[server]), level)
     return NOTHING

@@ -15,6 +15,7 @@ import random
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from toolbus_common.credential_store import UnreadableCredentials
 from toolbus_common.faults import is_backing_store_fault
 from toolbus_contracts import ToolbusError
 from toolbus_contracts.credentials import CredentialLevel
@@ -80,7 +81,10 @@ class McpExecutor:
             raise UpstreamError(f"MCP tool '{tool.name}' has no server url pinned.")
         version = self._credentials.seen_version()
         attempt.progress.sending = False
-        headers, level = await self._resolve(attempt)
+        try:
+            headers, level = await self._resolve(attempt)
+        except UnreadableCredentials as exc:  # as good as expired: parked, nothing sent
+            raise NeedsCredentials(tool.target, exc.level, version) from None
         attempt.progress.sending = True
         try:
             conn = await self._pool.get(tool.url, dict(headers), server_name=tool.target)
