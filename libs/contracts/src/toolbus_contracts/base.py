@@ -105,6 +105,12 @@ def reply_error(error: ToolbusError) -> dict[str, Any]:
     return {"ok": False, "error": error.to_wire()}
 
 
+def bounded(value: str, limit: int = 80) -> str:
+    """A value as quoted in an error message: at most `limit` characters, so a huge one gives a
+    small reply."""
+    return value if len(value) <= limit else value[:limit] + "…"
+
+
 # ---- Durations ---------------------------------------------------------------------------------
 
 _DURATION_RE = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|h|m|s))+$")
@@ -120,7 +126,7 @@ timer) are refused as mistakes, not kept as timeouts nobody will see end."""
 def parse_duration(text: str) -> timedelta:
     """Parse `"500ms"`, `"60s"`, `"5m"`, `"1h30m"`; zero, negative, malformed or longer than
     `DURATION_MAX_HOURS` raise ValueError (quoting at most 40 characters of it)."""
-    shown = text[:40] + "…" if isinstance(text, str) and len(text) > 40 else text
+    shown = bounded(text, 40) if isinstance(text, str) else text
     if not isinstance(text, str) or not _DURATION_RE.fullmatch(text):
         raise ValueError(f"'{shown}' is not a duration such as 500ms, 60s, 5m or 1h30m")
     seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in _PART_RE.findall(text))

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, SerializerFunctionWrapHandler, model_serializer
 
-from toolbus_contracts.base import Duration, WireModel
+from toolbus_contracts.base import Duration, WireModel, bounded
 from toolbus_contracts.credentials import Credentials
 from toolbus_contracts.names import NAME_MAX, ToolsetId, WorkflowVersion, is_allow_entry
 
@@ -25,45 +25,40 @@ RUN_CONCURRENCY = 16
 MAX_ATTEMPTS = 5
 
 
-def _q(value: str) -> str:
-    """A name as quoted in an error message: bounded, so a huge name gives a small reply."""
-    return value if len(value) <= 80 else value[:80] + "…"
-
-
 def _check_ident(name: str) -> str:
     if len(name) > NAME_MAX:
         raise ValueError(f"a name is at most {NAME_MAX} characters")
     if not IDENT.fullmatch(name):
-        raise ValueError(f"'{_q(name)}' must match [A-Za-z_][A-Za-z0-9_]*")
+        raise ValueError(f"'{bounded(name)}' must match [A-Za-z_][A-Za-z0-9_]*")
     if name in RESERVED_NAMES:
-        raise ValueError(f"'{_q(name)}' is reserved")
+        raise ValueError(f"'{bounded(name)}' is reserved")
     return name
 
 
 def _check_host_name(name: str) -> str:
     parts = name.split(".")
     if len(parts) > 2:
-        raise ValueError(f"'{_q(name)}' has more than one dot")
+        raise ValueError(f"'{bounded(name)}' has more than one dot")
     for part in parts:
         if len(part) > NAME_MAX:
             raise ValueError(f"each part of a name is at most {NAME_MAX} characters")
         if not IDENT.fullmatch(part):
-            raise ValueError(f"'{_q(name)}': each part must match [A-Za-z_][A-Za-z0-9_]*")
+            raise ValueError(f"'{bounded(name)}': each part must match [A-Za-z_][A-Za-z0-9_]*")
     if parts[0] in RESERVED_NAMES:
-        raise ValueError(f"'{_q(name)}' uses the reserved name '{parts[0]}'")
+        raise ValueError(f"'{bounded(name)}' uses the reserved name '{parts[0]}'")
     return name
 
 
 def _check_workflow_ref(value: str) -> str:
     if len(value.split("@")[0]) > NAME_MAX or not WORKFLOW_REF.fullmatch(value):
-        raise ValueError(f"'{_q(value)}' is not a workflow name, or name@version with 12 hex digits")
+        raise ValueError(f"'{bounded(value)}' is not a workflow name, or name@version with 12 hex digits")
     return value
 
 
 def _check_allow_entry(entry: str) -> str:
     if not is_allow_entry(entry):
         raise ValueError(
-            f"'{_q(entry)}' is not an allow entry: a host name, '*.' and a host name, or an IP literal"
+            f"'{bounded(entry)}' is not an allow entry: a host name, '*.' and a host name, or an IP literal"
         )
     return entry
 
