@@ -34,9 +34,9 @@ def decode_cursor(cursor: str | None, scope: str) -> int:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         tag, _, value = raw.partition(":")
-        offset = int(value)
-        if offset < 0 or not value.isdigit():
+        if not value.isdigit():  # digits only: no sign, no spaces
             raise ValueError
+        offset = int(value)
     except ValueError:
         raise InvalidRequest(
             "Field 'cursor' is not a cursor this service gave.", details={"field": "cursor"}
