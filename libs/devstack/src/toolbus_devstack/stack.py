@@ -342,20 +342,49 @@ def _secure_env_files(nats_url: str, passwords: dict[str, str]) -> None:
 
 
 def _secret_key() -> tuple[str, str]:
-    """(key, where it came from); a dev Fernet key is made once into .stack/secret.key."""
+    """(key, where it came from). Without `TOOLBUS_SECRET_KEY`: the stack's own `secret.key` where
+    one exists (a checkout's `.stack`, or `TOOLBUS_STACK_DIR`'s); else, for a stack kept in a
+    checkout, one development key per user (`user_key_file`), so every checkout of that user on
+    the same NATS and Redis reads the credentials the others set; a key is made once, mode 0600."""
     from_env = os.environ.get("TOOLBUS_SECRET_KEY")
     if from_env:
         return from_env, "from TOOLBUS_SECRET_KEY"
     if SECRET_FILE.exists():
         return SECRET_FILE.read_text().strip(), f"dev key from {_rel(SECRET_FILE)}"
+    if os.environ.get("TOOLBUS_STACK_DIR"):
+        return _read_or_make_key(SECRET_FILE)
+    user_file = user_key_file()
+    try:
+        return _read_or_make_key(user_file)
+    except OSError as exc:
+        print(
+            f"warning: cannot keep the dev key in {user_file} ({exc}); using {_rel(SECRET_FILE)}",
+            file=sys.stderr,
+        )
+        return _read_or_make_key(SECRET_FILE)
+
+
+def user_key_file() -> Path:
+    """The per-user development key: `$XDG_CONFIG_HOME/toolbus/dev-secret.key` (default
+    `~/.config`)."""
+    config = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(config) / "toolbus" / "dev-secret.key"
+
+
+def _read_or_make_key(path: Path) -> tuple[str, str]:
+    if path.exists():
+        return path.read_text().strip(), f"dev key from {_rel(path)}"
     from cryptography.fernet import Fernet
 
-    STACK.mkdir(parents=True, exist_ok=True)
-    fd = os.open(SECRET_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     key = Fernet.generate_key().decode()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # another `make up` made it a moment ago
+        return path.read_text().strip(), f"dev key from {_rel(path)}"
     with os.fdopen(fd, "w") as out:
         out.write(key + "\n")
-    return key, f"new dev key generated into {_rel(SECRET_FILE)} (TOOLBUS_SECRET_KEY unset)"
+    return key, f"new dev key generated into {_rel(path)} (TOOLBUS_SECRET_KEY unset)"
 
 
 def _rel(path: Path) -> Path:
