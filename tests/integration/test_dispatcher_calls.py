@@ -445,5 +445,30 @@ async def test_approval_denied_ends_with_the_reason(h: Harness, ts: str) -> None
     assert data["outcome"] == {"status": "error", "error": {"code": "denied", "message": "too risky"}}
 
 
+async def test_an_input_too_large_for_its_approval_is_refused_and_the_dispatcher_answers_on(
+    h: Harness, ts: str
+) -> None:
+    """The approval command carries the input: one that would not fit in a NATS message with its
+    fields is refused before anything is stored (it would never reach the approval service, and
+    near the limit its header would have made the server close the relay's connection)."""
+    assert h.nc is not None
+    run = await h.open_run(ts)
+    body = {"runId": run, "tool": "guarded", "input": {"note": ""}}
+    room = h.nc.max_payload - len(json.dumps(body)) - 64
+    for size in (room - 400, room - 25_000):
+        reply = await h.request(h.subjects.calls_start, {**body, "input": {"note": "x" * size}})
+        if size == room - 400:
+            assert reply["ok"] is False and reply["error"]["code"] == "invalidRequest", reply
+            assert reply["error"]["details"]["field"] == "input"
+            assert reply["error"]["details"]["limit"] < h.nc.max_payload
+        else:
+            assert reply["ok"] is True, reply  # within the limit: stored and sent for approval
+            needed = await _first_needed_for_run(h, run)
+            assert needed["callId"] == reply["data"]["callId"]
+    async with Worker(h, "quick", echo):
+        data = await h.invoke(run, "quick", {"after": "the refusal"})
+    assert data["outcome"]["status"] == "ok"
+
+
 async def _first_needed_for_run(h: Harness, run: str) -> dict[str, Any]:
     return await h.first_internal(h.subjects.internal_approval_requests, "runId", run)

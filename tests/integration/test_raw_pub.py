@@ -11,7 +11,7 @@ import pytest
 from nats.aio.msg import Msg
 from nats.js.api import StreamConfig
 from toolbus_common.direct_sub import subscribe_direct
-from toolbus_common.raw_pub import SEND_AT_BYTES, Batch
+from toolbus_common.raw_pub import SEND_AT_BYTES, Batch, fits
 
 from tests.support.infra import js_name, unique_prefix, until
 
@@ -56,6 +56,12 @@ async def test_what_publish_would_refuse_or_rewrite_is_not_added(nc: Any) -> Non
     assert not batch.add(b"ok", b"x", msg_id=b" padded ")
     assert not batch.add(b"ok", b"x", msg_id=b"a\nb")
     assert not batch.add(b"ok", b"x" * (nc.max_payload + 1))
+    # The server counts the header block with the payload (and closes the connection past it).
+    assert not batch.add(b"ok", b"x" * (nc.max_payload - 30), msg_id=b"id-1")
+    assert fits(nc, b"x" * (nc.max_payload - 31), b"id-1") and not fits(
+        nc, b"x" * (nc.max_payload - 30), b"id-1"
+    )
+    assert fits(nc, b"x" * nc.max_payload)
     assert len(batch) == 0
     await batch.send()  # nothing to send: a no-op
 

@@ -38,6 +38,16 @@ outputs near `max_payload` would otherwise be held whole here, and copied once m
 before nats-py's own limit on what waits to be written (`pending_size`, 2 MiB) could apply."""
 
 
+_HEADER_ROOM = len(b"NATS/1.0\r\nNats-Msg-Id: \r\n\r\n")
+
+
+def fits(nc: NatsClient, payload: bytes, msg_id: bytes = b"") -> bool:
+    """Whether a message fits in the server's `max_payload` with its `Nats-Msg-Id` header: the
+    server counts the header block with the payload and closes a connection that sends more, while
+    nats-py's `publish` checks the payload alone."""
+    return len(payload) + (len(msg_id) + _HEADER_ROOM if msg_id else 0) <= nc._max_payload
+
+
 class Batch:
     """Messages for one write on `nc`: `add` each, then `await send()`."""
 
@@ -58,7 +68,7 @@ class Batch:
             or _UNSAFE.search(subject)
             or (reply and _UNSAFE.search(reply))
             or (msg_id and _UNSAFE.search(msg_id))
-            or len(payload) > nc._max_payload
+            or not fits(nc, payload, msg_id)
             or not nc.is_connected
             or nc.is_draining_pubs
         ):

@@ -61,10 +61,11 @@ from typing import Any
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.errors import MaxPayloadError
 from redis.asyncio import Redis
 from redis.exceptions import LockError, ResponseError
 from toolbus_common.direct_sub import subscribe_direct
-from toolbus_common.raw_pub import Batch
+from toolbus_common.raw_pub import Batch, fits
 from toolbus_common.script_pipe import ScriptPipe, ScriptReplyError
 from toolbus_common.settings import REDIS_LONGEST_BLOCK
 
@@ -434,8 +435,16 @@ class EventRelay:
                 if out.full:
                     await out.send()
                 continue
-            try:  # what nats-py must see itself (reconnecting, too large, unusual names)
+            try:  # what nats-py must see itself (reconnecting, unusual names)
                 await out.send()
+                if not fits(self._nc, fields[b"b"], fields[b"i"]):
+                    # Never written so (calls.start bounds what goes for approval; outputs over
+                    # the inline limit go by reference): sent, it would close the connection.
+                    log.error(
+                        "event relay: an outbox entry is larger than a NATS message; it stays in the outbox",
+                        extra={"msgId": _s(fields[b"i"]), "size": len(fields[b"b"])},
+                    )
+                    raise MaxPayloadError
                 await self._nc.publish(
                     _s(fields[b"s"]), fields[b"b"], reply=reply, headers={"Nats-Msg-Id": _s(fields[b"i"])}
                 )

@@ -25,12 +25,13 @@ from toolbus_contracts import (
     RunOpenRequest,
     Subjects,
 )
-from toolbus_contracts.errors import Conflict, NotFound, UnknownTool
+from toolbus_contracts.errors import Conflict, InvalidRequest, NotFound, UnknownTool
 from toolbus_contracts.internal import ApprovalDecided, ApprovalNeeded, CallsResume
 
 from toolbus_dispatcher.calls import CallRunner, reply_body
 from toolbus_dispatcher.credentials import CredentialResolver
 from toolbus_dispatcher.outcomes import failed
+from toolbus_dispatcher.outputs import ENVELOPE_ROOM
 from toolbus_dispatcher.store import CallStore, Created
 from toolbus_dispatcher.validation import SchemaCache
 
@@ -84,8 +85,12 @@ class DispatcherService:
         subjects: Subjects,
         run_retention: float,
         publish_reply: PublishReply,
+        approval_limit: int = 1024 * 1024 - ENVELOPE_ROOM,
     ) -> None:
         self._store = store
+        # The approval command and the approval's event carry the input: it must fit in one NATS
+        # message with their other fields (the server's max_payload less ENVELOPE_ROOM).
+        self._approval_limit = approval_limit
         self._toolsets = toolsets
         self._runner = runner
         self._credentials = credentials
@@ -180,7 +185,15 @@ class DispatcherService:
                 input_digest=digest,
                 requested_at=now,
             )
-            announce = (self._subjects.internal_approval_requests, needed.wire_json())
+            command = needed.wire_json()
+            if len(command) > self._approval_limit:
+                raise InvalidRequest(
+                    f"Field 'input' is too large for an approval: its request would be {len(command)} "
+                    f"bytes, over the {self._approval_limit} that fit in one NATS message with its fields; "
+                    "send a smaller input (a reference to the data) to a tool that needs approval.",
+                    details={"field": "input", "size": len(command), "limit": self._approval_limit},
+                )
+            announce = (self._subjects.internal_approval_requests, command)
         input_json = orjson.dumps(req.input).decode()
         for _ in range(2):
             created = await self._store.create_call(
