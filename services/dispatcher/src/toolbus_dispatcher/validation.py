@@ -1,7 +1,10 @@
 """Input checks against pinned input schemas, with validators compiled once per schema.
 
 Draft 2020-12 unless the schema's `$schema` names another draft. A schema that is not valid JSON
-Schema (an MCP server may pin anything) is not enforced rather than refusing every call.
+Schema (an MCP server may pin anything) is not enforced rather than refusing every call. A `$ref`
+resolves within the schema (and the drafts' own meta-schemas) only: nothing is fetched, so a schema
+cannot make the dispatcher send a request (past the allow-list) or wait on one; an input whose
+check needs a reference that does not resolve is `invalidInput` saying so.
 """
 
 from __future__ import annotations
@@ -13,11 +16,21 @@ from typing import Any
 import jsonschema
 from jsonschema.exceptions import SchemaError, ValidationError, best_match
 from jsonschema.protocols import Validator
+from referencing import Registry
+from referencing.exceptions import NoSuchResource, Unresolvable
 from toolbus_contracts.errors import InvalidInput
 
 from toolbus_dispatcher.schema_fast import Accept, fast_accept
 
 log = logging.getLogger(__name__)
+
+
+def _never_fetch(uri: str) -> Any:
+    raise NoSuchResource(ref=uri)  # type: ignore[call-arg]  # attrs-made __init__, unseen by mypy
+
+
+NO_RETRIEVAL: Registry[Any] = Registry(retrieve=_never_fetch)  # type: ignore[call-arg]  # attrs __init__
+"""References outside the schema are never retrieved (jsonschema would otherwise fetch them)."""
 
 
 def _path(error: ValidationError) -> str:
@@ -70,7 +83,7 @@ class SchemaCache:
                 extra={"tool": tool, "error": exc.message},
             )
             return None
-        validator: Validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
+        validator: Validator = cls(schema, format_checker=cls.FORMAT_CHECKER, registry=NO_RETRIEVAL)
         return validator
 
     def check(self, toolset_id: str, tool: str, schema: dict[str, Any], value: dict[str, Any]) -> None:
@@ -81,7 +94,15 @@ class SchemaCache:
         validator, accept = hit
         if accept is not None and accept(value):
             return
-        error = best_match(validator.iter_errors(value))
+        try:
+            error = best_match(validator.iter_errors(value))
+        except Unresolvable as exc:
+            ref = str(getattr(exc, "ref", "")) or "a reference"
+            raise InvalidInput(
+                f"The input schema of '{tool}' refers to '{ref[:200]}', which is not in the schema; "
+                "toolbus does not fetch schema references, so this input cannot be checked.",
+                details={"tool": tool, "ref": ref[:200]},
+            ) from None
         if error is None:
             return
         path = _path(error)
