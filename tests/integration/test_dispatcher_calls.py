@@ -470,5 +470,20 @@ async def test_an_input_too_large_for_its_approval_is_refused_and_the_dispatcher
     assert data["outcome"]["status"] == "ok"
 
 
+async def test_an_integer_beyond_64_bits_in_an_input_is_invalid_request_naming_it(
+    h: Harness, ts: str
+) -> None:
+    assert h.nc is not None
+    run = await h.open_run(ts)
+    raw = (
+        b'{"runId": "%s", "tool": "quick", "input": {"a": {"b": 123456789012345678901234567890}}}'
+        % run.encode()
+    )
+    for subject in (h.subjects.calls_start, h.subjects.calls_invoke):
+        reply = json.loads((await h.nc.request(subject, raw, timeout=10)).data)
+        assert reply["ok"] is False and reply["error"]["code"] == "invalidRequest", reply
+        assert reply["error"]["details"] == {"field": "input.a.b"}
+
+
 async def _first_needed_for_run(h: Harness, run: str) -> dict[str, Any]:
     return await h.first_internal(h.subjects.internal_approval_requests, "runId", run)

@@ -356,6 +356,20 @@ async def test_credentials_for_a_server_the_toolset_lacks(
     assert "x-y-z" not in json.dumps(reply)
 
 
+async def test_a_workflow_with_a_number_that_cannot_be_written_back_is_refused(
+    nc: Any, subjects: Subjects, registry: RegistryApp
+) -> None:
+    head = b'{"name": "wbig", "inputSchema": {"type": "object"}, "definition": '
+    for tail, field in (
+        (b'{"x": [123456789012345678901234567890]}}', "definition.x[0]"),
+        (b'{"x": 1e400}}', "definition.x"),
+    ):
+        reply = await request(nc, subjects.workflows_publish, head + tail)
+        assert_error(reply, "invalidRequest")
+        assert reply["error"]["details"] == {"field": field}
+    assert_error(await request(nc, subjects.workflows_get, {"name": "wbig"}), "notFound")
+
+
 async def test_workflows_publish_get_and_pin(
     nc: Any, subjects: Subjects, registry: RegistryApp, servers: dict[str, McpTestServer]
 ) -> None:

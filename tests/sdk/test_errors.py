@@ -4,6 +4,8 @@ made to answer, provoked for real."""
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import pytest
 from toolbus import (
     ERRORS,
@@ -121,3 +123,33 @@ async def test_connect_to_a_server_that_is_not_there_is_unavailable() -> None:
     with pytest.raises(Unavailable) as info:
         await Toolbus.connect(f"nats://127.0.0.1:{free_port()}", connect_timeout=1)
     assert info.value.retryable and "Could not connect" in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("value", "field"),
+    [
+        ({"a": float("nan")}, "input.a"),
+        ({"a": [1, float("inf")]}, "input.a[1]"),
+        ({"a": 2**70}, "input.a"),
+    ],
+)
+def test_numbers_json_cannot_carry_are_invalid_request_before_sending(
+    value: dict[str, Any], field: str
+) -> None:
+    """orjson and pydantic would write NaN and infinity as null and refuse 2**70: the SDK says so."""
+    from toolbus._runs import Run
+
+    run = Run(cast(Any, None), "run_1", None, None)
+    with pytest.raises(InvalidRequest) as caught:
+        run._body("a.b", value, None)
+    assert caught.value.details == {"field": field}
+
+
+@pytest.mark.parametrize("value", [[1, 2], "{}", 5])
+def test_an_input_that_is_not_a_mapping_is_invalid_request(value: Any) -> None:
+    from toolbus._runs import Run
+
+    run = Run(cast(Any, None), "run_1", None, None)
+    with pytest.raises(InvalidRequest) as caught:
+        run._body("a.b", value, None)
+    assert caught.value.details == {"field": "input"}

@@ -189,3 +189,31 @@ def test_nan_and_infinity_are_not_json_but_may_be_written_in_strings() -> None:
         ToolsetCreateRequest, b'{"host": [{"name": "a", "description": "NaN, Infinity", "inputSchema": {}}]}'
     )
     assert ok.host[0].description == "NaN, Infinity"
+
+
+def test_numbers_toolbus_cannot_carry_are_invalid_request_naming_their_field() -> None:
+    from toolbus_contracts import CallStartRequest, parse_body
+    from toolbus_contracts.base import unfit_number
+    from toolbus_contracts.errors import InvalidRequest
+
+    head = b'{"runId": "run_1", "tool": "a.b", "input": '
+    for body, field in (
+        (b'{"a": [1, {"c": 1e400}]}}', "input.a[1].c"),
+        (b'{"a": -1E999}}', "input.a"),
+        (b'{"a": 1}, "x": 0.1e999}', "x"),
+    ):
+        with pytest.raises(InvalidRequest) as caught:
+            parse_body(CallStartRequest, head + body)
+        assert caught.value.details == {"field": field}, body
+    # Finite doubles, 64-bit integers, and such text in strings pass.
+    ok = parse_body(
+        CallStartRequest,
+        head + b'{"a": 1e308, "b": 18446744073709551615, "c": -9223372036854775808, "s": "1e400"}}',
+    )
+    assert ok.input["b"] == 2**64 - 1
+    # Integers beyond 64 bits parse (pydantic keeps them) and are refused where they would be
+    # written: `unfit_number` finds them.
+    big = parse_body(CallStartRequest, head + b'{"a": {"b": [123456789012345678901234567890]}}}')
+    assert unfit_number(big.input, ("input",)) == "input.a.b[0]"
+    assert unfit_number({"a": -(2**63), "b": 2**64 - 1, "c": True, "d": 1.5}) is None
+    assert unfit_number([float("nan")]) == "[0]"

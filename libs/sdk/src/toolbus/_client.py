@@ -14,11 +14,12 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticSerializationError
 from toolbus_contracts import CredentialsExpired, Subjects
-from toolbus_contracts.base import validation_to_error
+from toolbus_contracts.base import unfit_number, unfit_number_error, validation_to_error
 
 from toolbus._connection import ConnectOptions
-from toolbus._errors import Internal, Timeout, ToolbusError, Unavailable, error_from_wire
+from toolbus._errors import Internal, InvalidRequest, Timeout, ToolbusError, Unavailable, error_from_wire
 from toolbus._feeds import Feed
 from toolbus._retry import Backoff, until_deadline
 
@@ -44,12 +45,17 @@ def build(model: type[M], **fields: Any) -> M:
     as the service would answer."""
     # By wire name, so that an error names the field as the service would (`runId`, not `run_id`).
     names = model.model_fields
+    wire = {(names[k].alias or k) if k in names else k: v for k, v in fields.items() if v is not None}
     try:
-        return model.model_validate(
-            {(names[k].alias or k) if k in names else k: v for k, v in fields.items() if v is not None}
-        )
+        built = model.model_validate(wire)
     except ValidationError as exc:
         raise validation_to_error(exc) from None
+    for name, value in wire.items():
+        if isinstance(value, dict | list | float | int):  # NaN, inf, 2**70: JSON writers drop or refuse them
+            unfit = unfit_number(value, (name,))
+            if unfit is not None:
+                raise unfit_number_error(unfit)
+    return built
 
 
 async def _quiet(exc: Exception) -> None:
@@ -230,11 +236,16 @@ class Toolbus:
         `settle(exc)`, for an error answered to a retry (after an `unavailable`), may return the
         `data` it stands for (a first attempt applied whose reply was lost), or None to raise it.
         """
-        payload = (
-            body.model_dump_json(exclude_none=True).encode()
-            if isinstance(body, BaseModel)
-            else orjson.dumps(body)
-        )
+        try:
+            payload = (
+                body.model_dump_json(exclude_none=True).encode()
+                if isinstance(body, BaseModel)
+                else orjson.dumps(body)
+            )
+        except (PydanticSerializationError, TypeError) as exc:  # a value JSON has no form for
+            raise InvalidRequest(
+                f"The request cannot be written as JSON: {str(exc)[:200]}.", details={"field": "body"}
+            ) from None
 
         async def send(left: float, retried: bool) -> Any:
             try:

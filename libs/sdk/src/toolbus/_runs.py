@@ -30,7 +30,7 @@ from toolbus_contracts import (
 )
 
 from toolbus._client import build
-from toolbus._errors import Timeout
+from toolbus._errors import InvalidRequest, Timeout
 from toolbus._outcomes import CallResult, resolve
 from toolbus._toolsets import CredentialsLike, Toolset, _credentials, toolset_id
 
@@ -114,6 +114,11 @@ class Run:
         """The `calls.start`/`calls.invoke` body; without `idempotency_key` one is made for this
         logical call (32 hex digits, the service's own form) and sent on every retry of it, so a
         retry after `unavailable` finds the stored call instead of creating a second one."""
+        if input is not None and not isinstance(input, Mapping):
+            raise InvalidRequest(
+                f"Field 'input' must be a mapping (a JSON object), not {type(input).__name__}.",
+                details={"field": "input"},
+            )
         return build(
             CallStartRequest,
             run_id=self.id,

@@ -25,6 +25,7 @@ from toolbus_contracts import (
     RunOpenRequest,
     Subjects,
 )
+from toolbus_contracts.base import unfit_number, unfit_number_error
 from toolbus_contracts.errors import Conflict, InvalidRequest, NotFound, UnknownTool
 from toolbus_contracts.internal import ApprovalDecided, ApprovalNeeded, CallsResume
 
@@ -194,7 +195,10 @@ class DispatcherService:
                     details={"field": "input", "size": len(command), "limit": self._approval_limit},
                 )
             announce = (self._subjects.internal_approval_requests, command)
-        input_json = orjson.dumps(req.input).decode()
+        try:
+            input_json = orjson.dumps(req.input).decode()
+        except TypeError:  # an integer outside 64 bits: the store, events and tools could not carry it
+            raise unfit_number_error(unfit_number(req.input, ("input",)) or "input") from None
         for _ in range(2):
             created = await self._store.create_call(
                 call_id=call_id,

@@ -8,6 +8,7 @@ from nats.js.kv import KeyValue
 from toolbus_common.canonical import sha256_hex
 from toolbus_common.clock import now_iso
 from toolbus_contracts import Workflow, WorkflowPublishRequest
+from toolbus_contracts.base import unfit_number, unfit_number_error
 
 
 def workflow_version(req: WorkflowPublishRequest) -> str:
@@ -21,6 +22,14 @@ class WorkflowStore:
 
     async def publish(self, req: WorkflowPublishRequest) -> Workflow:
         """Store a version (a no-op when the same content is published again) and make it latest."""
+        for field, value in (
+            ("inputSchema", req.input_schema),
+            ("outputSchema", req.output_schema),
+            ("definition", req.definition),
+        ):
+            unfit = unfit_number(value, (field,))
+            if unfit is not None:  # stored, it could never be read back and sent (orjson refuses it)
+                raise unfit_number_error(unfit)
         version = workflow_version(req)
         existing = await self.get(req.name, version)
         workflow = existing or Workflow(
