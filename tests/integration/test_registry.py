@@ -239,6 +239,7 @@ async def test_unreachable_server_is_named(nc: Any, subjects: Subjects, registry
         ({"mcp": [{"name": "ctl", "url": "http://x/m\ncp"}]}, "invalidRequest", ["mcp[0].url", "control"]),
         ({"mcp": [{"name": "sp", "url": "http://x/a b"}]}, "invalidRequest", ["mcp[0].url", "whitespace"]),
         ({"mcp": [{"name": "port", "url": "http://x:99999/mcp"}]}, "invalidRequest", ["mcp[0].url", "port"]),
+        ({"mcp": [{"name": "v6", "url": "http://[::1:3001/mcp"}]}, "invalidRequest", ["mcp[0].url", "IPv6"]),
         (
             {"mcp": [{"name": "long", "url": "http://x/" + "a" * 900_000}]},
             "invalidRequest",

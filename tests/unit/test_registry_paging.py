@@ -33,11 +33,12 @@ def test_item_pages_cover_every_item_once() -> None:
 
 def test_cursors_round_trip_and_refuse_garbage() -> None:
     scope = "ts_" + "a" * 64 + ":tools"
-    assert decode_cursor(encode_cursor(scope, 1234), scope) == 1234
-    assert decode_cursor(None, scope) == 0
-    for bad in ("%%%", encode_cursor(scope, 1)[:-1] + "!", "eDox", encode_cursor(scope, 1)[:-2]):
+    assert decode_cursor(encode_cursor(scope, 1234), scope, 1235) == 1234
+    assert decode_cursor(None, scope, 0) == 0
+    past_end = (encode_cursor(scope, 1235), encode_cursor(scope, 99999), encode_cursor(scope, 1234) + "x")
+    for bad in ("%%%", encode_cursor(scope, 1)[:-1] + "!", "eDox", encode_cursor(scope, 1)[:-2], *past_end):
         with pytest.raises(InvalidRequest) as refused:
-            decode_cursor(bad, scope)
+            decode_cursor(bad, scope, 1235)
         assert refused.value.details == {"field": "cursor"}
 
 
@@ -46,6 +47,6 @@ def test_a_cursor_pages_only_the_document_it_was_given_for() -> None:
     other = "ts_" + "b" * 64 + ":tools"
     for scope in (dts, other):
         with pytest.raises(InvalidRequest) as refused:
-            decode_cursor(encode_cursor(tools, 7), scope)
+            decode_cursor(encode_cursor(tools, 7), scope, 100)
         assert "another toolset or another reply" in refused.value.message
         assert refused.value.details == {"field": "cursor"}

@@ -160,8 +160,8 @@ def bounded(value: str, limit: int = 80) -> str:
 
 # ---- Durations ---------------------------------------------------------------------------------
 
-_DURATION_RE = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|h|m|s))+$")
-_PART_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+_DURATION_RE = re.compile(r"^(?:([0-9]+(?:\.[0-9]+)?)(ms|h|m|s))+$")  # ASCII digits only
+_PART_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|h|m|s)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 

@@ -26,9 +26,10 @@ def encode_cursor(scope: str, offset: int) -> str:
     return base64.urlsafe_b64encode(f"{_scope_tag(scope)}:{offset}".encode()).decode().rstrip("=")
 
 
-def decode_cursor(cursor: str | None, scope: str) -> int:
+def decode_cursor(cursor: str | None, scope: str, end: int) -> int:
     """Where the page `cursor` asks for starts (0 without one); a cursor that this service did not
-    give for this very `scope` is `invalidRequest` naming `cursor`."""
+    give for this very `scope`, or past `end` (the document's length: never given), is
+    `invalidRequest` naming `cursor`."""
     if cursor is None:
         return 0
     try:
@@ -37,6 +38,8 @@ def decode_cursor(cursor: str | None, scope: str) -> int:
         if not value.isdigit():  # digits only: no sign, no spaces
             raise ValueError
         offset = int(value)
+        if offset >= end:  # a cursor is only given for a page that exists
+            raise ValueError
     except ValueError:
         raise InvalidRequest(
             "Field 'cursor' is not a cursor this service gave.", details={"field": "cursor"}

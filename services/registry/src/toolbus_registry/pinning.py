@@ -197,7 +197,10 @@ def url_problem(url: str) -> str | None:
         return f"it is longer than {URL_MAX} characters"
     if _URL_UNSAFE.search(url):
         return "it holds whitespace or a control character"
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # an unclosed or malformed `[...]` IPv6 literal
+        return "its host is not a valid IPv6 literal"
     try:
         parts.port  # noqa: B018 - raises for a port that is not a number in range
     except ValueError:

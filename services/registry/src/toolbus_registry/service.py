@@ -176,7 +176,7 @@ class RegistryService:
         stored = await self._stored(req.id)
         tools = stored.table.wire()
         scope = f"{req.id}:tools"
-        page, nxt = page_items(tools, decode_cursor(req.cursor, scope), self._budget)
+        page, nxt = page_items(tools, decode_cursor(req.cursor, scope, len(tools)), self._budget)
         return ToolsetGetReply.model_validate(
             {
                 "id": req.id,
@@ -190,7 +190,7 @@ class RegistryService:
         rendered = await asyncio.to_thread(self._render, stored)
         text = rendered.prompt if req.format == "prompt" else rendered.dts
         scope = f"{req.id}:{req.format}"
-        chunk, nxt = page_text(text, decode_cursor(req.cursor, scope), self._budget)
+        chunk, nxt = page_text(text, decode_cursor(req.cursor, scope, len(text)), self._budget)
         return ToolsetDeclarationsReply(
             format=req.format, text=chunk, next_cursor=encode_cursor(scope, nxt) if nxt is not None else None
         )
