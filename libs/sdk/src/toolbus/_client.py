@@ -51,8 +51,8 @@ def build(model: type[M], **fields: Any) -> M:
     except ValidationError as exc:
         raise validation_to_error(exc) from None
     for name, value in wire.items():
-        if isinstance(value, dict | list | float | int):  # NaN, inf, 2**70: JSON writers drop or refuse them
-            unfit = unfit_number(value, (name,))
+        if isinstance(value, dict | list | float):  # NaN and infinity: written as null otherwise
+            unfit = unfit_number(value, (name,), ints=False)
             if unfit is not None:
                 raise unfit_number_error(unfit)
     return built

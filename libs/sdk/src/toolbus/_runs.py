@@ -28,6 +28,7 @@ from toolbus_contracts import (
     RunOpenReply,
     RunOpenRequest,
 )
+from toolbus_contracts.base import unfit_number, unfit_number_error
 
 from toolbus._client import build
 from toolbus._errors import InvalidRequest, Timeout
@@ -119,6 +120,9 @@ class Run:
                 f"Field 'input' must be a mapping (a JSON object), not {type(input).__name__}.",
                 details={"field": "input"},
             )
+        unfit = unfit_number(input, ("input",)) if input else None
+        if unfit is not None:  # NaN, infinity, 2**70: the service refuses them (JSON writers drop them)
+            raise unfit_number_error(unfit)
         return build(
             CallStartRequest,
             run_id=self.id,
