@@ -691,7 +691,7 @@ def lint() -> int:
     """`check`, then for each chart: helm lint --strict, render with its defaults, validate each
     manifest against the Kubernetes schemas. Prints one line per chart; 1 on any finding."""
     import helm_python
-    import kubernetes_validate
+    import kubernetes_validate  # type: ignore[import-untyped]  # ships no stubs or py.typed
     import yaml
 
     # Helm's warnings through Python logging. (Each "found symbolic link" INFO line, on loading a

@@ -229,7 +229,8 @@ async def test_a_burst_survives_a_nats_node_and_a_dispatcher_killed(
                 info = (
                     await readers[0].jetstream(timeout=5).stream_info(f"KV_{js_name(prefix, 'embeddings')}")
                 )
-                return info.state.messages > 0
+                messages: int = info.state.messages
+                return messages > 0
 
             await eventually(
                 embedded, "the search's tool vectors stored in the embeddings bucket", limit=120.0

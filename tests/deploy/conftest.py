@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT / "scripts") not in sys.path:
     sys.path.insert(0, str(ROOT / "scripts"))
 
-import charts
-import compose_env
+import charts as charts
+import compose_env as compose_env
 
 from tests.deploy.settings_catalogue import SERVICES
 
@@ -72,11 +72,13 @@ class Rendered:
     def container(self) -> dict[str, Any]:
         containers = self.one("Deployment")["spec"]["template"]["spec"]["containers"]
         assert len(containers) == 1
-        return containers[0]
+        container: dict[str, Any] = containers[0]
+        return container
 
     @property
     def pod(self) -> dict[str, Any]:
-        return self.one("Deployment")["spec"]["template"]["spec"]
+        pod: dict[str, Any] = self.one("Deployment")["spec"]["template"]["spec"]
+        return pod
 
 
 def _render(chart: str, values: dict[str, Any] | None) -> Rendered:

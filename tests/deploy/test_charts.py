@@ -9,7 +9,7 @@ from typing import Any
 
 import helm_python
 import jsonschema
-import kubernetes_validate
+import kubernetes_validate  # type: ignore[import-untyped]  # ships no stubs or py.typed
 import pytest
 import yaml
 

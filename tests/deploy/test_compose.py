@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 from cryptography.fernet import Fernet
@@ -36,6 +36,13 @@ NOT_GIVEN = {
     "credentials": set(),
 }
 REDIS_SETTINGS = re.compile(r"^TOOLBUS_REDIS_")
+
+
+class NatsCredentials(TypedDict, total=False):
+    """What `connect` is given to log in with: a user and password, or nothing (anonymous)."""
+
+    user: str
+    password: str
 
 
 def env_example_names() -> set[str]:
@@ -167,7 +174,7 @@ def test_service_gets_every_setting_it_reads_and_only_its_own_nats_password(
     compose_config: dict[str, Any], compose_env_file: Path, service: str
 ) -> None:
     env = compose_config["services"][service]["environment"]
-    expected = service_settings(service) - NOT_GIVEN["all"] - NOT_GIVEN[service]
+    expected: frozenset[str] | set[str] = service_settings(service) - NOT_GIVEN["all"] - NOT_GIVEN[service]
     if service == "registry":
         expected = {name for name in expected if not REDIS_SETTINGS.match(name)}
     assert set(env) == expected
@@ -263,7 +270,7 @@ async def test_nats_service_of_compose_runs_on_a_real_nats_server(
             await nc.flush()
             await nc.close()
         registry = compose_config["services"]["registry"]["environment"]
-        refused: list[dict[str, str]] = [
+        refused: list[NatsCredentials] = [
             {},
             {"user": "registry", "password": "wrong"},
             {"user": "dispatcher", "password": registry["TOOLBUS_NATS_PASSWORD"]},
@@ -331,7 +338,7 @@ async def test_redis_service_of_compose_runs_on_a_real_redis_server(
         for user in redis_users("toolbus"):
             assert {w[1:] for w in acl[user.name] if w.startswith("~")} == set(user.key_patterns)
             assert "-@dangerous" in acl[user.name]
-        users: dict[str, aioredis.Redis] = {}
+        users: dict[str, aioredis.Redis[bytes]] = {}
         for name in REDIS_USERS:
             env = compose_config["services"][name]["environment"]
             users[name] = aioredis.Redis(
@@ -357,11 +364,11 @@ async def test_redis_service_of_compose_runs_on_a_real_redis_server(
                 with pytest.raises(redis.exceptions.AuthenticationError):
                     await wrong.ping()
             finally:
-                await wrong.aclose()
+                await wrong.aclose()  # type: ignore[attr-defined]  # redis>=5; stubs lag
         finally:
             for user_client in users.values():
-                await user_client.aclose()
+                await user_client.aclose()  # type: ignore[attr-defined]  # redis>=5; stubs lag
     finally:
-        await client.aclose()
-        await anonymous.aclose()
+        await client.aclose()  # type: ignore[attr-defined]  # redis>=5; stubs lag
+        await anonymous.aclose()  # type: ignore[attr-defined]  # redis>=5; stubs lag
         stop_process(proc)

@@ -17,7 +17,8 @@ from tests.faults.stack import TABLE_HEADER, TABLE_ROWS
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if "faults_long" in (config.option.markexpr or ""):
         return
-    keep, drop = [], []
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
     for item in items:
         (drop if item.get_closest_marker("faults_long") else keep).append(item)
     if drop:

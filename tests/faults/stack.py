@@ -540,7 +540,7 @@ def _attempts_agree(events: list[dict[str, Any]], attempts: int) -> bool:
     starts again (same number) once it is resumed (parking spends no attempt): number k appears
     once plus once per resume after it. Checked on the numbers, not their stream order."""
     numbers = Counter(e["attempt"] for e in events if e["type"] == "attemptStarted")
-    resumes = sum(e["type"] == "resumed" for e in events)
+    resumes: int = sum(e["type"] == "resumed" for e in events)
     if sorted(numbers) != list(range(1, attempts + 1)):
         return False
     return sum(numbers.values()) - attempts <= resumes

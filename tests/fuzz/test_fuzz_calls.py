@@ -429,7 +429,7 @@ class CallProbe:
     async def close(self) -> None:
         await drop_deployment_state(self.nc, self.redis_url, self.prefix)
         await self.nc.drain()
-        await self.redis.aclose()
+        await self.redis.aclose()  # type: ignore[attr-defined]  # redis>=5; stubs lag
 
 
 @dataclass

@@ -201,9 +201,9 @@ class Probe:
                 if k not in housekeeping
             ]
         )
-        values = []
+        values: list[object] = []
         for key in keys:
-            kind = (await self.redis.type(key)).decode()
+            kind = (await self.redis.type(key)).decode()  # type: ignore[no-untyped-call]  # types-redis 4.6 leaves it unannotated
             if kind == "hash":
                 values.append(sorted((await self.redis.hgetall(key)).items()))
             elif kind in ("zset", "set", "list", "stream"):
@@ -211,7 +211,7 @@ class Probe:
             else:
                 values.append(await self.redis.get(key))
         js = self.nc.jetstream()
-        streams = []
+        streams: list[tuple[str, int | None]] = []
         for name in (
             "EVENTS",
             "INTERNAL",
@@ -257,7 +257,7 @@ class Probe:
     async def close(self) -> None:
         await drop_deployment_state(self.nc, self.redis_url, self.prefix)
         await self.nc.drain()
-        await self.redis.aclose()
+        await self.redis.aclose()  # type: ignore[attr-defined]  # redis>=5; stubs lag
 
 
 @pytest.fixture(scope="module")

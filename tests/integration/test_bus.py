@@ -153,12 +153,12 @@ async def test_a_failed_reply_publish_on_the_raw_path_becomes_unavailable(env: t
     real_publish = bus.nc.publish
     failures = 0
 
-    async def publish_failing_once(subject: str, payload: bytes = b"", **kw: Any) -> None:
+    async def publish_failing_once(subject: str, payload: bytes = b"", *args: Any, **kw: Any) -> None:
         nonlocal failures
         if failures == 0:
             failures += 1
             raise nats.errors.OutboundBufferLimitError
-        await real_publish(subject, payload, **kw)
+        await real_publish(subject, payload, *args, **kw)
 
     bus.nc.publish = publish_failing_once  # type: ignore[method-assign]
     try:
@@ -283,7 +283,7 @@ async def test_an_unparseable_command_is_dead_lettered_and_the_consumer_goes_on(
             assert m.headers["Toolbus-Dead-Subject"] == subject
             assert m.headers["Toolbus-Dead-Consumer"] == "bustest-notes"
             assert m.headers["Toolbus-Dead-Reason"].startswith("Note: ")
-        assert "'oops'" in kept[0].headers["Toolbus-Dead-Reason"]  # type: ignore[index]
+        assert "'oops'" in kept[0].headers["Toolbus-Dead-Reason"]
 
         info = await js.consumer_info(js_name(settings.subject_prefix, "INTERNAL"), "bustest-notes")
         assert info.num_pending == 0 and info.num_ack_pending == 0  # terminated: never redelivered

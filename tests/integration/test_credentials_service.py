@@ -20,6 +20,7 @@ from toolbus_common.logging import JsonFormatter
 from toolbus_common.settings import Settings
 from toolbus_common.toolsets import ToolsetStore
 from toolbus_contracts import PinnedToolset, Subjects
+from toolbus_contracts.credentials import CredentialLevel
 from toolbus_contracts.internal import CallParked, RunClosed
 from toolbus_contracts.registry import PinnedServer
 from toolbus_credentials.app import CredentialsService
@@ -130,7 +131,7 @@ async def park(
     st: Stack,
     call_id: str,
     *,
-    level: str = "run",
+    level: CredentialLevel = "run",
     run_id: str = "run-1",
     server: str = "github",
     namespace: str | None = "user-1",
@@ -145,7 +146,7 @@ async def park(
         level=level,
         parked_at="2026-11-30T00:00:00.000Z",
         credentials_version=credentials_version,
-    )  # type: ignore[arg-type]
+    )
     await js.publish(st.subjects.internal_calls_park, message.wire_json())
 
 

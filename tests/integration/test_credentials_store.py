@@ -11,7 +11,7 @@ from cryptography.fernet import Fernet
 from toolbus_common.credential_store import CredentialStore
 from toolbus_common.keys import Keys
 from toolbus_common.secrets import Cipher
-from toolbus_contracts.credentials import Credentials
+from toolbus_contracts.credentials import CredentialLevel, Credentials
 
 pytestmark = pytest.mark.integration
 
@@ -45,14 +45,14 @@ LEVELS = ["toolset", "namespace", "run"]
     ],
 )
 async def test_the_most_specific_level_with_an_entry_wins(
-    store: CredentialStore, present: tuple[str, ...]
+    store: CredentialStore, present: tuple[CredentialLevel, ...]
 ) -> None:
     for level in present:
         await store.set(
             level,
             toolset_id=TS,
             namespace="user-1",
-            run_id="run-1",  # type: ignore[arg-type]
+            run_id="run-1",
             credentials=creds(github={"Authorization": f"Bearer {level}"}),
         )
     got = await store.resolve(toolset_id=TS, namespace="user-1", run_id="run-1", server="github")

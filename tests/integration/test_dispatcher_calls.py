@@ -184,7 +184,12 @@ async def test_a_key_naming_another_call_is_conflict_and_registers_nothing(h: Ha
         waiting = asyncio.create_task(
             h.invoke(run, "crm.find", {"limit": 2, "query": "a"}, idempotencyKey="k-2")
         )
-        await until(lambda: h.redis.llen(h.keys.call_replies(first["callId"])), "the invoke registered")  # type: ignore[union-attr]
+        redis = h.redis
+
+        async def registered() -> bool:
+            return bool(await redis.llen(h.keys.call_replies(first["callId"])))
+
+        await until(registered, "the invoke registered")
         release.set()
         done = await waiting
         assert done["callId"] == first["callId"] and done["outcome"]["output"] == {

@@ -8,7 +8,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import pytest_asyncio
@@ -129,7 +129,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self.seen.append({"path": self.path, "key": self.headers.get("Idempotency-Key")})
-        port = self.server.server_address[1]
+        port = cast("tuple[str, int]", self.server.server_address)[1]
         routes: dict[str, tuple[int, bytes, str | None, dict[str, str]]] = {
             "/text": (200, "héllo".encode(), "text/plain; charset=utf-8", {}),
             "/json": (200, b'{"a":1}', "application/json", {}),

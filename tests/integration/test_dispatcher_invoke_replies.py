@@ -125,11 +125,11 @@ async def test_a_reply_whose_publish_fails_is_unavailable_for_that_invoker_only(
     failed: list[str] = []
     doomed: set[str] = set()
 
-    async def publish(subject: str, payload: bytes = b"", **kw: Any) -> None:
+    async def publish(subject: str, payload: bytes = b"", *args: Any, **kw: Any) -> None:
         if subject in doomed and subject not in failed:
             failed.append(subject)
             raise nats.errors.OutboundBufferLimitError
-        await real_publish(subject, payload, **kw)
+        await real_publish(subject, payload, *args, **kw)
 
     mcp.call_delay = 1.0
     bus_nc.publish = publish  # type: ignore[method-assign]

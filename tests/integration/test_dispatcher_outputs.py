@@ -146,7 +146,7 @@ async def _completed_event(h: Harness, run_id: str, call_id: str) -> dict[str, A
                     msg = await sub.next_msg(timeout=1)
                 except TimeoutError:
                     break
-                event = json.loads(msg.data)
+                event: dict[str, Any] = json.loads(msg.data)
                 if event["type"] == "completed":
                     return event
         finally:

@@ -6,7 +6,6 @@ left to their leases: another replica claims them."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 
@@ -51,7 +50,8 @@ async def test_requests_and_calls_in_tasks_share_the_grace(nats_url: str, redis_
             # `calls.start` left running in a task got what was left of it, not a second more.
             assert given and given[0] < 0.5, given
             invoking.cancel()
-            state: dict[str, Any] = await h.redis.hgetall(h.keys.call(started["callId"]))  # type: ignore[union-attr]
+            assert h.redis is not None
+            state: dict[bytes, bytes] = await h.redis.hgetall(h.keys.call(started["callId"]))
             assert (
                 state[b"state"] == b"running"
             )  # not ended by the stop: its lease lapses, then it is claimed

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 
 TOKEN = "tok-" + uuid.uuid4().hex
 
-REGIONAL = {
+REGIONAL: dict[str, Any] = {
     "name": "regional",
     "description": "A tool whose arguments are mirrored into Mcp-Param-* headers for routing.",
     "inputSchema": {

@@ -31,7 +31,7 @@ TOKEN = "reg-t0ken-9f2c4e1a"
 
 @pytest.fixture(scope="module")
 def settings(service_env: dict[str, str]) -> Settings:
-    env = {k.removeprefix("TOOLBUS_").lower(): v for k, v in service_env.items()}
+    env: dict[str, Any] = {k.removeprefix("TOOLBUS_").lower(): v for k, v in service_env.items()}
     return Settings(**env)
 
 
@@ -146,7 +146,7 @@ async def test_same_toolset_in_another_order_gets_the_same_id(
         {"name": "a_tool", "inputSchema": {"type": "object"}},
         {"name": "b_tool", "inputSchema": {"type": "object"}},
     ]
-    one = {
+    one: dict[str, Any] = {
         "mcp": [{"name": "echo", "url": servers["echo"].url}, {"name": "paged", "url": servers["paged"].url}],
         "host": host,
         "http": {"allow": ["a.example.com", "b.example.com"]},
@@ -194,7 +194,7 @@ async def test_credentials_are_not_part_of_the_id_and_unlock_a_locked_server(
     settings = registry.settings
     from redis.asyncio import Redis
 
-    redis: Redis = Redis.from_url(settings.redis_url)
+    redis: Redis[bytes] = Redis.from_url(settings.redis_url)
     try:
         store = CredentialStore(redis, Keys(settings.key_prefix), Cipher.from_settings(settings))
         resolved = await store.resolve(
@@ -205,7 +205,7 @@ async def test_credentials_are_not_part_of_the_id_and_unlock_a_locked_server(
         raw = await redis.get(store.key("toolset", toolset_id=first["data"]["id"]))
         assert raw is not None and TOKEN.encode() not in raw
     finally:
-        await redis.aclose()
+        await redis.aclose()  # type: ignore[attr-defined]  # redis>=5; stubs lag
 
 
 async def test_a_server_whose_tools_changed_gets_another_id(

@@ -29,7 +29,7 @@ class _NoCredentials:
 
 @pytest.fixture(scope="module")
 def settings(service_env: dict[str, str]) -> Settings:
-    env = {k.removeprefix("TOOLBUS_").lower(): v for k, v in service_env.items()}
+    env: dict[str, Any] = {k.removeprefix("TOOLBUS_").lower(): v for k, v in service_env.items()}
     return Settings(**env, registry_max_listing_bytes=CAP)
 
 

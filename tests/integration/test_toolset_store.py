@@ -5,6 +5,7 @@ through a buffer of the whole chunk size."""
 from __future__ import annotations
 
 import contextlib
+import io
 from typing import Any
 
 import nats
@@ -24,7 +25,7 @@ class _CountingPuts:
         self.chunks: list[int] = []
         real = obj.put
 
-        async def put(name: str, data: bytes, meta: Any = None, **kw: Any) -> Any:
+        async def put(name: str, data: str | bytes | io.BufferedIOBase, meta: Any = None, **kw: Any) -> Any:
             self.chunks.append(meta.options.max_chunk_size)
             return await real(name, data, meta=meta, **kw)
 

@@ -5,7 +5,8 @@ approvals (listed, approved, denied, followed as they arrive)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import AsyncGenerator
+from typing import Any, cast
 
 import pytest
 from toolbus import (
@@ -150,7 +151,8 @@ async def test_credentials_at_three_levels_and_workflows(tb: Toolbus) -> None:
 async def test_approvals_list_approve_deny_and_requests(tb: Toolbus, mcp_server: McpTestServer) -> None:
     toolset = await _toolset(tb, mcp_server, echo={"approval": True})
     run = await tb.runs.open(toolset, namespace="approver-test")
-    stream = tb.approvals.requests(run_id=run.id)
+    # an async generator: closed with aclose() once done with it
+    stream = cast(AsyncGenerator[ApprovalRequested, None], tb.approvals.requests(run_id=run.id))
     first = await run.start("everything.echo", {"text": "approve me"})
     request = await asyncio.wait_for(anext(stream), 20)
     assert isinstance(request, ApprovalRequested)

@@ -107,7 +107,9 @@ async def test_codes_provoked_against_the_real_services(tb: Toolbus, mcp_server:
     # unavailable: no service answers under this prefix (sent again until the 2 s timeout is spent,
     # then the last `Unavailable` is raised); timeout: a handle that is not done in time.
     nobody_prefix = f"tbnobody{free_port()}"
-    async with await Toolbus.connect(tb.nc.connected_url.geturl(), nobody_prefix, timeout=2) as nobody:
+    connected = tb.nc.connected_url
+    assert connected is not None
+    async with await Toolbus.connect(connected.geturl(), nobody_prefix, timeout=2) as nobody:
         with pytest.raises(Unavailable) as down:
             await nobody.toolsets.get("ts_" + "0" * 64)
         assert down.value.retryable and "toolbus up" in down.value.message

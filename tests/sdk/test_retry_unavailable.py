@@ -87,6 +87,7 @@ async def test_a_call_made_while_redis_is_down_succeeds_once_it_is_back_as_one_c
         text = f"retried {how} {run.id}"
         refused = proxy.refused
         await _outage(proxy)
+        key: str | None
         if how == "start":
             handle = await run.start("everything.plain", {"text": text})
             call_id, key = handle.call_id, handle.idempotency_key

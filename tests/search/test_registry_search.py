@@ -46,7 +46,7 @@ def tools(tag: str) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def settings(service_env: dict[str, str]) -> Settings:
-    env = {k.removeprefix("TOOLBUS_").lower(): v for k, v in service_env.items()}
+    env: dict[str, Any] = {k.removeprefix("TOOLBUS_").lower(): v for k, v in service_env.items()}
     return Settings(**env)
 
 

@@ -15,7 +15,7 @@ import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import nats
 import pytest
@@ -38,6 +38,13 @@ pytestmark = pytest.mark.integration
 
 P = "toolbus"
 ROOT = Path(__file__).resolve().parents[2]
+
+
+class NatsCredentials(TypedDict, total=False):
+    """What `connect` is given to log in with: a user and password, or nothing (anonymous)."""
+
+    user: str
+    password: str
 
 
 class Probe:
@@ -179,7 +186,8 @@ def test_the_committed_configuration_is_the_generated_one() -> None:
 
 
 async def test_anonymous_and_wrong_passwords_are_refused(secured_nats: SecuredNats) -> None:
-    for credentials in ({}, {"user": "harness", "password": "wrong"}):
+    refused: tuple[NatsCredentials, ...] = ({}, {"user": "harness", "password": "wrong"})
+    for credentials in refused:
         client = Client()
         try:
             with pytest.raises(nats.errors.Error, match="Authorization Violation"):

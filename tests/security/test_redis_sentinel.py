@@ -89,14 +89,14 @@ class SentinelSet:
     def known_replicas(self) -> int:
         client = redis.Redis(port=self.sentinel_ports[0])
         try:
-            return len(client.sentinel_slaves(MASTER))
+            return len(client.sentinel_slaves(MASTER))  # type: ignore[no-untyped-call]  # types-redis 4.6 leaves it unannotated
         finally:
             client.close()
 
     def master_address(self) -> tuple[str, int]:
         client = redis.Redis(port=self.sentinel_ports[0])
         try:
-            host, port = client.sentinel_get_master_addr_by_name(MASTER)
+            host, port = client.sentinel_get_master_addr_by_name(MASTER)  # type: ignore[no-untyped-call]  # types-redis 4.6 leaves it unannotated
             return host.decode() if isinstance(host, bytes) else host, int(port)
         finally:
             client.close()
@@ -376,12 +376,12 @@ async def test_a_master_refusing_writes_for_want_of_replicas_is_unavailable_not_
             await client.set("tbt:noreplicas", "v")
         assert str(refused.value).startswith("NOREPLICAS")
         assert is_backing_store_fault(refused.value)
-        sha = await client.script_load("return redis.call('SET', KEYS[1], ARGV[1])")
+        sha = await client.script_load("return redis.call('SET', KEYS[1], ARGV[1])")  # type: ignore[no-untyped-call]  # types-redis 4.6 leaves it unannotated
         with pytest.raises(ScriptReplyError) as script_refused:
             await pipe.evalsha(sha, ["tbt:noreplicas"], ["v"])
         assert is_backing_store_fault(script_refused.value)
         assert unavailable(script_refused.value).details == {"store": "Redis"}
     finally:
         await pipe.aclose()
-        await client.aclose()
+        await client.aclose()  # type: ignore[attr-defined]  # redis>=5; stubs lag
         master.stop()

@@ -42,7 +42,7 @@ def validator(schema: Any) -> jsonschema.protocols.Validator | None:
         return None
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
-        cls.check_schema(schema)
+        cls.check_schema(schema)  # type: ignore[arg-type]  # its stub: dict only; boolean schemas are valid
     except (SchemaError, RecursionError):
         return None
     return cls(schema)
@@ -177,7 +177,7 @@ def cases(schema: Any, max_valid: int = 3, max_invalid: int = 6) -> list[Case]:
     not valid JSON Schema (or has references that lead nowhere)."""
     try:
         return _cases(schema, max_valid, max_invalid)
-    except (jsonschema.exceptions._WrappedReferencingError, RecursionError):
+    except (jsonschema.exceptions._WrappedReferencingError, RecursionError):  # type: ignore[attr-defined]  # private, not in its stub
         return []
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Any
 
 from toolbus_common.canonical import canonical_json, content_id
 from toolbus_common.logging import JsonFormatter, register_secret
@@ -40,7 +41,7 @@ def test_fast_canonical_form_matches_the_reference() -> None:
 
     from tests.support.mcp_servers import synthetic_tools
 
-    samples: list[object] = [
+    samples: list[Any] = [
         {"z": 1, "a": {"y": [1, 2, {"b": None, "a": True}]}, "é": "ü", "\u00e9a": "x"},
         {
             "ctl": '\x00\x01\x1f\x7f"\\/\b\f\n\r\t',
@@ -112,7 +113,7 @@ async def test_cancel_and_wait_ends_a_loop_that_swallowed_one_cancellation() -> 
 
     from toolbus_common.tasks import cancel_and_wait
 
-    swallowed = []
+    swallowed: list[bool] = []
 
     async def stubborn() -> None:
         while True:

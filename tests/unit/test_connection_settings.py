@@ -39,7 +39,7 @@ def test_servers_inbox_and_no_secret_in_repr() -> None:
     assert options["servers"] == ["nats://a:4222", "nats://b:4222"]
     assert options["inbox_prefix"] == "_INBOX.worker"
     assert "s3cret-pw" not in repr(auth)
-    settings = Settings(nats_url=env["TOOLBUS_NATS_URL"], nats_password="s3cret-pw")  # type: ignore[arg-type]
+    settings = Settings(nats_url=env["TOOLBUS_NATS_URL"], nats_password="s3cret-pw")
     assert "s3cret-pw" not in repr(settings)
     assert nats_connect_options(settings)["servers"] == ["nats://a:4222", "nats://b:4222"]
 

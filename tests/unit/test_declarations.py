@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 from toolbus_contracts import EffectivePolicy, ToolInfo
 from toolbus_registry.declarations import render_dts, render_prompt, tool_dts_fragment, tool_prompt_line
@@ -12,14 +13,14 @@ from tests.tsc.edge_cases import INVALID_SCHEMAS, edge_tools
 P = EffectivePolicy()
 
 
-def _tool(name: str, schema: dict | None = None, **kw: object) -> ToolInfo:
+def _tool(name: str, schema: dict[str, Any] | None = None, **kw: Any) -> ToolInfo:
     return ToolInfo(
         name=name,
         kind=kw.pop("kind", "mcp"),
-        input_schema=schema or {"type": "object"},  # type: ignore[arg-type]
+        input_schema=schema or {"type": "object"},
         policy=P,
         **kw,
-    )  # type: ignore[arg-type]
+    )
 
 
 def test_same_tools_in_any_order_give_the_same_bytes() -> None:
@@ -112,6 +113,7 @@ def test_invalid_schemas_degrade_without_raising() -> None:
         dts = render_dts([_tool(f"b.{name}", schema)], "m")
         assert f"{name}(input:" in dts
         assert tool_prompt_line(_tool(f"b.{name}", schema)).startswith(f"b.{name}(")
+    weird: object
     for weird in ([], "x", 5, None, {"type": ["object", 3]}, {"properties": {"a": None}}, {"enum": "x"}):
         render_dts([_tool("b.w", {"type": "object", "properties": {"a": weird}})], "m")
 

@@ -58,7 +58,11 @@ async def test_a_renewal_during_a_park_does_not_cancel_it() -> None:
     task = asyncio.create_task(runner._park(rec, NeedsCredentials("c", "toolset", 3)))
     runner._tasks[rec.call_id] = task
     started: list[str] = []
-    runner.start = lambda records, reaped=False: started.extend(r.call_id for r in records)  # type: ignore[method-assign]
+
+    def start(records: list[CallRecord], reaped: bool = False) -> None:
+        started.extend(r.call_id for r in records)
+
+    runner.start = start  # type: ignore[method-assign]
     await store.parked.wait()
     await runner.renew_leases()  # the call is no longer running: reported lost
     store.reply.set()

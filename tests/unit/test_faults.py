@@ -15,7 +15,7 @@ from toolbus_contracts.errors import ErrorCode, Unavailable
     "exc",
     [
         redis.exceptions.ConnectionError("Connection refused"),
-        redis.exceptions.MaxConnectionsError("Too many connections"),
+        redis.exceptions.MaxConnectionsError("Too many connections"),  # type: ignore[attr-defined]  # redis>=5; stubs lag
         redis.exceptions.TimeoutError("Timeout reading from socket"),
         redis.exceptions.BusyLoadingError("loading"),
         # A master with min-replicas-to-write and too few replicas: redis-py has no class for it.

@@ -3,6 +3,7 @@ to an outgoing connection's local port; where that range is unknown it asks the 
 
 from __future__ import annotations
 
+import random
 import socket
 from pathlib import Path
 
@@ -29,7 +30,7 @@ def test_a_port_taken_is_not_picked(monkeypatch: pytest.MonkeyPatch) -> None:
         busy = taken.getsockname()[1]
         picks = iter([busy, busy, busy + 1 if busy < 65535 else busy - 1])
         monkeypatch.setattr(processes, "_ephemeral_start", lambda: LOWEST_PICKED + 5000)
-        monkeypatch.setattr(processes.random, "randrange", lambda _a, _b: next(picks))
+        monkeypatch.setattr(random, "randrange", lambda _a, _b: next(picks))
         assert free_port() != busy
 
 

@@ -10,7 +10,8 @@ from toolbus_registry.paging import decode_cursor, encode_cursor, page_items, pa
 
 def test_text_pages_concatenate_to_the_whole() -> None:
     text = 'ab"c\\é\u2028😀\n' * 5000
-    out, cursor, budget = "", 0, 1000
+    out, budget = "", 1000
+    cursor: int | None = 0
     while cursor is not None:
         chunk, nxt = page_text(text, cursor, budget)
         assert len(orjson.dumps(chunk)) <= budget and chunk
