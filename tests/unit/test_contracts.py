@@ -61,7 +61,21 @@ def test_durations(text: str, seconds: float) -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["0s", "0ms", "-1s", "5", "", "5 m", "1d", "m5", "8760h1ms", "99999999999h", "9" * 400 + "ms", "\u0663s", "\uff15m"],
+    [
+        "0s",
+        "0ms",
+        "-1s",
+        "5",
+        "",
+        "5 m",
+        "1d",
+        "m5",
+        "8760h1ms",
+        "99999999999h",
+        "9" * 400 + "ms",
+        "\u0663s",
+        "\uff15m",
+    ],
 )
 def test_bad_durations(text: str) -> None:
     with pytest.raises(ValueError, match=r"duration|longer than") as refused:
