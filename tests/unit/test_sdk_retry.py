@@ -31,7 +31,7 @@ def sender(clock: Clock, answers: list[Any]) -> tuple[Callable[[float, bool], An
 
     async def send(left: float, retried: bool) -> Any:
         seen.append((left, retried))
-        clock.now += 0.01  # each attempt takes a little time
+        clock.now += min(0.01, left)  # each attempt takes a little time, never past its `left`
         answer = answers.pop(0) if answers else Unavailable(f"down #{len(seen)}")
         if isinstance(answer, BaseException):
             raise answer
