@@ -12,6 +12,7 @@ import pytest
 import pytest_asyncio
 from toolbus_common import Settings
 from toolbus_contracts import Subjects
+from toolbus_contracts.base import SCHEMA_DEPTH_MAX
 from toolbus_registry.app import RegistryApp
 
 from tests.support.infra import request, until
@@ -434,6 +435,39 @@ async def test_workflows_publish_get_and_pin(
 async def test_publish_refuses_invalid_schema(nc: Any, subjects: Subjects, registry: RegistryApp) -> None:
     reply = await request(nc, subjects.workflows_publish, {"name": "w", "inputSchema": {"type": 5}})
     assert_error(reply, "invalidRequest", "inputSchema")
+
+
+def _nested(depth: int) -> bytes:
+    """A JSON Schema nesting `depth` levels of objects: `{"items": {"items": ... {}}}`."""
+    return b'{"items":' * (depth - 1) + b"{}" + b"}" * (depth - 1)
+
+
+async def test_a_schema_nested_too_deep_to_check_is_refused_naming_its_field(
+    nc: Any, subjects: Subjects, registry: RegistryApp
+) -> None:
+    """Checking a schema nested ~130 levels exhausted Python's stack (`internal`, a 160 KB
+    traceback logged); the deepest toolbus checks is `SCHEMA_DEPTH_MAX`."""
+    for subject, head, tail, field in (
+        (subjects.toolsets_create, b'{"host":[{"name":"h","inputSchema":', b"}]}", "host[0].inputSchema"),
+        (
+            subjects.toolsets_create,
+            b'{"host":[{"name":"h","inputSchema":{},"outputSchema":',
+            b"}]}",
+            "host[0].outputSchema",
+        ),
+        (subjects.workflows_publish, b'{"name":"wdeep","inputSchema":', b"}", "inputSchema"),
+        (
+            subjects.workflows_publish,
+            b'{"name":"wdeep","inputSchema":{},"outputSchema":',
+            b"}",
+            "outputSchema",
+        ),
+    ):
+        for depth in (SCHEMA_DEPTH_MAX + 1, 130, 190):
+            reply = await request(nc, subject, head + _nested(depth) + tail)
+            assert_error(reply, "invalidRequest", field)
+            assert reply["error"]["details"] == {"field": field, "limit": SCHEMA_DEPTH_MAX}
+        assert (await request(nc, subject, head + _nested(SCHEMA_DEPTH_MAX) + tail))["ok"]
 
 
 async def test_large_toolset_is_stored_whole_and_paged(

@@ -108,6 +108,27 @@ def unfit_number(value: Any, loc: tuple[int | str, ...] = (), *, ints: bool = Tr
     return None
 
 
+SCHEMA_DEPTH_MAX = 64
+"""The deepest a JSON Schema toolbus checks may nest (objects and arrays, the schema itself being
+level 1): real schemas nest a few levels; checking far deeper ones exhausts Python's stack."""
+
+
+def nesting_depth(value: Any, stop: int = SCHEMA_DEPTH_MAX + 1) -> int:
+    """How many levels of objects and arrays `value` nests (a scalar: 0), counted level by level
+    without recursion, and no further than `stop`."""
+    depth = 0
+    level = [value] if isinstance(value, dict | list) else []
+    while level and depth < stop:
+        depth += 1
+        below: list[Any] = []
+        for node in level:
+            below.extend(
+                c for c in (node.values() if isinstance(node, dict) else node) if isinstance(c, dict | list)
+            )
+        level = below
+    return depth
+
+
 def unfit_number_error(field: str) -> InvalidRequest:
     return InvalidRequest(
         f"Field '{field}' holds a number toolbus cannot carry: JSON numbers must be finite doubles "

@@ -1,10 +1,11 @@
 """Input checks against pinned input schemas, with validators compiled once per schema.
 
 Draft 2020-12 unless the schema's `$schema` names another draft. A schema that is not valid JSON
-Schema (an MCP server may pin anything) is not enforced rather than refusing every call. A `$ref`
-resolves within the schema (and the drafts' own meta-schemas) only: nothing is fetched, so a schema
-cannot make the dispatcher send a request (past the allow-list) or wait on one; an input whose
-check needs a reference that does not resolve is `invalidInput` saying so.
+Schema (an MCP server may pin anything), or that nests deeper than `SCHEMA_DEPTH_MAX`, is not
+enforced rather than refusing every call. A `$ref` resolves within the schema (and the drafts' own
+meta-schemas) only: nothing is fetched, so a schema cannot make the dispatcher send a request (past
+the allow-list) or wait on one; an input whose check needs a reference that does not resolve is
+`invalidInput` saying so.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from jsonschema.exceptions import SchemaError, ValidationError, best_match
 from jsonschema.protocols import Validator
 from referencing import Registry
 from referencing.exceptions import NoSuchResource, Unresolvable
+from toolbus_contracts.base import SCHEMA_DEPTH_MAX, nesting_depth
 from toolbus_contracts.errors import InvalidInput
 
 from toolbus_dispatcher.schema_fast import Accept, fast_accept
@@ -74,6 +76,12 @@ class SchemaCache:
 
     @staticmethod
     def _compile(tool: str, schema: dict[str, Any]) -> Validator | None:
+        if nesting_depth(schema) > SCHEMA_DEPTH_MAX:  # an MCP server's: checking it would exhaust the stack
+            log.warning(
+                "pinned input schema nests too deep to check; not enforced",
+                extra={"tool": tool, "limit": SCHEMA_DEPTH_MAX},
+            )
+            return None
         cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
         try:
             cls.check_schema(schema)
@@ -96,6 +104,10 @@ class SchemaCache:
             return
         try:
             error = best_match(validator.iter_errors(value))
+        except RecursionError:  # a recursive schema ($ref to itself) walking an input nested ~200 deep
+            raise InvalidInput(
+                f"Input of '{tool}' nests too deep to be checked against its schema.", details={"tool": tool}
+            ) from None
         except Unresolvable as exc:
             ref = str(getattr(exc, "ref", "")) or "a reference"
             raise InvalidInput(

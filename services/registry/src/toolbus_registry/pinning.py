@@ -39,6 +39,7 @@ from toolbus_contracts import (
     ToolsetCreateRequest,
     Workflow,
 )
+from toolbus_contracts.base import SCHEMA_DEPTH_MAX, nesting_depth
 from toolbus_contracts.errors import InvalidRequest, NotFound
 from toolbus_contracts.registry import WORKFLOW_REF, ToolKind
 
@@ -67,6 +68,12 @@ def check_json_schema(schema: dict[str, Any], field: str) -> None:
     from jsonschema.exceptions import SchemaError
     from jsonschema.validators import Draft202012Validator, validator_for
 
+    if nesting_depth(schema) > SCHEMA_DEPTH_MAX:
+        raise InvalidRequest(
+            f"Field '{field}' nests deeper than {SCHEMA_DEPTH_MAX} levels of objects and arrays, "
+            "the most toolbus checks.",
+            details={"field": field, "limit": SCHEMA_DEPTH_MAX},
+        )
     cls = validator_for(schema, default=Draft202012Validator)
     try:
         cls.check_schema(schema)
