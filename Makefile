@@ -62,10 +62,10 @@ status: .venv/.synced ## show what `make up` runs and whether each service is re
 test: .venv/.synced $(NPM_TOOLS) ## run the whole pytest suite, installing what it needs first (ARGS="-k name")
 	PATH="$(NPM_BIN):$$PATH" TOOLBUS_TSC="$${TOOLBUS_TSC:-$(NPM_BIN)/tsc}" $(UV) run --frozen pytest $(ARGS)
 
-lint: .venv/.synced ## ruff check and ruff format --check on libs/ and services/; mypy --strict on them and tests/
+lint: .venv/.synced ## ruff check, ruff format --check and mypy --strict on libs/, services/ and tests/
 	@status=0; \
-	echo "ruff check libs services"; $(UV) run --frozen ruff check libs services || status=1; \
-	echo "ruff format --check libs services"; $(UV) run --frozen ruff format --check libs services || status=1; \
+	echo "ruff check libs services tests"; $(UV) run --frozen ruff check libs services tests || status=1; \
+	echo "ruff format --check libs services tests"; $(UV) run --frozen ruff format --check libs services tests || status=1; \
 	echo "mypy libs services tests"; $(UV) run --frozen mypy libs services tests || status=1; \
 	exit $$status
 

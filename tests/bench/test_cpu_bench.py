@@ -8,7 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.cpu import parse  # noqa: E402
+from bench.cpu import parse
 
 STRACE = """\
 % time     seconds  usecs/call     calls    errors syscall

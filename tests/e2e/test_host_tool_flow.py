@@ -12,12 +12,10 @@ harness from the EVENTS stream, tell that story in order.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from toolbus import CallContext, Toolbus, Worker, host_tool
-from toolbus_contracts import ApprovalRequested
 
 from tests.support.bus_modes import Bus
 
@@ -64,9 +62,7 @@ async def test_host_tools_served_by_a_worker_one_decided_by_an_approver(
                 assert await run.call("crm.lookup", {"id": "42"}) == {"name": "customer 42"}
 
                 handle = await run.start("crm.refund", {"amount": 5}, idempotency_key="refund-5")
-                requests = cast(
-                    AsyncGenerator[ApprovalRequested, None], approver.approvals.requests(run_id=run.id)
-                )
+                requests = approver.approvals.requests(run_id=run.id)
                 pending = await anext(requests)
                 await requests.aclose()
                 assert (pending.call_id, pending.tool, pending.input) == (

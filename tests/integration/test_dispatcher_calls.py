@@ -276,6 +276,8 @@ async def test_unknown_or_closed_runs_are_not_found(h: Harness, ts: str) -> None
         h.subjects.calls_invoke, {"runId": run, "tool": "crm.find", "input": {"query": "a"}}
     )
     assert after["error"]["code"] == "notFound"
+    assert "was closed; open a run with a new id" in after["error"]["message"]  # runs.open would conflict
+    assert "open it with runs.open" in nope["error"]["message"]
     unknown_ts = await h.request(h.subjects.runs_open, {"toolsetId": "ts_" + "0" * 64})
     assert unknown_ts["error"]["code"] == "notFound"
     unknown_close = await h.request(h.subjects.runs_close, {"runId": "never-opened"})

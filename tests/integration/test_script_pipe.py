@@ -180,10 +180,11 @@ async def test_a_caller_cancelled_as_its_connect_ends_leaves_the_connection_to_t
     for _ in range(20):
         pipe = ScriptPipe(redis_url)
         waiting = asyncio.ensure_future(pipe.execute("PING"))
-        while pipe._connecting is None:
+        # one loop step at a time, so the cancel lands exactly between the connect and the resume
+        while pipe._connecting is None:  # noqa: ASYNC110
             await asyncio.sleep(0)
         connecting = pipe._connecting
-        while not connecting.done():
+        while not connecting.done():  # noqa: ASYNC110
             await asyncio.sleep(0)
         waiting.cancel()  # the connect is done; the caller has not resumed yet, or has just
         with contextlib.suppress(asyncio.CancelledError):

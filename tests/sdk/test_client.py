@@ -5,8 +5,7 @@ approvals (listed, approved, denied, followed as they arrive)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from toolbus import (
@@ -152,7 +151,7 @@ async def test_approvals_list_approve_deny_and_requests(tb: Toolbus, mcp_server:
     toolset = await _toolset(tb, mcp_server, echo={"approval": True})
     run = await tb.runs.open(toolset, namespace="approver-test")
     # an async generator: closed with aclose() once done with it
-    stream = cast(AsyncGenerator[ApprovalRequested, None], tb.approvals.requests(run_id=run.id))
+    stream = tb.approvals.requests(run_id=run.id)
     first = await run.start("everything.echo", {"text": "approve me"})
     request = await asyncio.wait_for(anext(stream), 20)
     assert isinstance(request, ApprovalRequested)

@@ -4,6 +4,7 @@ made to answer, provoked for real."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, cast
 
 import pytest
@@ -155,3 +156,29 @@ def test_an_input_that_is_not_a_mapping_is_invalid_request(value: Any) -> None:
     with pytest.raises(InvalidRequest) as caught:
         run._body("a.b", value, None)
     assert caught.value.details == {"field": "input"}
+
+
+@pytest.mark.parametrize(
+    ("credentials", "field"),
+    [
+        ({"servers": {"gh": {"headers": {"X-Token": 5}}}}, "credentials.servers.gh.headers.X-Token"),
+        ({"servers": {"gh": {"hdrs": {}}}}, "credentials.servers.gh.hdrs"),
+        ({"servers": 5}, "credentials.servers"),
+    ],
+)
+def test_bad_credentials_are_named_from_the_request_root_as_the_service_names_them(
+    credentials: dict[str, Any], field: str
+) -> None:
+    from toolbus._runs import Run
+    from toolbus._toolsets import Namespaces, Toolsets
+
+    tb = cast(Any, None)
+    ts = "ts_" + "0" * 64
+    for setting in (
+        Toolsets(tb).set_credentials(ts, credentials),
+        Namespaces(tb).set_credentials("ann", ts, credentials),
+        Run(tb, "run_1", None, None).set_credentials(credentials),
+    ):
+        with pytest.raises(InvalidRequest) as caught:
+            asyncio.run(setting)
+        assert caught.value.details == {"field": field}

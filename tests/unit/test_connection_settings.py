@@ -78,3 +78,19 @@ def test_sentinels_and_jetstream_placement_from_settings() -> None:
     assert (placement.replicas, placement.storage.value) == (3, "memory")
     limits = events_stream_limits(settings)
     assert limits["max_age"].total_seconds() == 3600 and limits["max_bytes"] == 1 << 30
+
+
+def test_a_prefix_no_subject_can_be_built_under_is_refused_alike_by_sdk_and_services() -> None:
+    from toolbus import Toolbus
+    from toolbus._connection import ConnectOptions
+
+    for bad in ("a b", "", "a..b", "a.*", "a.>", ".a", "a."):
+        with pytest.raises(ValueError, match="subject prefix"):
+            ConnectOptions.from_env({}, prefix=bad)
+        with pytest.raises(ValueError, match="subject prefix"):
+            Toolbus(None, bad)  # type: ignore[arg-type]  # refused before the connection is used
+        with pytest.raises(ValidationError):
+            Settings(subject_prefix=bad)
+    for good in ("toolbus", "acme.prod-1", "t_2.x"):
+        assert ConnectOptions.from_env({}, prefix=good).prefix == good
+        assert Settings(subject_prefix=good).subject_prefix == good

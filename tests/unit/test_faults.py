@@ -34,14 +34,10 @@ def test_backing_store_faults_are_unavailable(exc: Exception) -> None:
 
 
 def test_a_fault_raised_from_a_store_error_is_found_through_its_cause() -> None:
-    try:
-        try:
-            raise redis.exceptions.ConnectionError("down")
-        except redis.exceptions.ConnectionError as inner:
-            raise RuntimeError("wrapped") from inner
-    except RuntimeError as outer:
-        assert is_backing_store_fault(outer)
-        assert unavailable(outer).details == {"store": "Redis"}
+    outer = RuntimeError("wrapped")
+    outer.__cause__ = redis.exceptions.ConnectionError("down")  # as `raise ... from inner` sets it
+    assert is_backing_store_fault(outer)
+    assert unavailable(outer).details == {"store": "Redis"}
 
 
 @pytest.mark.parametrize("exc", [ValueError("bug"), KeyError("x"), redis.exceptions.ResponseError("ERR")])

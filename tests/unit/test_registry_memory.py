@@ -5,6 +5,7 @@ executor has `WORKER_THREADS` threads, and the malloc settings are accepted by g
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 import threading
@@ -57,10 +58,8 @@ async def test_the_default_executor_has_a_bounded_number_of_threads() -> None:
     def work() -> None:
         seen.add(threading.get_ident())
         if len(seen) <= WORKER_THREADS:
-            try:
+            with contextlib.suppress(threading.BrokenBarrierError):
                 gate.wait()  # all workers busy at once: the pool is as large as it gets
-            except threading.BrokenBarrierError:
-                pass
 
     await asyncio.gather(*(asyncio.to_thread(work) for _ in range(4 * WORKER_THREADS)))
     assert len(seen) == WORKER_THREADS

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
-from toolbus_contracts import DEFAULT_PREFIX, Subjects
+from toolbus_contracts import DEFAULT_PREFIX, PREFIX_PATTERN, Subjects
 
 REDIS_LONGEST_BLOCK = 1.0
 """Seconds of the longest blocking Redis command the services send: the dispatcher's event relay
@@ -77,7 +77,7 @@ class Settings(BaseSettings):
     """Seconds a service-to-service command waits in the INTERNAL stream for its consumer."""
     js_max_bytes: int = Field(default=-1, ge=-1)
     """Size limit of each KV bucket and object store (toolsets, workflows, outputs); -1: none."""
-    subject_prefix: str = Field(default=DEFAULT_PREFIX, pattern=r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+    subject_prefix: str = Field(default=DEFAULT_PREFIX, pattern=PREFIX_PATTERN)
     redis_prefix: str | None = None
     secret_key: SecretStr | None = None
     webhook_url: str | None = None

@@ -71,10 +71,11 @@ from toolbus_contracts.registry import (
     WorkflowPublishReply,
     WorkflowPublishRequest,
 )
-from toolbus_contracts.subjects import DEFAULT_PREFIX, WORKER_QUEUE, Subjects
+from toolbus_contracts.subjects import DEFAULT_PREFIX, PREFIX_PATTERN, WORKER_QUEUE, Subjects, check_prefix
 
 __all__ = [
     "DEFAULT_PREFIX",
+    "PREFIX_PATTERN",
     "WORKER_QUEUE",
     "ApprovalDecideReply",
     "ApprovalDecideRequest",
@@ -135,6 +136,7 @@ __all__ = [
     "WorkflowPublishReply",
     "WorkflowPublishRequest",
     "WorkflowStartRequest",
+    "check_prefix",
     "duration_seconds",
     "parse_body",
     "parse_duration",

@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 DEFAULT_PREFIX = "toolbus"
+PREFIX_PATTERN = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$"
+"""A subject prefix: dot-separated tokens of `[A-Za-z0-9_-]` (no spaces, wildcards or empty
+tokens), so every subject built under it is one a NATS client can publish to."""
+
+
+def check_prefix(prefix: str) -> str:
+    """`prefix`, or ValueError saying what a prefix may be."""
+    if not re.fullmatch(PREFIX_PATTERN, prefix):
+        raise ValueError(
+            f"subject prefix {prefix[:80]!r} is not dot-separated tokens of letters, digits, '_' and '-'"
+        )
+    return prefix
+
+
 WORKER_QUEUE = "toolbus-workers"
 """The queue group host-tool workers subscribe in."""
 

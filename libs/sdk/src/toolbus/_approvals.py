@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -69,10 +69,10 @@ class Approvals:
 
     async def requests(
         self, *, run_id: str | None = None, namespace: str | None = None
-    ) -> AsyncIterator[ApprovalRequested]:
+    ) -> AsyncGenerator[ApprovalRequested, None]:
         """Every approval pending now, then each new request as it is published (of one run or end
         user where given), each once. Subscribed before listing, so none falls in between. Runs
-        until the caller stops iterating."""
+        until the caller stops iterating (or closes it: `await gen.aclose()`)."""
         queue: asyncio.Queue[ApprovalRequested] = asyncio.Queue()
 
         async def on_msg(msg: Msg) -> None:

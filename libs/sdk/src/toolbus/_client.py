@@ -15,7 +15,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
-from toolbus_contracts import CredentialsExpired, Subjects
+from toolbus_contracts import CredentialsExpired, Subjects, check_prefix
 from toolbus_contracts.base import unfit_number, unfit_number_error, validation_to_error
 
 from toolbus._connection import ConnectOptions
@@ -52,7 +52,9 @@ def build(model: type[M], **fields: Any) -> M:
         raise validation_to_error(exc) from None
     for name, value in wire.items():
         if isinstance(value, dict | list | float):  # NaN and infinity: written as null otherwise
-            unfit = unfit_number(value, (name,), ints=False)
+            # integers beyond 64 bits: refused by the service in a call's input, kept as the
+            # nearest double elsewhere (a pinned schema's)
+            unfit = unfit_number(value, (name,), ints=name == "input")
             if unfit is not None:
                 raise unfit_number_error(unfit)
     return built
@@ -142,7 +144,7 @@ class Toolbus:
         from toolbus._toolsets import Namespaces, Toolsets, Workflows
 
         self.nc = nc
-        self.prefix = prefix
+        self.prefix = check_prefix(prefix)  # ValueError for one no subject can be built under
         self.subjects = Subjects(prefix)
         self.timeout = timeout
         self.retry_unavailable = retry_unavailable

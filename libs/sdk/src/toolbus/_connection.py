@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from toolbus_contracts import DEFAULT_PREFIX
+from toolbus_contracts import DEFAULT_PREFIX, check_prefix
 from toolbus_nats_connect import NatsAuth
 from toolbus_nats_connect import flush as flush  # the SDK's modules take it from here
 
@@ -30,6 +30,9 @@ class ConnectOptions(NatsAuth):
     prefix: str = DEFAULT_PREFIX
     name: str = "toolbus-sdk"
     connect_timeout: float = 5.0
+
+    def __post_init__(self) -> None:
+        check_prefix(self.prefix)  # ValueError: no subject could be built under it
 
     @property
     def nats_url(self) -> str:

@@ -28,7 +28,6 @@ from toolbus_contracts import (
     RunOpenReply,
     RunOpenRequest,
 )
-from toolbus_contracts.base import unfit_number, unfit_number_error
 
 from toolbus._client import build
 from toolbus._errors import InvalidRequest, Timeout
@@ -120,10 +119,7 @@ class Run:
                 f"Field 'input' must be a mapping (a JSON object), not {type(input).__name__}.",
                 details={"field": "input"},
             )
-        unfit = unfit_number(input, ("input",)) if input else None
-        if unfit is not None:  # NaN, infinity, 2**70: the service refuses them (JSON writers drop them)
-            raise unfit_number_error(unfit)
-        return build(
+        return build(  # NaN, infinity, 2**70 in the input: refused, naming where, as the service would
             CallStartRequest,
             run_id=self.id,
             tool=tool,
@@ -184,7 +180,7 @@ class Run:
 
     async def set_credentials(self, credentials: CredentialsLike) -> str:
         """Replace this run's credentials (the most specific level); parked calls are sent again."""
-        body = RunCredentialsSetRequest(run_id=self.id, credentials=_credentials(credentials))
+        body = build(RunCredentialsSetRequest, run_id=self.id, credentials=_credentials(credentials))
         data = await self._tb.request(self._tb.subjects.runs_credentials_set, body, retry=True)
         return CredentialsSetReply.model_validate(data).level
 

@@ -70,8 +70,10 @@ def toolset_id(toolset: Toolset | str) -> str:
     return toolset.id if isinstance(toolset, Toolset) else toolset
 
 
-def _credentials(credentials: CredentialsLike) -> Credentials:
-    return credentials if isinstance(credentials, Credentials) else build(Credentials, **dict(credentials))
+def _credentials(credentials: CredentialsLike) -> Credentials | dict[str, Any]:
+    """As given, for the request's `build` to check: a bad field is named from the request's
+    root (`credentials.servers.gh.headers`), as the service names it."""
+    return credentials if isinstance(credentials, Credentials) else dict(credentials)
 
 
 def _host_entry(entry: HostTool | HostToolSpec | Mapping[str, Any]) -> Any:
@@ -176,8 +178,10 @@ class Toolsets:
     async def set_credentials(self, toolset: Toolset | str, credentials: CredentialsLike) -> str:
         """Replace the toolset-level credentials (`{"servers": {name: {"headers": {...}}}}`);
         returns the level, `"toolset"`. Calls parked at this level are sent again."""
-        body = ToolsetCredentialsSetRequest(
-            toolset_id=toolset_id(toolset), credentials=_credentials(credentials)
+        body = build(
+            ToolsetCredentialsSetRequest,
+            toolset_id=toolset_id(toolset),
+            credentials=_credentials(credentials),
         )
         data = await self._tb.request(self._tb.subjects.toolsets_credentials_set, body, retry=True)
         return CredentialsSetReply.model_validate(data).level

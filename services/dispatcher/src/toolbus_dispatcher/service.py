@@ -32,7 +32,6 @@ from toolbus_contracts.internal import ApprovalDecided, ApprovalNeeded, CallsRes
 from toolbus_dispatcher.calls import CallRunner, reply_body
 from toolbus_dispatcher.credentials import CredentialResolver
 from toolbus_dispatcher.outcomes import failed
-from toolbus_dispatcher.outputs import ENVELOPE_ROOM
 from toolbus_dispatcher.store import CallStore, Created
 from toolbus_dispatcher.validation import SchemaCache
 
@@ -86,11 +85,11 @@ class DispatcherService:
         subjects: Subjects,
         run_retention: float,
         publish_reply: PublishReply,
-        approval_limit: int = 1024 * 1024 - ENVELOPE_ROOM,
+        approval_limit: int,
     ) -> None:
         self._store = store
         # The approval command and the approval's event carry the input: it must fit in one NATS
-        # message with their other fields (the server's max_payload less ENVELOPE_ROOM).
+        # message with their other fields (the server's max_payload less `outputs.ENVELOPE_ROOM`).
         self._approval_limit = approval_limit
         self._toolsets = toolsets
         self._runner = runner
@@ -144,7 +143,8 @@ class DispatcherService:
             return hit
         info = await self._store.run_info(run_id)
         if info is None or info[0] != "open":
-            raise NotFound(f"Run '{run_id}' is not open; open it with runs.open.", details={"runId": run_id})
+            advice = "was closed; open a run with a new id" if info else "is not open; open it with runs.open"
+            raise NotFound(f"Run '{run_id}' {advice}.", details={"runId": run_id})
         hit = self._runs[run_id] = (info[1], info[2])
         while len(self._runs) > 10_000:
             self._runs.popitem(last=False)

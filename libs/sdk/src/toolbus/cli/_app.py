@@ -27,6 +27,7 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from toolbus_contracts import check_prefix
 
 from toolbus._client import Toolbus
 from toolbus._errors import ErrorCode, ToolbusError
@@ -108,6 +109,11 @@ def _root(
     STATE.nats_url, STATE.prefix, STATE.timeout, STATE.json = nats_url, prefix, timeout, json_
     if not timeout > 0:  # NaN too
         _usage(json_, f"--timeout must be a number of seconds above 0, not {timeout}")
+    if prefix is not None:
+        try:
+            check_prefix(prefix)
+        except ValueError as exc:
+            _usage(json_, f"--prefix / TOOLBUS_SUBJECT_PREFIX: {exc}")
 
 
 # ---- output and errors -------------------------------------------------------------------------
@@ -172,6 +178,15 @@ def _run(json_out: bool, work: Callable[[Toolbus], Awaitable[T]]) -> T:
         raise typer.Exit(130) from None
 
 
+def _strict_json(text: str) -> Any:
+    """`json.loads`, but `NaN` and `Infinity` are not JSON (Python's reader takes them)."""
+
+    def refuse(constant: str) -> Any:
+        raise ValueError(f"{constant} is not a JSON number")
+
+    return json.loads(text, parse_constant=refuse)
+
+
 def _load(path: str, json_out: bool) -> Any:
     """A JSON or YAML document from a file, or from stdin for `-`."""
     try:
@@ -179,7 +194,7 @@ def _load(path: str, json_out: bool) -> Any:
     except OSError as exc:
         _usage(json_out, f"cannot read {path}: {exc.strerror}")
     try:
-        return json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+        return _strict_json(text) if path.endswith(".json") else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:
         _usage(json_out, f"{path} is not valid JSON or YAML: {str(exc).splitlines()[0]}")
 
@@ -188,7 +203,7 @@ def _json_arg(text: str, what: str, json_out: bool) -> Any:
     if text.startswith("@"):
         return _load(text[1:], json_out)
     try:
-        return json.loads(text)
+        return _strict_json(text)
     except ValueError as exc:
         _usage(json_out, f"{what} is not JSON: {exc}")
 
