@@ -248,6 +248,71 @@ async def test_list_filters_by_run_and_namespace_in_request_order(
         assert (await stack.decide(command.approval_id, False))["ok"] is True
 
 
+async def page_through(stack: Stack, **body: Any) -> list[list[str]]:
+    """The approval ids of every page of `approvals.list`, following `nextCursor`."""
+    pages: list[list[str]] = []
+    while True:
+        reply = await request(stack.nc, stack.subjects.approvals_list, body)
+        assert reply["ok"] is True, reply
+        pages.append([a["approvalId"] for a in reply["data"]["approvals"]])
+        if "nextCursor" not in reply["data"]:
+            return pages
+        body = {**body, "cursor": reply["data"]["nextCursor"]}
+
+
+async def test_list_pages_by_limit_and_a_cursor_holds_across_decisions(
+    service: ApprovalApp, stack: Stack, events: Events
+) -> None:
+    run_id = new_id("run")
+    # three share one millisecond: the index orders them by id
+    stamps = [f"2026-01-01T00:00:0{i}.000Z" for i in range(6)] + ["2026-01-01T00:00:03.000Z"] * 2
+    commands = [needed(run_id=run_id, requested_at=at) for at in stamps]
+    for command in commands:
+        await requested(stack, events, command)
+    order = [c.approval_id for c in sorted(commands, key=lambda c: (c.requested_at, c.approval_id))]
+
+    pages = await page_through(stack, runId=run_id, limit=3)
+    assert [len(p) for p in pages] == [3, 3, 2]  # no empty last page
+    assert [a for p in pages for a in p] == order
+    assert await page_through(stack, runId=run_id) == [order]  # one page holds them all
+
+    # decided between two pages: the cursor still starts right after the last one seen
+    first = await request(stack.nc, stack.subjects.approvals_list, {"runId": run_id, "limit": 3})
+    for gone in (order[2], order[3]):  # the last one seen, and the first one of the next page
+        assert (await stack.decide(gone, False))["ok"] is True
+    rest = await page_through(stack, runId=run_id, limit=3, cursor=first["data"]["nextCursor"])
+    assert [a for p in rest for a in p] == order[4:]
+    for approval_id in order[:2] + order[4:]:
+        assert (await stack.decide(approval_id, True))["ok"] is True
+    assert await page_through(stack, runId=run_id) == [[]]
+
+
+async def test_pending_inputs_larger_than_one_message_together_come_a_page_at_a_time(
+    service: ApprovalApp, stack: Stack, events: Events
+) -> None:
+    """Unpaged, three pending inputs of 400 kB in one run were `outputTooLarge` whatever the
+    filter; each page now holds what fits in one message."""
+    run_id = new_id("run")
+    big = [needed(run_id=run_id, input={"blob": f"{i}" * 400_000}) for i in range(3)]
+    for command in big:
+        await requested(stack, events, command)
+    sizes: list[int] = []
+    body: dict[str, Any] = {"runId": run_id}
+    seen: list[str] = []
+    while True:
+        msg = await stack.nc.request(stack.subjects.approvals_list, json.dumps(body).encode(), timeout=10)
+        sizes.append(len(msg.data))
+        data = json.loads(msg.data)["data"]
+        seen += [a["approvalId"] for a in data["approvals"]]
+        if "nextCursor" not in data:
+            break
+        body["cursor"] = data["nextCursor"]
+    assert sorted(seen) == sorted(c.approval_id for c in big)
+    assert len(sizes) == 2 and max(sizes) <= stack.nc.max_payload
+    for command in big:
+        assert (await stack.decide(command.approval_id, False))["ok"] is True
+
+
 async def test_redelivered_command_creates_one_approval_and_one_event(
     service: ApprovalApp, stack: Stack, events: Events
 ) -> None:
@@ -321,6 +386,13 @@ async def test_unknown_approval_is_not_found(service: ApprovalApp, stack: Stack)
         ("list", {"namespace": ["a"]}, "namespace"),
         ("list", {"run": "r"}, "run"),
         ("list", b"[]", "body"),
+        ("list", {"limit": 0}, "limit"),
+        ("list", {"limit": 1001}, "limit"),
+        ("list", {"limit": "5"}, "limit"),
+        ("list", {"cursor": 5}, "cursor"),
+        ("list", {"cursor": "!!not-one"}, "cursor"),
+        ("list", {"cursor": "eDp5"}, "cursor"),  # base64 of "x:y": not a place in the index
+        ("list", {"cursor": "MTIz"}, "cursor"),  # "123": no approval id
     ],
 )
 async def test_malformed_bodies_are_invalid_request_naming_the_field(

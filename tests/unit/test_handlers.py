@@ -156,9 +156,10 @@ async def test_dispatcher_commands_apply_and_dead_letter_bad_bodies() -> None:
 
 async def test_approval_subjects_parse_call_and_reply() -> None:
     logic = Recorder(
-        pending=[],
+        pending=([], None),  # one page, the last
         decide=ApprovalDecideReply(approval_id="apr_1", decision="denied"),
     )
+    logic.list_budget = 1000  # type: ignore[attr-defined]
     async with serving(approval_routes, logic) as (broker, bus, dead):
         listed = await ask(broker, S.approvals_list, {"runId": "run_1"})
         assert listed == {"ok": True, "data": {"approvals": []}}

@@ -26,16 +26,28 @@ class ApprovalRequested(WireModel):
         return self.model_dump(mode="json")
 
 
+APPROVALS_PAGE_MAX = 1000
+"""The most approvals one `approvals.list` page holds (`limit`'s bound and default)."""
+
+
 class ApprovalsListRequest(WireModel):
     run_id: RunId | None = None
     namespace: Namespace | None = None
+    limit: int = Field(default=APPROVALS_PAGE_MAX, ge=1, le=APPROVALS_PAGE_MAX)
+    cursor: str | None = Field(default=None, max_length=400)
 
 
 class ApprovalsListReply(WireModel):
+    """One page, oldest request first; `next_cursor` where more are pending after it."""
+
     approvals: list[ApprovalRequested]
+    next_cursor: str | None = None
 
     def wire(self) -> dict[str, Any]:
-        return {"approvals": [a.wire() for a in self.approvals]}
+        page: dict[str, Any] = {"approvals": [a.wire() for a in self.approvals]}
+        if self.next_cursor is not None:
+            page["nextCursor"] = self.next_cursor
+        return page
 
 
 class ApprovalDecideRequest(WireModel):

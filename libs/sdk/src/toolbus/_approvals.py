@@ -35,10 +35,20 @@ class Approvals:
     async def list(
         self, *, run_id: str | None = None, namespace: str | None = None
     ) -> list[ApprovalRequested]:
-        """The pending approvals, of one run or one end user where given."""
-        body = build(ApprovalsListRequest, run_id=run_id, namespace=namespace)
-        data = await self._tb.request(self._tb.subjects.approvals_list, body, retry=True)
-        return list(ApprovalsListReply.model_validate(data).approvals)
+        """The pending approvals, oldest first, of one run or one end user where given: every
+        page of `approvals.list`, one request each (one decided or arriving meanwhile may be left
+        out; none is listed twice)."""
+        found: list[ApprovalRequested] = []
+        cursor: str | None = None
+        while True:
+            body = build(ApprovalsListRequest, run_id=run_id, namespace=namespace, cursor=cursor)
+            page = ApprovalsListReply.model_validate(
+                await self._tb.request(self._tb.subjects.approvals_list, body, retry=True)
+            )
+            found += page.approvals
+            if page.next_cursor is None:
+                return found
+            cursor = page.next_cursor
 
     async def decide(self, approval_id: str, approve: bool, reason: str | None = None) -> str:
         """Decide one approval; returns `"approved"` or `"denied"`. A second decision: `Conflict`.

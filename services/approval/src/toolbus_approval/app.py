@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 QUEUE = "toolbus-approval"
 INTERNAL_STREAM = "INTERNAL"
 RETRY_AFTER = timedelta(seconds=5)
+LIST_SLACK = 4096
+"""Bytes of an `approvals.list` reply kept for its envelope and `nextCursor`."""
 """How old an unsent announcement or decision must be before the sweeper sends it (the request
 that queued it normally sends it within milliseconds)."""
 
@@ -102,6 +104,7 @@ class ApprovalApp:
             NatsOutlet(nc, js, subjects, stream),
             webhooks=self._webhooks if self._webhooks.enabled else None,
             timeout=self.approval_settings.timeout,
+            list_budget=nc.max_payload - LIST_SLACK,
         )
         # What a previous process stored but did not send goes out before anything new.
         try:

@@ -4,15 +4,17 @@ dispatcher until the INTERNAL stream has acknowledged it."""
 
 from __future__ import annotations
 
+import base64
 import logging
 import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, Protocol
 
+import orjson
 from toolbus_common.clock import now_iso
 from toolbus_contracts.approvals import ApprovalDecideReply, ApprovalRequested
-from toolbus_contracts.errors import Conflict, NotFound
+from toolbus_contracts.errors import Conflict, InvalidRequest, NotFound
 from toolbus_contracts.internal import ApprovalDecided, ApprovalNeeded
 
 from toolbus_approval.store import (
@@ -20,6 +22,7 @@ from toolbus_approval.store import (
     EXPIRED_REASON,
     ApprovalStore,
     DecideResult,
+    Position,
     State,
     epoch_ms,
 )
@@ -27,6 +30,8 @@ from toolbus_approval.store import (
 log = logging.getLogger(__name__)
 
 WEBHOOK_EVENT = "approval.requested"
+_CHUNK = 200
+"""Approvals read from Redis per round trip while a page is filled."""
 
 
 class Outlet(Protocol):
@@ -53,6 +58,30 @@ def webhook_id(approval_id: str) -> str:
     return f"msg_approval_requested_{approval_id}"
 
 
+def encode_cursor(after: Position) -> str:
+    """The opaque `nextCursor` of a page: where the next one starts."""
+    ms, approval_id = after
+    return base64.urlsafe_b64encode(f"{ms}:{approval_id}".encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str | None) -> Position | None:
+    """The place a `cursor` from `encode_cursor` stands for, or `invalidRequest` naming `cursor`."""
+    if cursor is None:
+        return None
+    try:
+        ms, sep, approval_id = (
+            base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode().partition(":")
+        )
+        if not (sep and ms.isascii() and ms.isdigit() and approval_id):
+            raise ValueError
+    except ValueError:  # binascii.Error and UnicodeDecodeError are ValueErrors
+        raise InvalidRequest(
+            "Field 'cursor' is not a cursor approvals.list gave; list again without one.",
+            details={"field": "cursor"},
+        ) from None
+    return int(ms), approval_id
+
+
 class Approvals:
     """The approval logic over an `ApprovalStore`. Safe with several replicas: every transition is
     one atomic script in Redis, and outbound messages are retried from durable queues."""
@@ -64,9 +93,13 @@ class Approvals:
         *,
         webhooks: WebhookQueue | None = None,
         timeout: timedelta | None = None,
+        list_budget: int,
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ) -> None:
         self._store = store
+        self.list_budget = list_budget
+        """Bytes of approvals one `approvals.list` reply may hold: the connection's max_payload
+        less room for the envelope and the cursor."""
         self._outlet = outlet
         self._webhooks = webhooks
         self._timeout_ms = None if timeout is None else int(timeout.total_seconds() * 1000)
@@ -103,14 +136,38 @@ class Approvals:
 
     # ---- requests from people ------------------------------------------------------------------
 
-    async def pending(self, *, run_id: str | None, namespace: str | None) -> list[ApprovalRequested]:
-        """Pending approvals, oldest request first, of one run and/or namespace (all without)."""
-        ids = await self._store.pending_ids(run_id=run_id, namespace=namespace)
-        return [
-            a.requested()
-            for a in await self._store.get_many(ids)
-            if a.state == "pending" and (namespace is None or a.needed.namespace == namespace)
-        ]
+    async def pending(
+        self,
+        *,
+        run_id: str | None,
+        namespace: str | None,
+        after: Position | None = None,
+        limit: int,
+        budget: int,
+    ) -> tuple[list[ApprovalRequested], Position | None]:
+        """One page of pending approvals, oldest request first, of one run and/or namespace (all
+        without), after `after`: at most `limit`, and as many as fit in `budget` bytes of JSON (at
+        least one); with the place the next page starts after, or None when none is left."""
+        page: list[ApprovalRequested] = []
+        used = 0
+        while True:
+            chunk = min(limit - len(page) + 1, _CHUNK)  # one more than fits: is there a next page?
+            rows = await self._store.pending_ids(run_id=run_id, namespace=namespace, after=after, count=chunk)
+            for stored in await self._store.get_many([approval_id for _, approval_id in rows]):
+                if stored.state != "pending" or (
+                    namespace is not None and stored.needed.namespace != namespace
+                ):
+                    continue  # decided since it was indexed; or of the run, but another namespace
+                approval = stored.requested()
+                size = len(orjson.dumps(approval.wire())) + 1
+                if len(page) == limit or (page and used + size > budget):
+                    last = page[-1]
+                    return page, (epoch_ms(last.requested_at), last.approval_id)
+                page.append(approval)
+                used += size
+            if len(rows) < chunk:
+                return page, None
+            after = rows[-1]
 
     async def decide(self, approval_id: str, *, approve: bool, reason: str | None) -> ApprovalDecideReply:
         """Record the first decision on a pending approval and send it to the dispatcher. Raises

@@ -12,7 +12,7 @@ from toolbus_contracts.approvals import (
 )
 from toolbus_contracts.internal import ApprovalDecided, ApprovalNeeded, RunClosed
 
-from toolbus_approval.approvals import Approvals
+from toolbus_approval.approvals import Approvals, decode_cursor, encode_cursor
 
 DURABLE_NEEDED = "approval-needed"
 DURABLE_RUNS_CLOSED = "approval-runs-closed"
@@ -22,9 +22,15 @@ routes: Routes[Approvals] = Routes("approval")
 
 @routes.request(lambda s: s.approvals_list)
 async def handle_list(approvals: Approvals, request: ApprovalsListRequest) -> ApprovalsListReply:
-    """Pending approvals, oldest first, filtered by run and/or namespace."""
-    pending = await approvals.pending(run_id=request.run_id, namespace=request.namespace)
-    return ApprovalsListReply(approvals=pending)
+    """Pending approvals, oldest first, filtered by run and/or namespace, a page at a time."""
+    page, after = await approvals.pending(
+        run_id=request.run_id,
+        namespace=request.namespace,
+        after=decode_cursor(request.cursor),
+        limit=request.limit,
+        budget=approvals.list_budget,
+    )
+    return ApprovalsListReply(approvals=page, next_cursor=encode_cursor(after) if after else None)
 
 
 @routes.request(lambda s: s.approvals_decide)

@@ -134,6 +134,10 @@ class DecideResult:
     reason: str | None = None
 
 
+Position = tuple[int, str]
+"""A place in a pending index: (requested ms, approval id)."""
+
+
 def epoch_ms(iso: str) -> int:
     """Milliseconds since the epoch of an RFC 3339 timestamp (naive ones are taken as UTC)."""
     moment = datetime.fromisoformat(iso)
@@ -209,8 +213,13 @@ class ApprovalStore:
             decided_at=_s(raw.get(b"decidedAt")),
         )
 
-    async def pending_ids(self, *, run_id: str | None, namespace: str | None) -> list[str]:
-        """Ids of pending approvals, oldest request first, from the narrowest index that applies."""
+    async def pending_ids(
+        self, *, run_id: str | None, namespace: str | None, after: Position | None = None, count: int
+    ) -> list[Position]:
+        """Up to `count` pending approvals, oldest request first, after `after` (from the first
+        without), from the narrowest index that applies: (requested ms, id) each. An index orders
+        approvals by request time, then by id: `after` is a place in that order, so it holds
+        however many approvals are decided in the meantime."""
         k = self._keys
         if run_id is not None:
             index = k.approvals_pending_run(run_id)
@@ -218,7 +227,16 @@ class ApprovalStore:
             index = k.approvals_pending_namespace(namespace)
         else:
             index = k.approvals_pending
-        return [m.decode() for m in await self._redis.zrange(index, 0, -1)]
+        if after is None:
+            rows = await self._redis.zrange(index, 0, count - 1, withscores=True)
+        else:
+            ms, last = after
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.zrangebyscore(index, ms, ms, withscores=True)  # those of the same millisecond
+            pipe.zrangebyscore(index, f"({ms}", "+inf", start=0, num=count, withscores=True)
+            ties, later = await pipe.execute()
+            rows = [(m, score) for m, score in ties if m.decode() > last] + later
+        return [(int(score), m.decode()) for m, score in rows[:count]]
 
     async def transition(
         self, approval_id: str, state: State, reason: str | None, *, decided_at: str, now_ms: int
