@@ -98,6 +98,42 @@ async def test_a_worker_that_stops_heartbeating_is_interrupted_and_the_call_move
     assert got["attempts"] == 2
 
 
+@pytest.mark.parametrize(
+    "result",
+    [
+        b"\xff\xfe",
+        b"",
+        b"[1]",
+        b'{"output": 1}',
+        b'{"attempt": "1", "output": 1}',
+        b'{"attempt": 1, "output": NaN}',
+    ],
+)
+async def test_a_result_that_is_not_one_ends_the_call_upstream_error_at_once(
+    h: Harness, result: bytes
+) -> None:
+    """Such a result was dropped: the call waited out its heartbeats, five attempts, then ended
+    `timeout` saying the worker missed its heartbeat."""
+    assert h.nc is not None
+    nc = h.nc
+    ts = await h.toolset({"host": [host_tool("garbled", heartbeatTimeout="60s")]})
+    run = await h.open_run(ts)
+    tasks: list[dict[str, Any]] = []
+
+    async def worker(msg: Msg) -> None:
+        tasks.append(json.loads(msg.data))
+        await msg.respond(result)
+
+    sub = await nc.subscribe(h.subjects.host_call("garbled"), queue=WORKER_QUEUE, cb=worker)
+    try:
+        done = await asyncio.wait_for(h.invoke(run, "garbled", {}), 10)  # not 5 x 60 s of heartbeats
+    finally:
+        await sub.unsubscribe()
+    assert done["outcome"]["error"]["code"] == "upstreamError", done
+    assert "worker of host tool 'garbled'" in done["outcome"]["error"]["message"]
+    assert len(tasks) == 1  # not sent again: the worker's bug
+
+
 async def test_a_host_tool_nobody_serves_is_never_sent_and_retried_even_at_most_once(h: Harness) -> None:
     ts = await h.toolset({"host": [host_tool("orphan", onInterruption="at_most_once")]})
     run = await h.open_run(ts)
@@ -266,3 +302,32 @@ async def test_workflow_calls_send_the_start_request_and_take_its_reply_as_outpu
         "callId": triage["callId"],
         "idempotencyKey": "wf-1",
     }
+
+
+async def test_an_output_nested_too_deep_to_carry_is_upstream_error_and_calls_get_answers(h: Harness) -> None:
+    """An output nested 252-253 levels was stored, and every `calls.get` of the call was then
+    `internal` (the reply could not be written); 254 and deeper ended the call `internal`."""
+    from toolbus_dispatcher.outputs import OUTPUT_DEPTH_MAX
+
+    assert h.nc is not None
+    nc = h.nc
+    ts = await h.toolset({"workflows": [{"name": "deep", "version": "000000000003", "inputSchema": {}}]})
+    run = await h.open_run(ts)
+
+    async def engine(msg: Msg) -> None:
+        depth = json.loads(msg.data)["input"]["depth"]
+        await msg.respond(b"[" * depth + b"]" * depth)
+
+    sub = await nc.subscribe(h.subjects.workflows_start("deep"), cb=engine)
+    try:
+        for depth in (OUTPUT_DEPTH_MAX, OUTPUT_DEPTH_MAX + 1, 252, 254, 400):
+            done = await h.invoke(run, "workflows.deep", {"depth": depth})
+            got = await h.ok(h.subjects.calls_get, {"callId": done["callId"]})
+            assert got["outcome"] == done["outcome"]
+            if depth <= OUTPUT_DEPTH_MAX:
+                assert done["outcome"]["status"] == "ok", depth
+            else:
+                assert done["outcome"]["error"]["code"] == "upstreamError", (depth, done)
+                assert f"{OUTPUT_DEPTH_MAX} levels" in done["outcome"]["error"]["message"]
+    finally:
+        await sub.unsubscribe()

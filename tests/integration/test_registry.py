@@ -14,6 +14,8 @@ from toolbus_common import Settings
 from toolbus_contracts import Subjects
 from toolbus_contracts.base import SCHEMA_DEPTH_MAX
 from toolbus_registry.app import RegistryApp
+from toolbus_registry.paging import ENVELOPE_SLACK
+from toolbus_registry.pinning import TOOL_INFO_ROOM
 
 from tests.support.infra import request, until
 from tests.support.mcp_servers import (
@@ -432,6 +434,25 @@ async def test_workflows_publish_get_and_pin(
         )
 
 
+async def test_a_workflow_too_large_to_be_read_back_is_refused_not_stored(
+    nc: Any, subjects: Subjects, registry: RegistryApp
+) -> None:
+    """A workflow just under 1 MiB was stored, then every `workflows.get` of it was
+    `outputTooLarge` (and a few bytes more were `internal`: the KV refused the entry)."""
+    limit = nc.max_payload - ENVELOPE_SLACK
+    for size in (1_048_400, 1_048_500):
+        body = json.dumps({"name": "wlarge", "inputSchema": {}, "definition": "x" * size}).encode()
+        reply = await request(nc, subjects.workflows_publish, body)
+        assert_error(reply, "invalidRequest")
+        assert reply["error"]["details"]["field"] == "body"
+        assert reply["error"]["details"]["limit"] == limit and reply["error"]["details"]["size"] > limit
+    assert_error(await request(nc, subjects.workflows_get, {"name": "wlarge"}), "notFound")
+    fits = {"name": "wlarge", "inputSchema": {}, "definition": "x" * 1_040_000}
+    assert (await request(nc, subjects.workflows_publish, fits))["ok"]
+    got = await request(nc, subjects.workflows_get, {"name": "wlarge"})
+    assert got["ok"] and got["data"]["definition"] == fits["definition"]
+
+
 async def test_publish_refuses_invalid_schema(nc: Any, subjects: Subjects, registry: RegistryApp) -> None:
     reply = await request(nc, subjects.workflows_publish, {"name": "w", "inputSchema": {"type": 5}})
     assert_error(reply, "invalidRequest", "inputSchema")
@@ -468,6 +489,42 @@ async def test_a_schema_nested_too_deep_to_check_is_refused_naming_its_field(
             assert_error(reply, "invalidRequest", field)
             assert reply["error"]["details"] == {"field": field, "limit": SCHEMA_DEPTH_MAX}
         assert (await request(nc, subject, head + _nested(SCHEMA_DEPTH_MAX) + tail))["ok"]
+
+
+async def test_a_tool_larger_than_one_page_is_refused_and_a_large_one_reads_back(
+    nc: Any, subjects: Subjects, registry: RegistryApp
+) -> None:
+    """One tool of ~1 MiB registered, then `toolsets.get` and `toolsets.search` of it were
+    `outputTooLarge`: paging cannot split a tool."""
+    limit = nc.max_payload - ENVELOPE_SLACK - TOOL_INFO_ROOM
+    huge = {"name": "huge", "description": "d" * limit, "inputSchema": {"type": "object"}}
+    reply = await create(nc, subjects, {"host": [{"name": "small", "inputSchema": {}}, huge]})
+    assert_error(reply, "invalidRequest", "huge")
+    details = reply["error"]["details"]
+    assert (details["field"], details["tool"], details["limit"]) == ("host[1]", "huge", limit)
+    server = McpTestServer(tools=[{**huge, "name": "listed_huge"}, *synthetic_tools(2)])
+    await server.start()
+    try:
+        reply = await create(nc, subjects, {"mcp": [{"name": "big", "url": server.url}]}, timeout=30)
+    finally:
+        await server.stop()
+    assert_error(reply, "invalidRequest", "listed_huge")
+    assert reply["error"]["details"]["field"] == "mcp[0]" and reply["error"]["details"]["server"] == "big"
+
+    # Under the limit: read back whole, and a search answers in one message.
+    large = {**huge, "name": "large", "description": "search " * (limit // 7 - 200)}
+    made = await create(nc, subjects, {"host": [large, {"name": "small", "inputSchema": {}}]})
+    assert made["ok"], made
+    page = await request(nc, subjects.toolsets_get, {"id": made["data"]["id"]}, timeout=10)
+    assert page["ok"] and [t["name"] for t in page["data"]["tools"]] == ["large", "small"]
+    msg = await nc.request(
+        subjects.toolsets_search,
+        json.dumps({"id": made["data"]["id"], "query": "search small", "limit": 5}).encode(),
+        timeout=10,
+    )
+    found = json.loads(msg.data)
+    assert found["ok"] and len(msg.data) <= nc.max_payload, found.get("error")
+    assert sorted(t["name"] for t in found["data"]["tools"]) == ["large", "small"]
 
 
 async def test_large_toolset_is_stored_whole_and_paged(

@@ -3,6 +3,7 @@ survive the wire; durations parse as the contract writes them."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import orjson
@@ -129,6 +130,25 @@ def test_headers_http_forbids_are_refused(headers: str) -> None:
     with pytest.raises(InvalidRequest) as info:
         parse_body(Credentials, raw)
     assert info.value.details["field"].startswith("servers.gh.headers")
+
+
+@pytest.mark.parametrize(
+    ("headers", "field"),
+    [
+        ({"X-A": "s3cret" * 1500}, "servers.gh.headers.X-A"),  # 9,000 characters
+        ({f"X-{i}": "v" for i in range(65)}, "servers.gh.headers"),
+        ({f"X-{i}": "s3cret" * 160 for i in range(20)}, "servers.gh.headers"),  # 19 kB together
+    ],
+)
+def test_headers_no_server_would_take_are_refused_without_quoting_them(
+    headers: dict[str, str], field: str
+) -> None:
+    """Accepted, they made every call to that server fail five times (HTTP 431, or the
+    connection dropped)."""
+    with pytest.raises(InvalidRequest) as info:
+        parse_body(Credentials, json.dumps({"servers": {"gh": {"headers": headers}}}))
+    assert info.value.details["field"] == field
+    assert "s3cret" not in str(info.value)
 
 
 def test_effective_policy_defaults_by_kind() -> None:

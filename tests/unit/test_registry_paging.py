@@ -51,3 +51,15 @@ def test_a_cursor_pages_only_the_document_it_was_given_for() -> None:
             decode_cursor(encode_cursor(tools, 7), scope, 100)
         assert "another toolset or another reply" in refused.value.message
         assert refused.value.details == {"field": "cursor"}
+
+
+def test_search_hits_are_kept_best_first_while_they_fit_in_one_reply() -> None:
+    from toolbus_contracts.registry import SearchHit
+    from toolbus_registry.paging import fitting
+
+    hits = [SearchHit(name=f"t{i}", prompt="p" * 100, dts="d" * 100, score=1.0 - i / 10) for i in range(5)]
+    one = len(hits[0].wire_json()) + 1
+    assert fitting(hits, 10 * one) == hits
+    assert fitting(hits, 3 * one) == hits[:3]
+    assert fitting(hits, 3 * one - 1) == hits[:2]
+    assert fitting(hits, one - 1) == []  # the first alone does not fit: none rather than too large

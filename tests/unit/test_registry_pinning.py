@@ -25,6 +25,9 @@ from toolbus_registry.pinning import Pinned, Pinner, toolset_id
 
 from tests.support.mcp_servers import synthetic_tools
 
+PAGE = 1024 * 1024 - 4096
+"""What one toolsets.get page carries on a default NATS server."""
+
 SCHEMA = {"type": "object", "properties": {"n": {"type": "number", "minimum": 0.5, "maximum": 1e21}}}
 
 
@@ -63,7 +66,7 @@ async def _rich_pinned() -> Pinned:
         *synthetic_tools(20),
         {"name": "floaty", "title": "F", "inputSchema": SCHEMA, "annotations": {"readOnlyHint": True}},
     ]
-    pinner = Pinner(_lister({"a": tools, "b": synthetic_tools(5)}), _workflow, _nothing)
+    pinner = Pinner(_lister({"a": tools, "b": synthetic_tools(5)}), _workflow, _nothing, page_bytes=PAGE)
     return await pinner.pin(_rich_spec())
 
 
@@ -84,7 +87,9 @@ async def test_the_store_gets_the_canonical_json_unless_it_rounded_an_integer() 
     assert pinned.stored_json() == pinned.canonical
     big = 2**53 + 1  # JCS writes it as the double 2**53
     schema = {"type": "object", "properties": {"n": {"type": "integer", "maximum": big}}}
-    pinner = Pinner(_lister({"a": [{"name": "t", "inputSchema": schema}]}), _workflow, _nothing)
+    pinner = Pinner(
+        _lister({"a": [{"name": "t", "inputSchema": schema}]}), _workflow, _nothing, page_bytes=PAGE
+    )
     exact = await pinner.pin(ToolsetCreateRequest(mcp=[McpServerSpec(name="a", url="http://a/mcp")]))
     assert exact.stored_json() != exact.canonical
     stored = PinnedToolset.model_validate_json(exact.stored_json())
@@ -116,7 +121,7 @@ async def test_tool_table_wire_forms_are_those_of_validated_infos() -> None:
 
 async def test_a_listed_tool_that_cannot_be_pinned_names_its_server() -> None:
     bad = {"name": "t", "title": 5, "inputSchema": {"type": "object"}}
-    pinner = Pinner(_lister({"a": [bad]}), _nothing, _nothing)
+    pinner = Pinner(_lister({"a": [bad]}), _nothing, _nothing, page_bytes=PAGE)
     with pytest.raises(InvalidRequest) as caught:
         await pinner.pin(ToolsetCreateRequest(mcp=[McpServerSpec(name="a", url="http://a/mcp")]))
     assert caught.value.details == {"server": "a"} and "'a'" in caught.value.message
@@ -124,7 +129,7 @@ async def test_a_listed_tool_that_cannot_be_pinned_names_its_server() -> None:
 
 async def test_a_server_listing_the_same_tools_again_is_pinned_once() -> None:
     listings = {"a": synthetic_tools(3)}
-    pinner = Pinner(_lister(listings), _nothing, _nothing)
+    pinner = Pinner(_lister(listings), _nothing, _nothing, page_bytes=PAGE)
     spec = ToolsetCreateRequest(mcp=[McpServerSpec(name="a", url="http://a/mcp")])
     first, again = await pinner.pin(spec), await pinner.pin(spec)
     assert again.toolset.servers[0] is first.toolset.servers[0] and again.id == first.id

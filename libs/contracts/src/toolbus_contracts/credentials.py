@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, SecretStr, field_serializer
+from pydantic import AfterValidator, Field, SecretStr, field_serializer, field_validator
 
 from toolbus_contracts.base import WireModel
 from toolbus_contracts.names import Namespace, RunId, ToolsetId
@@ -39,8 +39,18 @@ def _check_header_name(name: str) -> str:
     return name
 
 
+HEADER_VALUE_MAX = 8192
+"""The longest credential header value: what common servers take in one header line (nginx's
+default buffer is 8 KiB; Node answers 431 past 16 KiB of headers in all)."""
+HEADERS_MAX = 64
+HEADERS_TOTAL_MAX = 16384
+"""Bytes of one server's credential headers together (`name: value` lines)."""
+
+
 def _check_header_value(value: SecretStr) -> SecretStr:
     raw = value.get_secret_value()
+    if len(raw) > HEADER_VALUE_MAX:
+        raise ValueError(f"a header value must be at most {HEADER_VALUE_MAX} characters, not {len(raw)}")
     if raw == "" or raw != raw.strip():
         raise ValueError("a header value must be non-empty with no leading or trailing space")
     if any((ord(c) < 0x20 and c != "\t") or ord(c) == 0x7F for c in raw):
@@ -57,7 +67,17 @@ HeaderValue = Annotated[SecretStr, AfterValidator(_check_header_value)]
 
 
 class ServerCredentials(WireModel):
-    headers: dict[HeaderName, HeaderValue] = Field(min_length=1)
+    headers: dict[HeaderName, HeaderValue] = Field(min_length=1, max_length=HEADERS_MAX)
+
+    @field_validator("headers")
+    @classmethod
+    def _fits_a_request(cls, headers: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        total = sum(len(k) + len(v.get_secret_value()) + 4 for k, v in headers.items())
+        if total > HEADERS_TOTAL_MAX:  # servers refuse such requests (431): no call could succeed
+            raise ValueError(
+                f"the headers take {total} bytes together, over the {HEADERS_TOTAL_MAX} servers take"
+            )
+        return headers
 
     @field_serializer("headers", when_used="always")
     def _hide(self, headers: dict[str, SecretStr]) -> dict[str, str]:

@@ -16,6 +16,8 @@ from nats.js import JetStreamContext
 from nats.js.object_store import ObjectStore
 from toolbus_common.connections import DEFAULT_PLACEMENT, JsPlacement, ensure_object_store
 
+from toolbus_dispatcher.outcomes import failed
+
 ENVELOPE_ROOM = 16 * 1024
 """Bytes of a NATS message kept for what surrounds an outcome (reply envelope, event fields)."""
 MIN_INLINE = 4096
@@ -30,6 +32,29 @@ def inline_limit(configured: int | None, max_payload: int) -> tuple[int, bool]:
     if configured is None:
         return fits, False
     return (fits, True) if configured > fits else (configured, False)
+
+
+_ROOM = 8
+"""Levels of arrays and objects kept free around an outcome: the replies and events that carry
+it (`{"ok", "data": {"outcome": ...}}`) nest it a few levels deep, and orjson writes at most 254."""
+OUTPUT_DEPTH_MAX = 254 - _ROOM - 1
+"""The deepest output an outcome (`{"status", "output"}`) carries."""
+
+
+def dumps_with_room(outcome: dict[str, Any]) -> bytes | None:
+    """The outcome's JSON, or None when it nests too deep to be sent inside a reply or an event.
+    It is written inside `_ROOM` arrays, the same single pass that writes it: orjson refuses
+    what would nest past its limit there, and the brackets are cut off after."""
+    wrapped: Any = outcome
+    for _ in range(_ROOM):
+        wrapped = [wrapped]
+    try:
+        text = orjson.dumps(wrapped)
+    except orjson.JSONEncodeError as exc:
+        if "Recursion limit" not in str(exc):
+            raise
+        return None
+    return text[_ROOM:-_ROOM]
 
 
 class OutputStore:
@@ -62,7 +87,14 @@ class OutputStore:
         """(stored JSON, wire dict) of an outcome: as it is when it fits, else with its output
         written to the object store and `outputRef` in its place. Raises what JetStream raises
         when the store does not answer (the caller retries: nothing is final yet)."""
-        text = orjson.dumps(outcome)
+        text = dumps_with_room(outcome)
+        if text is None:
+            outcome = failed(
+                "upstreamError",
+                f"The tool's output nests deeper than JSON writers carry ({OUTPUT_DEPTH_MAX} levels "
+                "of arrays and objects); it was not stored.",
+            )
+            text = orjson.dumps(outcome)
         if len(text) <= self.inline_limit or outcome.get("status") != "ok":
             return text.decode(), outcome
         data = orjson.dumps(outcome.get("output"))

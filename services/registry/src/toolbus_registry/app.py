@@ -43,7 +43,10 @@ class RegistryApp:
             chunk_bytes=nc.max_payload - ENVELOPE_SLACK,
         )
         await toolsets.open()
-        workflows = WorkflowStore(await ensure_kv(js, s.js_name("workflows"), placement=JsPlacement.of(s)))
+        workflows = WorkflowStore(
+            await ensure_kv(js, s.js_name("workflows"), placement=JsPlacement.of(s)),
+            max_bytes=nc.max_payload - ENVELOPE_SLACK,
+        )
         credentials = self._credentials or CredentialsServiceSink(nc, s.subjects)
         self.service = RegistryService(
             toolsets,

@@ -7,9 +7,10 @@ from __future__ import annotations
 import base64
 import hashlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
+from toolbus_contracts.base import WireModel
 from toolbus_contracts.errors import InvalidRequest
 
 ENVELOPE_SLACK = 4096
@@ -88,3 +89,19 @@ def page_text(text: str, start: int, budget: int) -> tuple[str, int | None]:
         else:
             hi = mid - 1
     return text[start:lo], lo
+
+
+W = TypeVar("W", bound=WireModel)
+
+
+def fitting(items: Sequence[W], budget: int) -> list[W]:
+    """The leading `items` whose JSON fits in `budget` bytes together (for a reply that is not
+    paged: search hits, best first; possibly none, when the first alone would not fit)."""
+    out: list[W] = []
+    used = 0
+    for item in items:
+        used += len(item.wire_json()) + 1
+        if used > budget:
+            break
+        out.append(item)
+    return out

@@ -163,7 +163,22 @@ bytes, not the bytes: 1.9 MiB less for the 1,350-tool corpus), up to this many b
 canonical pinned JSON (each also keeps its pinned model and wire form, ~3x that)."""
 
 
-def _pin_server(i: int, server: McpServerSpec, listed: list[dict[str, Any]]) -> ServerPin:
+TOOL_INFO_ROOM = 1024
+"""Bytes a tool's `toolsets.get` form adds to its pinned form (kind, policy, qualified name)."""
+
+
+def _check_tool_size(wire: dict[str, Any], limit: int, field: str, **named: str) -> None:
+    """Refuse a tool too large for one `toolsets.get` page: it could be pinned, never read back."""
+    size = len(orjson.dumps(wire))
+    if size > limit:
+        raise InvalidRequest(
+            f"Tool '{wire['name']}' is {size} bytes pinned, over the {limit} one toolsets.get page "
+            "carries: make its description or schemas smaller.",
+            details={"field": field, **named, "tool": wire["name"], "size": size, "limit": limit},
+        )
+
+
+def _pin_server(i: int, server: McpServerSpec, listed: list[dict[str, Any]], tool_limit: int) -> ServerPin:
     tools = sorted((_pin_tool(t, server.name) for t in listed), key=itemgetter("name"))
     names = {t["name"] for t in tools}
     if len(names) != len(tools):
@@ -188,7 +203,11 @@ def _pin_server(i: int, server: McpServerSpec, listed: list[dict[str, Any]]) -> 
         "tools": tools,  # each already the wire form of its PinnedTool
         "policies": {k: p.wire() for k, p in policies.items()},
     }
-    return ServerPin(model, wire, canonical_json(wire))
+    canonical = canonical_json(wire)
+    if len(canonical) > tool_limit:  # only then can one of its tools be too large
+        for tool in tools:
+            _check_tool_size(tool, tool_limit, f"mcp[{i}]", server=server.name)
+    return ServerPin(model, wire, canonical)
 
 
 URL_MAX = 2048
@@ -220,7 +239,11 @@ def url_problem(url: str) -> str | None:
 class Pinner:
     """Builds pinned toolsets from specs under every rule of the contract's Registry section."""
 
-    def __init__(self, lister: ToolLister, workflows: WorkflowLookup, toolsets: ToolsetLookup) -> None:
+    def __init__(
+        self, lister: ToolLister, workflows: WorkflowLookup, toolsets: ToolsetLookup, *, page_bytes: int
+    ) -> None:
+        """`page_bytes`: what one `toolsets.get` page carries; no tool may be larger."""
+        self._tool_limit = page_bytes - TOOL_INFO_ROOM
         self._list = lister
         self._workflow = workflows
         self._toolset = toolsets
@@ -262,6 +285,9 @@ class Pinner:
             "host": [h.wire() for h in host],
             "workflows": [w.wire() for w in workflows],
         }
+        given = {h.name: i for i, h in enumerate(spec.host)}
+        for tool in rest["host"]:
+            _check_tool_size(tool, self._tool_limit, f"host[{given[tool['name']]}]")
         if http is not None:
             rest["http"] = http.wire()
         canonical = canonical_members(
@@ -337,7 +363,7 @@ class Pinner:
             key = hashlib.blake2b(key, digest_size=32).digest()
             hit = self._memo.get(key)
             if hit is None:
-                hit = _pin_server(i, server, listed)
+                hit = _pin_server(i, server, listed, self._tool_limit)
                 self._memo.put(key, hit)
             return hit
 

@@ -29,7 +29,14 @@ from toolbus_contracts import (
 from toolbus_contracts.errors import NotFound
 
 from toolbus_registry.declarations import declarations_floor, render_dts, render_prompt
-from toolbus_registry.paging import ENVELOPE_SLACK, decode_cursor, encode_cursor, page_items, page_text
+from toolbus_registry.paging import (
+    ENVELOPE_SLACK,
+    decode_cursor,
+    encode_cursor,
+    fitting,
+    page_items,
+    page_text,
+)
 from toolbus_registry.pinning import Pinner, ToolLister, check_json_schema
 from toolbus_registry.searching import Searcher
 from toolbus_registry.workflows import WorkflowStore
@@ -76,7 +83,7 @@ class RegistryService:
         self._credentials = credentials
         self._module_name = module_name
         self._budget = max_payload - ENVELOPE_SLACK
-        self._pinner = Pinner(lister, workflows.get, self._pinned)
+        self._pinner = Pinner(lister, workflows.get, self._pinned, page_bytes=self._budget)
         self._rendered: Lru[str, Rendered] = Lru(RENDERED_SIZE)
         self._replies: Lru[str, RawJson] = Lru(REPLY_CACHE_BYTES, weight=lambda _, reply: len(reply))
         self._searcher = searcher or Searcher()
@@ -197,7 +204,8 @@ class RegistryService:
 
     async def search(self, req: ToolsetSearchRequest) -> ToolsetSearchReply:
         stored = await self._stored(req.id)
-        return await self._searcher.search(stored, req.query, req.limit)
+        reply = await self._searcher.search(stored, req.query, req.limit)
+        return ToolsetSearchReply(tools=fitting(reply.tools, self._budget))
 
     # ---- workflows --------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from toolbus_common.canonical import sha256_hex
 from toolbus_common.clock import now_iso
 from toolbus_contracts import Workflow, WorkflowPublishRequest
 from toolbus_contracts.base import unfit_number, unfit_number_error
+from toolbus_contracts.errors import InvalidRequest
 
 
 def workflow_version(req: WorkflowPublishRequest) -> str:
@@ -17,8 +18,10 @@ def workflow_version(req: WorkflowPublishRequest) -> str:
 
 
 class WorkflowStore:
-    def __init__(self, kv: KeyValue) -> None:
+    def __init__(self, kv: KeyValue, *, max_bytes: int) -> None:
         self._kv = kv
+        self._max_bytes = max_bytes
+        """The largest stored workflow: what a `workflows.get` reply (and a KV entry) can carry."""
 
     async def publish(self, req: WorkflowPublishRequest) -> Workflow:
         """Store a version (a no-op when the same content is published again) and make it latest."""
@@ -42,7 +45,14 @@ class WorkflowStore:
             published_at=now_iso(),
         )
         if existing is None:
-            await self._kv.put(f"{req.name}.{version}", workflow.model_dump_json(exclude_none=True).encode())
+            stored = workflow.model_dump_json(exclude_none=True).encode()
+            if len(stored) > self._max_bytes:  # stored, it could not be read back in one message
+                raise InvalidRequest(
+                    f"The workflow is {len(stored)} bytes as stored, over the {self._max_bytes} that "
+                    "workflows.get can send in one NATS message: make its definition smaller.",
+                    details={"field": "body", "size": len(stored), "limit": self._max_bytes},
+                )
+            await self._kv.put(f"{req.name}.{version}", stored)
         await self._kv.put(f"{req.name}.latest", version.encode())
         return workflow
 

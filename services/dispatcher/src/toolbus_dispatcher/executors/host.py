@@ -26,7 +26,7 @@ import orjson
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from toolbus_contracts import Subjects, duration_seconds
-from toolbus_contracts.errors import Timeout, ToolError, UpstreamUnreachable
+from toolbus_contracts.errors import Timeout, ToolError, UpstreamError, UpstreamUnreachable
 
 from toolbus_dispatcher.executors.base import Attempt, Interrupted
 
@@ -35,10 +35,17 @@ NO_RESPONDERS = "503"
 publish that reached no subscriber."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Malformed:
+    """A result the worker sent that is not one: what is wrong with it."""
+
+    problem: str
+
+
 @dataclass(slots=True)
 class _Waiter:
     attempt: int
-    result: asyncio.Future[dict[str, Any] | None]
+    result: asyncio.Future[dict[str, Any] | _Malformed | None]
     """The worker's result; None: no worker was subscribed (the task never left)."""
     last_beat: float = field(default_factory=time.monotonic)
 
@@ -73,11 +80,15 @@ class HostExecutor:
             return
         try:
             body = orjson.loads(msg.data)
-        except orjson.JSONDecodeError:
+        except orjson.JSONDecodeError:  # NaN and 1e400 too: JSON has no such numbers
+            waiter.result.set_result(_Malformed("JSON"))
             return
-        if not isinstance(body, dict) or body.get("attempt") != waiter.attempt:
-            return
-        waiter.result.set_result(body)
+        attempt = body.get("attempt") if isinstance(body, dict) else None
+        if type(attempt) is not int:
+            waiter.result.set_result(_Malformed('a JSON object with an integer "attempt"'))
+        elif attempt == waiter.attempt:
+            waiter.result.set_result(body)
+        # else: the result of an earlier attempt, come late: dropped
 
     async def execute(self, attempt: Attempt) -> Any:
         call = attempt.call
@@ -120,6 +131,11 @@ class HostExecutor:
             raise Interrupted(
                 UpstreamUnreachable(f"No worker is subscribed for host tool '{attempt.tool.name}'."),
                 sent=False,
+            )
+        if isinstance(body, _Malformed):  # the worker's bug: sending the call again would not mend it
+            raise UpstreamError(
+                f"The worker of host tool '{attempt.tool.name}' answered a result that is not "
+                f"{body.problem}; see the host-tool protocol."
             )
         error = body.get("error")
         if error is not None:
