@@ -41,20 +41,17 @@ OUTPUT_DEPTH_MAX = 254 - _ROOM - 1
 """The deepest output an outcome (`{"status", "output"}`) carries."""
 
 
-def dumps_with_room(outcome: dict[str, Any]) -> bytes | None:
-    """The outcome's JSON, or None when it nests too deep to be sent inside a reply or an event.
-    It is written inside `_ROOM` arrays, the same single pass that writes it: orjson refuses
-    what would nest past its limit there, and the brackets are cut off after."""
-    wrapped: Any = outcome
-    for _ in range(_ROOM):
-        wrapped = [wrapped]
+def dumps_with_room(outcome: dict[str, Any]) -> memoryview | None:
+    """The outcome's JSON (a view of it), or None when it nests too deep to be sent inside a
+    reply or an event. It is written inside `_ROOM` arrays, in the same single pass that writes
+    it: orjson refuses what would nest past its limit there; the view leaves the brackets out."""
     try:
-        text = orjson.dumps(wrapped)
+        text = orjson.dumps([[[[[[[[outcome]]]]]]]])  # _ROOM arrays
     except orjson.JSONEncodeError as exc:
         if "Recursion limit" not in str(exc):
             raise
         return None
-    return text[_ROOM:-_ROOM]
+    return memoryview(text)[_ROOM:-_ROOM]
 
 
 class OutputStore:
@@ -94,9 +91,9 @@ class OutputStore:
                 f"The tool's output nests deeper than JSON writers carry ({OUTPUT_DEPTH_MAX} levels "
                 "of arrays and objects); it was not stored.",
             )
-            text = orjson.dumps(outcome)
+            text = memoryview(orjson.dumps(outcome))
         if len(text) <= self.inline_limit or outcome.get("status") != "ok":
-            return text.decode(), outcome
+            return str(text, "utf-8"), outcome
         data = orjson.dumps(outcome.get("output"))
         ref = await self.put(call_id, data)
         small = {"status": "ok", "outputRef": ref}
