@@ -274,6 +274,8 @@ async def test_list_pages_by_limit_and_a_cursor_holds_across_decisions(
     pages = await page_through(stack, runId=run_id, limit=3)
     assert [len(p) for p in pages] == [3, 3, 2]  # no empty last page
     assert [a for p in pages for a in p] == order
+    split = await page_through(stack, runId=run_id, limit=4)  # a page ends inside the millisecond
+    assert split == [order[:4], order[4:]]
     assert await page_through(stack, runId=run_id) == [order]  # one page holds them all
 
     # decided between two pages: the cursor still starts right after the last one seen

@@ -32,10 +32,10 @@ log = logging.getLogger(__name__)
 QUEUE = "toolbus-approval"
 INTERNAL_STREAM = "INTERNAL"
 RETRY_AFTER = timedelta(seconds=5)
-LIST_SLACK = 4096
-"""Bytes of an `approvals.list` reply kept for its envelope and `nextCursor`."""
 """How old an unsent announcement or decision must be before the sweeper sends it (the request
 that queued it normally sends it within milliseconds)."""
+LIST_SLACK = 4096
+"""Bytes of an `approvals.list` reply kept for its envelope and `nextCursor`."""
 
 
 class NatsOutlet:

@@ -54,6 +54,11 @@ def dumps_with_room(outcome: dict[str, Any]) -> memoryview | None:
     return memoryview(text)[_ROOM:-_ROOM]
 
 
+assert (
+    orjson.dumps([[[[[[[[0]]]]]]]]) == b"[" * _ROOM + b"0" + b"]" * _ROOM
+)  # the literal above is _ROOM deep
+
+
 class OutputStore:
     """Writes outputs too large to travel inline; `inline_limit` is the largest inline outcome."""
 

@@ -39,7 +39,7 @@ from toolbus_contracts import (
     ToolsetCreateRequest,
     Workflow,
 )
-from toolbus_contracts.base import SCHEMA_DEPTH_MAX, nesting_depth
+from toolbus_contracts.base import SCHEMA_DEPTH_MAX, bounded, nesting_depth
 from toolbus_contracts.errors import InvalidRequest, NotFound
 from toolbus_contracts.registry import WORKFLOW_REF, ToolKind
 
@@ -171,10 +171,11 @@ def _check_tool_size(wire: dict[str, Any], limit: int, field: str, **named: str)
     """Refuse a tool too large for one `toolsets.get` page: it could be pinned, never read back."""
     size = len(orjson.dumps(wire))
     if size > limit:
+        name = bounded(str(wire["name"]))
         raise InvalidRequest(
-            f"Tool '{wire['name']}' is {size} bytes pinned, over the {limit} one toolsets.get page "
+            f"Tool '{name}' is {size} bytes pinned, over the {limit} one toolsets.get page "
             "carries: make its description or schemas smaller.",
-            details={"field": field, **named, "tool": wire["name"], "size": size, "limit": limit},
+            details={"field": field, **named, "tool": name, "size": size, "limit": limit},
         )
 
 

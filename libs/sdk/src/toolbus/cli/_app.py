@@ -179,12 +179,19 @@ def _run(json_out: bool, work: Callable[[Toolbus], Awaitable[T]]) -> T:
 
 
 def _strict_json(text: str) -> Any:
-    """`json.loads`, but `NaN` and `Infinity` are not JSON (Python's reader takes them)."""
+    """`json.loads`, but `NaN`, `Infinity` and `1e400` are not numbers JSON carries (Python's
+    reader takes them, the last as infinity)."""
 
     def refuse(constant: str) -> Any:
         raise ValueError(f"{constant} is not a JSON number")
 
-    return json.loads(text, parse_constant=refuse)
+    def finite(number: str) -> float:
+        value = float(number)
+        if value - value != 0:
+            raise ValueError(f"{number[:40]} is beyond the largest number JSON carries")
+        return value
+
+    return json.loads(text, parse_constant=refuse, parse_float=finite)
 
 
 def _load(path: str, json_out: bool) -> Any:
