@@ -167,6 +167,20 @@ async def test_token_rotation_mid_life_gives_credentials_rejected_on_call() -> N
             await conn.aclose()
 
 
+async def test_a_latin1_credential_goes_as_its_latin1_bytes_on_listing_and_calls() -> None:
+    """The credential rules take Latin-1 text (`é`, a no-break space); given to httpx2 as text,
+    such a value made every request raise (`internal` at registration and on every call)."""
+    token = "tökén\u00a0é-" + TOKEN  # the test server reads header bytes as Latin-1
+    async with token_server(token) as server:
+        conn = await McpConnection.open(server.url, {"Authorization": f"Bearer {token}"}, server_name="gh")
+        try:
+            assert [t["name"] for t in await conn.list_tools()]
+            ok = await conn.call_tool("echo", {"text": "x"}, idempotency_key=key(), timeout=10)
+            assert ok.structured_content == {"text": "x"}
+        finally:
+            await conn.aclose()
+
+
 async def test_refused_port_is_unreachable_and_not_sent() -> None:
     url = f"http://127.0.0.1:{free_port()}/mcp"
     with pytest.raises(UpstreamUnreachable) as info:

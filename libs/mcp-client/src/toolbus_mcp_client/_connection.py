@@ -514,8 +514,14 @@ class McpConnection:
 
     def _lean_headers(self) -> dict[str, str]:
         """What the lean path sends on every request: httpx2's defaults (less `Accept-Encoding`:
-        it reads bodies as they come) and the connection's credential headers."""
-        return {k: v for k, v in self._http.headers.items() if k.lower() != "accept-encoding"}
+        it reads bodies as they come) and the connection's credential headers. Read as the bytes
+        they are sent as (Latin-1): httpx2's `items()` decodes with an encoding it guessed before
+        a credential beyond ASCII was added, and raises."""
+        return {
+            k.decode("latin-1").lower(): v.decode("latin-1")
+            for k, v in self._http.headers.raw
+            if k.lower() != b"accept-encoding"
+        }
 
     async def _post(
         self, body: bytes, headers: dict[str, str], request_id: int, attempt: Attempt
