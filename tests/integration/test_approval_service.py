@@ -395,6 +395,8 @@ async def test_unknown_approval_is_not_found(service: ApprovalApp, stack: Stack)
         ("list", {"cursor": "!!not-one"}, "cursor"),
         ("list", {"cursor": "eDp5"}, "cursor"),  # base64 of "x:y": not a place in the index
         ("list", {"cursor": "MTIz"}, "cursor"),  # "123": no approval id
+        ("list", {"cursor": "MDE6YXBfMQ"}, "cursor"),  # "01:ap_1": not as approvals.list writes it
+        ("list", {"cursor": "MTphcF8x=="}, "cursor"),  # "1:ap_1" with padding it never has
     ],
 )
 async def test_malformed_bodies_are_invalid_request_naming_the_field(

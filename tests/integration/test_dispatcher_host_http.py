@@ -331,3 +331,26 @@ async def test_an_output_nested_too_deep_to_carry_is_upstream_error_and_calls_ge
                 assert f"{OUTPUT_DEPTH_MAX} levels" in done["outcome"]["error"]["message"]
     finally:
         await sub.unsubscribe()
+
+
+async def test_an_input_too_large_for_the_task_message_is_refused_before_the_call_exists(h: Harness) -> None:
+    """A host tool's task and a workflow's start request carry the input in one NATS message: an
+    input near 1 MiB (or one that grows when written back, `9E15` being 9000000000000000.0) made
+    the publish fail and the call end `internal`."""
+    ts = await h.toolset(
+        {
+            "host": [host_tool("bulky")],
+            "workflows": [{"name": "bulky", "version": "000000000004", "inputSchema": {"type": "object"}}],
+        }
+    )
+    run = await h.open_run(ts)
+    near = b'{"s": "' + b"x" * 1_048_300 + b'"}'
+    grows = b'{"a": [' + b",".join([b"9E15"] * 150_000) + b"]}"
+    for tool in ("bulky", "workflows.bulky"):
+        for raw in (near, grows):
+            body = b'{"runId": "%s", "tool": "%s", "input": %s}' % (run.encode(), tool.encode(), raw)
+            assert h.nc is not None and len(body) < h.nc.max_payload
+            reply = await h.request(h.subjects.calls_invoke, body, within=20)
+            assert reply["ok"] is False and reply["error"]["code"] == "invalidRequest", (tool, reply)
+            assert reply["error"]["details"]["field"] == "input", reply
+            assert reply["error"]["details"]["size"] > reply["error"]["details"]["limit"]

@@ -200,7 +200,7 @@ async def test_cli_logs_json_gives_one_object_per_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
-async def test_cli_refuses_what_is_no_run_id_or_timeout(stack: dict[str, str]) -> None:
+async def test_cli_refuses_what_is_no_run_id_or_timeout(stack: dict[str, str], tmp_path: Path) -> None:
     env = {k: stack[k] for k in ("TOOLBUS_NATS_URL", "TOOLBUS_SUBJECT_PREFIX")}
     # A run id becomes a subject token: a wildcard would tail every run's events.
     for run in ("*", ">", "", "bad run!"):
@@ -218,6 +218,10 @@ async def test_cli_refuses_what_is_no_run_id_or_timeout(stack: dict[str, str]) -
     for nan in ('{"a": NaN}', '{"a": -Infinity}', '{"a": 1e400}'):  # Python's json reader takes them
         usage = await cli(env, "calls", "invoke", "e.echo", "--run", "r1", "--input", nan)
         assert usage.returncode == 2 and "--input is not JSON" in usage.stderr, usage.stderr
+    yaml_nan = tmp_path / "input.yaml"
+    yaml_nan.write_text("a: [1, .nan]\n")
+    usage = await cli(env, "calls", "invoke", "e.echo", "--run", "r1", "--input", f"@{yaml_nan}")
+    assert usage.returncode == 2 and "at a[1]" in usage.stderr, usage.stderr  # as JSON's NaN: usage
     for prefix in ("a b", "", "x.*"):  # was a BadSubjectError traceback, exit 1
         usage = await cli(env, "--prefix", prefix, "toolsets", "get", "ts_" + "0" * 64)
         assert usage.returncode == 2 and usage.stderr.startswith("error: --prefix"), usage.stderr

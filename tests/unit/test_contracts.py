@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
+from typing import Any
 
 import orjson
 import pytest
@@ -137,7 +138,10 @@ def test_headers_http_forbids_are_refused(headers: str) -> None:
     [
         ({"X-A": "s3cret" * 1500}, "servers.gh.headers.X-A"),  # 9,000 characters
         ({f"X-{i}": "v" for i in range(65)}, "servers.gh.headers"),
-        ({f"X-{i}": "s3cret" * 160 for i in range(20)}, "servers.gh.headers"),  # 19 kB together
+        ({f"X-{i}": "s3cret" * 160 for i in range(13)}, "servers.gh.headers"),  # 12.5 kB together
+        ({"X-A": "s3cret", "x-a": "s3cret"}, "servers.gh.headers"),  # names are case-insensitive
+        ({"X-A": "s3cret\x85"}, "servers.gh.headers.X-A"),  # a C1 control (NEL)
+        ({"X" * 300: "s3cret"}, "servers.gh.headers." + "X" * 200 + "…"),
     ],
 )
 def test_headers_no_server_would_take_are_refused_without_quoting_them(
@@ -251,3 +255,35 @@ def test_numbers_toolbus_cannot_carry_are_invalid_request_naming_their_field() -
     assert unfit_number(big.input, ("input",)) == "input.a.b[0]"
     assert unfit_number({"a": -(2**63), "b": 2**64 - 1, "c": True, "d": 1.5}) is None
     assert unfit_number([float("nan")]) == "[0]"
+
+
+@pytest.mark.parametrize(
+    ("model", "body", "field", "default"),
+    [
+        ("ApprovalsListRequest", {}, "limit", 1000),
+        ("ToolsetSearchRequest", {"id": "ts_" + "0" * 64, "query": "q"}, "limit", 5),
+        ("WorkflowPublishRequest", {"name": "w", "inputSchema": {}}, "description", ""),
+        ("ToolsetCreateRequest", {}, "mcp", []),
+        ("ToolsetCreateRequest", {}, "host", []),
+        ("ToolsetCreateRequest", {}, "workflows", []),
+        ("CallStartRequest", {"runId": "r", "tool": "t"}, "input", {}),
+    ],
+)
+def test_an_optional_field_sent_as_null_is_taken_as_absent(
+    model: str, body: dict[str, Any], field: str, default: Any
+) -> None:
+    from toolbus_contracts.approvals import ApprovalsListRequest
+
+    cls = ApprovalsListRequest if model == "ApprovalsListRequest" else getattr(toolbus_contracts, model)
+    wire = {**body, field: None}
+    parsed = parse_body(cls, json.dumps(wire))
+    assert getattr(parsed, field) == default  # each of these is one word
+
+
+def test_a_huge_key_gets_a_small_error_naming_its_start() -> None:
+    """A 900 kB unknown field's name was quoted whole, twice: a reply over `max_payload`, which
+    became `outputTooLarge` instead of `invalidRequest`."""
+    with pytest.raises(InvalidRequest) as info:
+        parse_body(CallStartRequest, json.dumps({"runId": "r", "tool": "t", "y" * 900_000: 1}))
+    assert info.value.details == {"field": "y" * 200 + "…"}
+    assert len(str(info.value)) < 300

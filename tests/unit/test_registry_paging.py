@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+
 import orjson
 import pytest
 from toolbus_contracts.errors import InvalidRequest
@@ -37,7 +39,18 @@ def test_cursors_round_trip_and_refuse_garbage() -> None:
     assert decode_cursor(encode_cursor(scope, 1234), scope, 1235) == 1234
     assert decode_cursor(None, scope, 0) == 0
     past_end = (encode_cursor(scope, 1235), encode_cursor(scope, 99999), encode_cursor(scope, 1234) + "x")
-    for bad in ("%%%", encode_cursor(scope, 1)[:-1] + "!", "eDox", encode_cursor(scope, 1)[:-2], *past_end):
+    tag = base64.urlsafe_b64decode(encode_cursor(scope, 1) + "==").decode().partition(":")[0]
+    # written otherwise than this service writes them: a leading zero, an Arabic-Indic digit, padding
+    unlike = [base64.urlsafe_b64encode(f"{tag}:{n}".encode()).decode().rstrip("=") for n in ("01", "\u0661")]
+    unlike.append(encode_cursor(scope, 1) + "==")
+    for bad in (
+        "%%%",
+        encode_cursor(scope, 1)[:-1] + "!",
+        "eDox",
+        encode_cursor(scope, 1)[:-2],
+        *past_end,
+        *unlike,
+    ):
         with pytest.raises(InvalidRequest) as refused:
             decode_cursor(bad, scope, 1235)
         assert refused.value.details == {"field": "cursor"}

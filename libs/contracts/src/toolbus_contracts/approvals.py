@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from toolbus_contracts.base import WireModel
+from toolbus_contracts.base import WireModel, null_as
 from toolbus_contracts.names import ApprovalId, Namespace, RunId
 
 
@@ -33,7 +33,9 @@ APPROVALS_PAGE_MAX = 1000
 class ApprovalsListRequest(WireModel):
     run_id: RunId | None = None
     namespace: Namespace | None = None
-    limit: int = Field(default=APPROVALS_PAGE_MAX, ge=1, le=APPROVALS_PAGE_MAX)
+    limit: Annotated[int, null_as(APPROVALS_PAGE_MAX)] = Field(
+        default=APPROVALS_PAGE_MAX, ge=1, le=APPROVALS_PAGE_MAX
+    )
     cursor: str | None = Field(default=None, max_length=400)
 
 

@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Annotated, Any, TypeVar
 
 import orjson
-from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
 
 from toolbus_contracts.errors import InvalidRequest, ToolbusError
@@ -43,16 +43,27 @@ class WireModel(BaseModel):
         return self.model_dump_json(exclude_none=True).encode()
 
 
+def null_as(default: Any) -> BeforeValidator:
+    """For an optional field whose default is not null (`limit`, `description`, the lists of a
+    spec): `null` on the wire is taken as absent, as for the fields that may be null. A callable
+    `default` makes a fresh value each time (a list, a dict)."""
+    if callable(default):
+        return BeforeValidator(lambda value: default() if value is None else value)
+    return BeforeValidator(lambda value: default if value is None else value)
+
+
 M = TypeVar("M", bound=BaseModel)
 
 
 def _loc(loc: tuple[int | str, ...]) -> str:
+    """`a.b[1].c`; a key of a body's object (a header name, an unknown field) is quoted up to 200
+    characters, so that a huge key still gets an error reply of a few hundred bytes."""
     parts: list[str] = []
     for part in loc:
         if isinstance(part, int):
             parts.append(f"[{part}]")
         else:
-            parts.append(("." if parts else "") + part)
+            parts.append(("." if parts else "") + bounded(part, 200))
     return "".join(parts) or "body"
 
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from toolbus_contracts.base import WireModel
+from toolbus_contracts.base import WireModel, null_as
 from toolbus_contracts.credentials import CredentialLevel
 from toolbus_contracts.names import CallId, IdempotencyKey, Namespace, RunId, ToolsetId
 
@@ -38,7 +38,7 @@ class CallStartRequest(WireModel):
 
     run_id: RunId
     tool: str = Field(min_length=1, max_length=256)
-    input: dict[str, Any] = Field(default_factory=dict)
+    input: Annotated[dict[str, Any], null_as(dict)] = Field(default_factory=dict)
     idempotency_key: IdempotencyKey | None = None
 
 

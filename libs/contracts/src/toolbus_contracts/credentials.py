@@ -32,6 +32,8 @@ _FORBIDDEN_NAMES = frozenset(
 
 
 def _check_header_name(name: str) -> str:
+    if len(name) > HEADER_NAME_MAX:
+        raise ValueError(f"header name '{name[:40]}…' is longer than {HEADER_NAME_MAX} characters")
     if not _TOKEN.fullmatch(name):
         raise ValueError(f"header name '{name[:40]}' is not an HTTP token")
     if name.lower() in _FORBIDDEN_NAMES:
@@ -43,18 +45,20 @@ HEADER_VALUE_MAX = 8192
 """The longest credential header value: what common servers take in one header line (nginx's
 default buffer is 8 KiB; Node answers 431 past 16 KiB of headers in all)."""
 HEADERS_MAX = 64
-HEADERS_TOTAL_MAX = 16384
-"""Bytes of one server's credential headers together (`name: value` lines)."""
+HEADERS_TOTAL_MAX = 12288
+"""Bytes of one server's credential headers together (`name: value` lines): Node's HTTP server
+takes 16 KiB of request line and headers in all, and toolbus sends a few hundred bytes of its own."""
+HEADER_NAME_MAX = 256
 
 
 def _check_header_value(value: SecretStr) -> SecretStr:
     raw = value.get_secret_value()
     if len(raw) > HEADER_VALUE_MAX:
         raise ValueError(f"a header value must be at most {HEADER_VALUE_MAX} characters, not {len(raw)}")
-    if raw == "" or raw != raw.strip():
-        raise ValueError("a header value must be non-empty with no leading or trailing space")
-    if any((ord(c) < 0x20 and c != "\t") or ord(c) == 0x7F for c in raw):
-        raise ValueError("a header value must not contain control characters")
+    if any((ord(c) < 0x20 and c != "\t") or 0x7F <= ord(c) <= 0x9F for c in raw):
+        raise ValueError("a header value must not contain control characters (C0, DEL or C1)")
+    if raw == "" or raw != raw.strip(" \t"):
+        raise ValueError("a header value must be non-empty with no leading or trailing space or tab")
     try:
         raw.encode("latin-1")
     except UnicodeEncodeError:
@@ -72,6 +76,10 @@ class ServerCredentials(WireModel):
     @field_validator("headers")
     @classmethod
     def _fits_a_request(cls, headers: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        names = [k.lower() for k in headers]
+        twice = next((k for k in headers if names.count(k.lower()) > 1), None)
+        if twice is not None:  # HTTP header names are case-insensitive: which would be sent?
+            raise ValueError(f"header '{twice}' is given twice (names are case-insensitive)")
         total = sum(len(k) + len(v.get_secret_value()) + 4 for k, v in headers.items())
         if total > HEADERS_TOTAL_MAX:  # servers refuse such requests (431): no call could succeed
             raise ValueError(

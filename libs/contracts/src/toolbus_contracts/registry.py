@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, SerializerFunctionWrapHandler, model_serializer
 
-from toolbus_contracts.base import Duration, WireModel, bounded
+from toolbus_contracts.base import Duration, WireModel, bounded, null_as
 from toolbus_contracts.credentials import Credentials
 from toolbus_contracts.names import NAME_MAX, ToolsetId, WorkflowVersion, is_allow_entry
 
@@ -115,12 +115,12 @@ def _effective_policy(kind: ToolKind, spec: PolicySpec | None) -> EffectivePolic
 class McpServerSpec(WireModel):
     name: ServerName
     url: str
-    policies: dict[str, PolicySpec] = Field(default_factory=dict)
+    policies: Annotated[dict[str, PolicySpec], null_as(dict)] = Field(default_factory=dict)
 
 
 class HostToolSpec(WireModel):
     name: HostToolName
-    description: str = ""
+    description: Annotated[str, null_as("")] = ""
     input_schema: dict[str, Any]
     output_schema: dict[str, Any] | None = None
     policy: PolicySpec | None = None
@@ -134,10 +134,10 @@ class HttpSpec(WireModel):
 class ToolsetCreateRequest(WireModel):
     """A toolset spec, or a derivation from `base`."""
 
-    mcp: list[McpServerSpec] = Field(default_factory=list)
-    host: list[HostToolSpec] = Field(default_factory=list)
+    mcp: Annotated[list[McpServerSpec], null_as(list)] = Field(default_factory=list)
+    host: Annotated[list[HostToolSpec], null_as(list)] = Field(default_factory=list)
     http: HttpSpec | None = None
-    workflows: list[WorkflowRef] = Field(default_factory=list)
+    workflows: Annotated[list[WorkflowRef], null_as(list)] = Field(default_factory=list)
     credentials: Credentials | None = None
     base: ToolsetId | None = None
 
@@ -166,7 +166,7 @@ class PinnedServer(WireModel):
 class PinnedWorkflow(WireModel):
     name: str
     version: str
-    description: str = ""
+    description: Annotated[str, null_as("")] = ""
     input_schema: dict[str, Any]
     output_schema: dict[str, Any] | None = None
 
@@ -186,7 +186,7 @@ class ToolInfo(WireModel):
 
     name: str
     kind: ToolKind
-    description: str = ""
+    description: Annotated[str, null_as("")] = ""
     input_schema: dict[str, Any]
     output_schema: dict[str, Any] | None = None
     policy: EffectivePolicy
@@ -234,7 +234,7 @@ class ToolsetDeclarationsReply(WireModel):
 class ToolsetSearchRequest(WireModel):
     id: ToolsetId
     query: str = Field(min_length=1)
-    limit: int = Field(default=5, ge=1, le=50)
+    limit: Annotated[int, null_as(5)] = Field(default=5, ge=1, le=50)
 
 
 class SearchHit(WireModel):
@@ -250,7 +250,7 @@ class ToolsetSearchReply(WireModel):
 
 class WorkflowPublishRequest(WireModel):
     name: WorkflowName
-    description: str = ""
+    description: Annotated[str, null_as("")] = ""
     input_schema: dict[str, Any]
     output_schema: dict[str, Any] | None = None
     definition: Any = None
@@ -271,7 +271,7 @@ class Workflow(WireModel):
 
     name: str
     version: str
-    description: str = ""
+    description: Annotated[str, null_as("")] = ""
     input_schema: dict[str, Any]
     output_schema: dict[str, Any] | None = None
     definition: Any = None

@@ -211,7 +211,7 @@ def build_http_client(headers: dict[str, str]) -> httpx2.AsyncClient:
     A value beyond ASCII goes as its Latin-1 bytes (RFC 9110's obs-text, what the credential
     rules take): given as text, httpx2 would encode it as ASCII and raise on every request."""
     return httpx2.AsyncClient(
-        headers={k: v if v.isascii() else v.encode("latin-1") for k, v in headers.items()},
+        headers={k.encode("ascii"): v.encode("latin-1") for k, v in headers.items()},
         timeout=httpx2.Timeout(30.0, read=300.0),
         transport=WatchingTransport(httpx2.AsyncHTTPTransport(verify=tls_context())),
     )

@@ -74,6 +74,8 @@ def decode_cursor(cursor: str | None) -> Position | None:
         )
         if not (sep and ms.isascii() and ms.isdigit() and approval_id):
             raise ValueError
+        if encode_cursor((int(ms), approval_id)) != cursor:  # `01`, stray padding, a newline
+            raise ValueError
     except ValueError:  # binascii.Error and UnicodeDecodeError are ValueErrors
         raise InvalidRequest(
             "Field 'cursor' is not a cursor approvals.list gave; list again without one.",

@@ -198,7 +198,7 @@ class DispatcherApp:
             js=js,
             subjects=subjects,
             run_retention=s.dispatcher_run_retention,
-            approval_limit=inline_limit(None, nc.max_payload)[0],  # what fits with its fields
+            message_limit=inline_limit(None, nc.max_payload)[0],  # what fits with its fields
             publish_reply=self.bus.reply,
         )
         self.bus.include(routes, self.service, durable_prefix=f"{s.dispatcher_consumer}-")

@@ -85,12 +85,13 @@ class DispatcherService:
         subjects: Subjects,
         run_retention: float,
         publish_reply: PublishReply,
-        approval_limit: int,
+        message_limit: int,
     ) -> None:
         self._store = store
-        # The approval command and the approval's event carry the input: it must fit in one NATS
-        # message with their other fields (the server's max_payload less `outputs.ENVELOPE_ROOM`).
-        self._approval_limit = approval_limit
+        # The approval command and event, a host tool's task and a workflow's start request carry
+        # the input: it must fit in one NATS message with their other fields (the server's
+        # max_payload less `outputs.ENVELOPE_ROOM`).
+        self._message_limit = message_limit
         self._toolsets = toolsets
         self._runner = runner
         self._credentials = credentials
@@ -187,18 +188,26 @@ class DispatcherService:
                 requested_at=now,
             )
             command = needed.wire_json()
-            if len(command) > self._approval_limit:
+            if len(command) > self._message_limit:
                 raise InvalidRequest(
                     f"Field 'input' is too large for an approval: its request would be {len(command)} "
-                    f"bytes, over the {self._approval_limit} that fit in one NATS message with its fields; "
+                    f"bytes, over the {self._message_limit} that fit in one NATS message with its fields; "
                     "send a smaller input (a reference to the data) to a tool that needs approval.",
-                    details={"field": "input", "size": len(command), "limit": self._approval_limit},
+                    details={"field": "input", "size": len(command), "limit": self._message_limit},
                 )
             announce = (self._subjects.internal_approval_requests, command)
         try:
             input_json = orjson.dumps(req.input).decode()
         except TypeError:  # an integer outside 64 bits: the store, events and tools could not carry it
             raise unfit_number_error(unfit_number(req.input, ("input",)) or "input") from None
+        if tool.kind in ("host", "workflow") and len(input_json) > self._message_limit:
+            what = "host tool's task" if tool.kind == "host" else "workflow's start request"
+            raise InvalidRequest(
+                f"Field 'input' is too large for '{tool.name}': the {what} carries it in one NATS "
+                f"message, and it is {len(input_json)} bytes, over the {self._message_limit} that fit "
+                "with the other fields; send a smaller input (a reference to the data).",
+                details={"field": "input", "size": len(input_json), "limit": self._message_limit},
+            )
         for _ in range(2):
             created = await self._store.create_call(
                 call_id=call_id,

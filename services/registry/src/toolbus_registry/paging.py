@@ -21,10 +21,14 @@ def _scope_tag(scope: str) -> str:
     return hashlib.blake2s(scope.encode(), digest_size=6).hexdigest()
 
 
+def _encoded(raw: str) -> str:
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
 def encode_cursor(scope: str, offset: int) -> str:
     """The cursor of the page at `offset` of one document: `scope` names it (the toolset and what
     is paged, e.g. `ts_…:tools`, `ts_…:dts`), so a cursor is only taken back for that document."""
-    return base64.urlsafe_b64encode(f"{_scope_tag(scope)}:{offset}".encode()).decode().rstrip("=")
+    return _encoded(f"{_scope_tag(scope)}:{offset}")
 
 
 def decode_cursor(cursor: str | None, scope: str, end: int) -> int:
@@ -36,9 +40,11 @@ def decode_cursor(cursor: str | None, scope: str, end: int) -> int:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         tag, _, value = raw.partition(":")
-        if not value.isdigit():  # digits only: no sign, no spaces
-            raise ValueError
+        if not (value.isascii() and value.isdigit()) or _encoded(raw) != cursor:
+            raise ValueError  # ASCII digits only, written as this service writes them
         offset = int(value)
+        if str(offset) != value:  # a leading zero
+            raise ValueError
         if offset >= end:  # a cursor is only given for a page that exists
             raise ValueError
     except ValueError:

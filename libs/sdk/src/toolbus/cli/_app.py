@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from toolbus_contracts import check_prefix
+from toolbus_contracts.base import unfit_number
 
 from toolbus._client import Toolbus
 from toolbus._errors import ErrorCode, ToolbusError
@@ -201,9 +202,13 @@ def _load(path: str, json_out: bool) -> Any:
     except OSError as exc:
         _usage(json_out, f"cannot read {path}: {exc.strerror}")
     try:
-        return _strict_json(text) if path.endswith(".json") else yaml.safe_load(text)
+        doc = _strict_json(text) if path.endswith(".json") else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:
         _usage(json_out, f"{path} is not valid JSON or YAML: {str(exc).splitlines()[0]}")
+    where = unfit_number(doc, ints=False)  # YAML's .nan and .inf: no JSON number carries them
+    if where is not None:
+        _usage(json_out, f"{path} holds a number JSON cannot carry, at {where} (NaN or infinity)")
+    return doc
 
 
 def _json_arg(text: str, what: str, json_out: bool) -> Any:
