@@ -166,7 +166,7 @@ class PinnedServer(WireModel):
 class PinnedWorkflow(WireModel):
     name: str
     version: str
-    description: Annotated[str, null_as("")] = ""
+    description: str = ""
     input_schema: dict[str, Any]
     output_schema: dict[str, Any] | None = None
 
@@ -186,7 +186,7 @@ class ToolInfo(WireModel):
 
     name: str
     kind: ToolKind
-    description: Annotated[str, null_as("")] = ""
+    description: str = ""
     input_schema: dict[str, Any]
     output_schema: dict[str, Any] | None = None
     policy: EffectivePolicy
@@ -271,7 +271,7 @@ class Workflow(WireModel):
 
     name: str
     version: str
-    description: Annotated[str, null_as("")] = ""
+    description: str = ""
     input_schema: dict[str, Any]
     output_schema: dict[str, Any] | None = None
     definition: Any = None
