@@ -453,6 +453,19 @@ async def test_a_workflow_too_large_to_be_read_back_is_refused_not_stored(
     assert got["ok"] and got["data"]["definition"] == fits["definition"]
 
 
+async def test_a_huge_key_in_a_spec_gets_a_small_error(
+    nc: Any, subjects: Subjects, registry: RegistryApp, servers: dict[str, McpTestServer]
+) -> None:
+    """A policy key or a schema key was quoted whole (three times): replies of 15 kB to 700 kB."""
+    policy = {"mcp": [{"name": "echo", "url": servers["echo"].url, "policies": {"k" * 5000: {}}}]}
+    schema = {"host": [{"name": "h", "inputSchema": {"properties": {"q" * 700_000: {"type": 5}}}}]}
+    for body in (policy, schema):
+        msg = await nc.request(subjects.toolsets_create, json.dumps(body).encode(), timeout=20)
+        reply = json.loads(msg.data)
+        assert_error(reply, "invalidRequest")
+        assert len(msg.data) < 2000, len(msg.data)
+
+
 async def test_publish_refuses_invalid_schema(nc: Any, subjects: Subjects, registry: RegistryApp) -> None:
     reply = await request(nc, subjects.workflows_publish, {"name": "w", "inputSchema": {"type": 5}})
     assert_error(reply, "invalidRequest", "inputSchema")

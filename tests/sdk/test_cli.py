@@ -218,6 +218,13 @@ async def test_cli_refuses_what_is_no_run_id_or_timeout(stack: dict[str, str], t
     for nan in ('{"a": NaN}', '{"a": -Infinity}', '{"a": 1e400}'):  # Python's json reader takes them
         usage = await cli(env, "calls", "invoke", "e.echo", "--run", "r1", "--input", nan)
         assert usage.returncode == 2 and "--input is not JSON" in usage.stderr, usage.stderr
+    clear, headless = tmp_path / "clear.json", tmp_path / "headless.json"
+    clear.write_text('{"servers": {}}')  # clears a level: gets past the CLI to the service (no such run)
+    headless.write_text('{"headers": {"X-A": "v"}}')
+    cleared = await cli(env, "credentials", "set", "--level", "run", "--run", "no-such-run", "-f", str(clear))
+    assert cleared.returncode == 4, cleared.stderr
+    wrong = await cli(env, "credentials", "set", "--level", "run", "--run", "r1", "-f", str(headless))
+    assert wrong.returncode == 2 and "must hold {servers:" in wrong.stderr, wrong.stderr
     yaml_nan = tmp_path / "input.yaml"
     yaml_nan.write_text("a: [1, .nan]\n")
     usage = await cli(env, "calls", "invoke", "e.echo", "--run", "r1", "--input", f"@{yaml_nan}")

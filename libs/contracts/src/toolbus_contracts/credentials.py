@@ -80,10 +80,11 @@ class ServerCredentials(WireModel):
         twice = next((k for k in headers if names.count(k.lower()) > 1), None)
         if twice is not None:  # HTTP header names are case-insensitive: which would be sent?
             raise ValueError(f"header '{twice}' is given twice (names are case-insensitive)")
-        total = sum(len(k) + len(v.get_secret_value()) + 4 for k, v in headers.items())
+        total = sum(len(k) + len(v.get_secret_value()) + 4 for k, v in headers.items())  # ": " and CRLF
         if total > HEADERS_TOTAL_MAX:  # servers refuse such requests (431): no call could succeed
             raise ValueError(
-                f"the headers take {total} bytes together, over the {HEADERS_TOTAL_MAX} servers take"
+                f"the headers take {total} bytes as request lines, over the {HEADERS_TOTAL_MAX} bytes "
+                "toolbus sends a server"
             )
         return headers
 

@@ -78,9 +78,9 @@ def check_json_schema(schema: dict[str, Any], field: str) -> None:
     try:
         cls.check_schema(schema)
     except SchemaError as exc:
-        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
-        raise InvalidRequest(
-            f"Field '{field}' is not a valid JSON Schema at {where}: {exc.message}.",
+        where = bounded("/".join(str(p) for p in exc.absolute_path) or "(root)", 200)
+        raise InvalidRequest(  # bounded: a schema's keys and values may be huge
+            f"Field '{field}' is not a valid JSON Schema at {where}: {bounded(exc.message, 300)}.",
             details={"field": field},
         ) from None
 
@@ -188,9 +188,10 @@ def _pin_server(i: int, server: McpServerSpec, listed: list[dict[str, Any]], too
         )
     for key in server.policies:
         if key not in names:
+            shown = bounded(key, 200)
             raise InvalidRequest(
-                f"Policy for '{key}' on server '{server.name}': the server lists no such tool.",
-                details={"field": f"mcp[{i}].policies.{key}", "server": server.name, "tool": key},
+                f"Policy for '{shown}' on server '{server.name}': the server lists no such tool.",
+                details={"field": f"mcp[{i}].policies.{shown}", "server": server.name, "tool": shown},
             )
     policies = {
         k: p for k, v in sorted(server.policies.items()) if (p := _normalise_policy("mcp", v)) is not None

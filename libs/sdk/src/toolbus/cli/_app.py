@@ -504,8 +504,11 @@ def credentials_set(
     credentials: dict[str, Any] = {"servers": {}}
     if file:
         loaded = _load(file, json_)
-        if not isinstance(loaded, dict):
-            _usage(json_, f"{file} must hold {{servers: ...}}")
+        if not isinstance(loaded, dict) or not isinstance(loaded.get("servers"), dict):
+            _usage(
+                json_,
+                f"{file} must hold {{servers: {{NAME: {{headers: {{...}}}}}}}} ({{servers: {{}}}} clears)",
+            )
         credentials = loaded
     for item in header or []:
         server, sep, rest = item.partition(":")
@@ -513,7 +516,7 @@ def credentials_set(
         if not (sep and eq and server and name):
             _usage(json_, "--header takes SERVER:NAME=VALUE")
         credentials.setdefault("servers", {}).setdefault(server, {"headers": {}})["headers"][name] = value
-    if not credentials.get("servers"):
+    if not file and not header:
         _usage(json_, "give credentials with -f or --header")
     if level == "toolset":
         if not toolset:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,8 @@ from toolbus_contracts import Subjects, duration_seconds
 from toolbus_contracts.errors import Timeout, ToolError, UpstreamError, UpstreamUnreachable
 
 from toolbus_dispatcher.executors.base import Attempt, Interrupted
+
+log = logging.getLogger(__name__)
 
 NO_RESPONDERS = "503"
 """The status nats-server puts in the header of the message it sends to the reply subject of a
@@ -133,6 +136,10 @@ class HostExecutor:
                 sent=False,
             )
         if isinstance(body, _Malformed):  # the worker's bug: sending the call again would not mend it
+            log.warning(
+                "host worker answered a result that is not one",
+                extra={"tool": attempt.tool.name, "callId": call.call_id, "expected": body.problem},
+            )
             raise UpstreamError(
                 f"The worker of host tool '{attempt.tool.name}' answered a result that is not "
                 f"{body.problem}; see the host-tool protocol."
