@@ -76,3 +76,14 @@ def test_search_hits_are_kept_best_first_while_they_fit_in_one_reply() -> None:
     assert fitting(hits, 3 * one) == hits[:3]
     assert fitting(hits, 3 * one - 1) == hits[:2]
     assert fitting(hits, one - 1) == []  # the first alone does not fit: none rather than too large
+
+
+def test_opaque_cursors_read_back_only_what_they_write() -> None:
+    from toolbus_common.cursors import opaque, unopaque
+
+    for text in ("a:1", "b2c3:1234", "1733000000000:apr_x", "é:0"):
+        assert unopaque(opaque(text)) == text
+    # "YR" decodes to what "YQ" does ("a"): a second spelling, never written
+    for bad in (opaque("a:1") + "==", opaque("a:1") + "\n", "!!", "\u00e9", "YR"):
+        with pytest.raises(ValueError, match="not a cursor"):
+            unopaque(bad)

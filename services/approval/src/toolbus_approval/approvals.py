@@ -4,7 +4,6 @@ dispatcher until the INTERNAL stream has acknowledged it."""
 
 from __future__ import annotations
 
-import base64
 import logging
 import time
 from collections.abc import Callable
@@ -13,6 +12,7 @@ from typing import Any, Protocol
 
 import orjson
 from toolbus_common.clock import now_iso
+from toolbus_common.cursors import opaque, unopaque
 from toolbus_contracts.approvals import ApprovalDecideReply, ApprovalRequested
 from toolbus_contracts.errors import Conflict, InvalidRequest, NotFound
 from toolbus_contracts.internal import ApprovalDecided, ApprovalNeeded
@@ -61,7 +61,7 @@ def webhook_id(approval_id: str) -> str:
 def encode_cursor(after: Position) -> str:
     """The opaque `nextCursor` of a page: where the next one starts."""
     ms, approval_id = after
-    return base64.urlsafe_b64encode(f"{ms}:{approval_id}".encode()).decode().rstrip("=")
+    return opaque(f"{ms}:{approval_id}")
 
 
 def decode_cursor(cursor: str | None) -> Position | None:
@@ -69,14 +69,10 @@ def decode_cursor(cursor: str | None) -> Position | None:
     if cursor is None:
         return None
     try:
-        ms, sep, approval_id = (
-            base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode().partition(":")
-        )
-        if not (sep and ms.isascii() and ms.isdigit() and approval_id):
-            raise ValueError
-        if encode_cursor((int(ms), approval_id)) != cursor:  # `01`, stray padding, a newline
-            raise ValueError
-    except ValueError:  # binascii.Error and UnicodeDecodeError are ValueErrors
+        ms, sep, approval_id = unopaque(cursor).partition(":")  # stray padding, a newline: refused
+        if not (sep and ms.isascii() and ms.isdigit() and approval_id) or str(int(ms)) != ms:
+            raise ValueError  # `01`: not as approvals.list writes it
+    except ValueError:
         raise InvalidRequest(
             "Field 'cursor' is not a cursor approvals.list gave; list again without one.",
             details={"field": "cursor"},

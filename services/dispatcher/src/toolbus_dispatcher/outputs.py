@@ -34,29 +34,30 @@ def inline_limit(configured: int | None, max_payload: int) -> tuple[int, bool]:
     return (fits, True) if configured > fits else (configured, False)
 
 
-_ROOM = 8
-"""Levels of arrays and objects kept free around an outcome: the replies and events that carry
-it (`{"ok", "data": {"outcome": ...}}`) nest it a few levels deep, and orjson writes at most 254."""
+def _in_room(outcome: Any) -> list[Any]:
+    """`outcome` inside 8 arrays: the levels kept free around an outcome, as the replies and events
+    that carry it (`{"ok", "data": {"outcome": ...}}`) nest it a few levels deep, and orjson
+    writes at most 254."""
+    return [[[[[[[[outcome]]]]]]]]
+
+
+_ROOM = orjson.dumps(_in_room(0)).index(b"0")
+"""How many levels `_in_room` adds (one `[` each)."""
 OUTPUT_DEPTH_MAX = 254 - _ROOM - 1
 """The deepest output an outcome (`{"status", "output"}`) carries."""
 
 
 def dumps_with_room(outcome: dict[str, Any]) -> memoryview | None:
     """The outcome's JSON (a view of it), or None when it nests too deep to be sent inside a
-    reply or an event. It is written inside `_ROOM` arrays, in the same single pass that writes
-    it: orjson refuses what would nest past its limit there; the view leaves the brackets out."""
+    reply or an event. It is written `_in_room`, in the same single pass that writes it: orjson
+    refuses what would nest past its limit there; the view leaves the brackets out."""
     try:
-        text = orjson.dumps([[[[[[[[outcome]]]]]]]])  # _ROOM arrays
+        text = orjson.dumps(_in_room(outcome))
     except orjson.JSONEncodeError as exc:
         if "Recursion limit" not in str(exc):
             raise
         return None
     return memoryview(text)[_ROOM:-_ROOM]
-
-
-assert (
-    orjson.dumps([[[[[[[[0]]]]]]]]) == b"[" * _ROOM + b"0" + b"]" * _ROOM
-)  # the literal above is _ROOM deep
 
 
 class OutputStore:

@@ -138,6 +138,17 @@ class DispatcherService:
         await self._credentials.delete_run(req.run_id)
         return RunCloseReply(run_id=req.run_id, cancelled=len(closed.cancelled))
 
+    def _check_fits(self, size: int, what: str) -> None:
+        """`invalidRequest` naming `input` when what carries it (`size` bytes) would not fit in one
+        NATS message with its other fields."""
+        if size > self._message_limit:
+            raise InvalidRequest(
+                f"Field 'input' is too large for {what} would be {size} bytes, over the "
+                f"{self._message_limit} that fit in one NATS message with its fields; send a smaller "
+                "input (a reference to the data).",
+                details={"field": "input", "size": size, "limit": self._message_limit},
+            )
+
     async def _run(self, run_id: str) -> tuple[str, str | None]:
         hit = self._runs.get(run_id)
         if hit is not None:
@@ -188,26 +199,15 @@ class DispatcherService:
                 requested_at=now,
             )
             command = needed.wire_json()
-            if len(command) > self._message_limit:
-                raise InvalidRequest(
-                    f"Field 'input' is too large for an approval: its request would be {len(command)} "
-                    f"bytes, over the {self._message_limit} that fit in one NATS message with its fields; "
-                    "send a smaller input (a reference to the data) to a tool that needs approval.",
-                    details={"field": "input", "size": len(command), "limit": self._message_limit},
-                )
+            self._check_fits(len(command), "an approval: its request")
             announce = (self._subjects.internal_approval_requests, command)
         try:
             input_json = orjson.dumps(req.input).decode()
         except TypeError:  # an integer outside 64 bits: the store, events and tools could not carry it
             raise unfit_number_error(unfit_number(req.input, ("input",)) or "input") from None
-        if tool.kind in ("host", "workflow") and len(input_json) > self._message_limit:
-            what = "host tool's task" if tool.kind == "host" else "workflow's start request"
-            raise InvalidRequest(
-                f"Field 'input' is too large for '{tool.name}': the {what} carries it in one NATS "
-                f"message, and it is {len(input_json)} bytes, over the {self._message_limit} that fit "
-                "with the other fields; send a smaller input (a reference to the data).",
-                details={"field": "input", "size": len(input_json), "limit": self._message_limit},
-            )
+        if tool.kind in ("host", "workflow"):
+            carrier = "its task" if tool.kind == "host" else "its start request"
+            self._check_fits(len(input_json), f"'{tool.name}': {carrier}, carrying the input,")
         for _ in range(2):
             created = await self._store.create_call(
                 call_id=call_id,

@@ -4,12 +4,12 @@ and what is paged)."""
 
 from __future__ import annotations
 
-import base64
 import hashlib
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import orjson
+from toolbus_common.cursors import opaque, unopaque
 from toolbus_contracts.base import WireModel
 from toolbus_contracts.errors import InvalidRequest
 
@@ -21,14 +21,10 @@ def _scope_tag(scope: str) -> str:
     return hashlib.blake2s(scope.encode(), digest_size=6).hexdigest()
 
 
-def _encoded(raw: str) -> str:
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
-
-
 def encode_cursor(scope: str, offset: int) -> str:
     """The cursor of the page at `offset` of one document: `scope` names it (the toolset and what
     is paged, e.g. `ts_…:tools`, `ts_…:dts`), so a cursor is only taken back for that document."""
-    return _encoded(f"{_scope_tag(scope)}:{offset}")
+    return opaque(f"{_scope_tag(scope)}:{offset}")
 
 
 def decode_cursor(cursor: str | None, scope: str, end: int) -> int:
@@ -38,10 +34,9 @@ def decode_cursor(cursor: str | None, scope: str, end: int) -> int:
     if cursor is None:
         return 0
     try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        tag, _, value = raw.partition(":")
-        if not (value.isascii() and value.isdigit()) or _encoded(raw) != cursor:
-            raise ValueError  # ASCII digits only, written as this service writes them
+        tag, _, value = unopaque(cursor).partition(":")
+        if not (value.isascii() and value.isdigit()):  # ASCII digits only
+            raise ValueError
         offset = int(value)
         if str(offset) != value:  # a leading zero
             raise ValueError

@@ -179,20 +179,13 @@ def _run(json_out: bool, work: Callable[[Toolbus], Awaitable[T]]) -> T:
         raise typer.Exit(130) from None
 
 
-def _strict_json(text: str) -> Any:
-    """`json.loads`, but `NaN`, `Infinity` and `1e400` are not numbers JSON carries (Python's
-    reader takes them, the last as infinity)."""
-
-    def refuse(constant: str) -> Any:
-        raise ValueError(f"{constant} is not a JSON number")
-
-    def finite(number: str) -> float:
-        value = float(number)
-        if value - value != 0:
-            raise ValueError(f"{number[:40]} is beyond the largest number JSON carries")
-        return value
-
-    return json.loads(text, parse_constant=refuse, parse_float=finite)
+def _carried(doc: Any, what: str, json_out: bool) -> Any:
+    """`doc`, unless it holds a number no JSON carries: `NaN`, `Infinity` and `1e400`, which
+    Python's JSON reader takes (the last as infinity), and YAML's `.nan` and `.inf`."""
+    where = unfit_number(doc, ints=False)
+    if where is not None:
+        _usage(json_out, f"{what} is not JSON: it holds NaN or infinity, at {where}")
+    return doc
 
 
 def _load(path: str, json_out: bool) -> Any:
@@ -202,20 +195,17 @@ def _load(path: str, json_out: bool) -> Any:
     except OSError as exc:
         _usage(json_out, f"cannot read {path}: {exc.strerror}")
     try:
-        doc = _strict_json(text) if path.endswith(".json") else yaml.safe_load(text)
+        doc = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:
         _usage(json_out, f"{path} is not valid JSON or YAML: {str(exc).splitlines()[0]}")
-    where = unfit_number(doc, ints=False)  # YAML's .nan and .inf: no JSON number carries them
-    if where is not None:
-        _usage(json_out, f"{path} holds a number JSON cannot carry, at {where} (NaN or infinity)")
-    return doc
+    return _carried(doc, path, json_out)
 
 
 def _json_arg(text: str, what: str, json_out: bool) -> Any:
     if text.startswith("@"):
         return _load(text[1:], json_out)
     try:
-        return _strict_json(text)
+        return _carried(json.loads(text), what, json_out)
     except ValueError as exc:
         _usage(json_out, f"{what} is not JSON: {exc}")
 
