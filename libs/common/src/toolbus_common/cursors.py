@@ -4,7 +4,6 @@ back only what it writes, character for character (no stray padding, no other sp
 from __future__ import annotations
 
 import base64
-import binascii
 
 
 def opaque(text: str) -> str:
@@ -16,7 +15,7 @@ def unopaque(cursor: str) -> str:
     """The text `opaque` turned into `cursor`; ValueError for anything `opaque` does not write."""
     try:
         text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-    except (binascii.Error, UnicodeDecodeError):
+    except ValueError:  # not base64 (binascii.Error), not ASCII, not UTF-8 once decoded
         raise ValueError("not a cursor") from None
     if opaque(text) != cursor:
         raise ValueError("not a cursor")
