@@ -134,6 +134,27 @@ async def test_a_result_that_is_not_one_ends_the_call_upstream_error_at_once(
     assert len(tasks) == 1  # not sent again: the worker's bug
 
 
+@pytest.mark.parametrize(
+    ("error", "message"),
+    [({"message": "boom"}, "boom"), ("boom", "boom"), (5, "the host tool reported an error")],
+)
+async def test_a_worker_error_is_tool_error_with_its_message(h: Harness, error: object, message: str) -> None:
+    """`{"error": "boom"}` (a bare string, not `{"message"}`) lost its message before."""
+    assert h.nc is not None
+    ts = await h.toolset({"host": [host_tool("failing")]})
+    run = await h.open_run(ts)
+
+    async def worker(msg: Msg) -> None:
+        await msg.respond(json.dumps({"attempt": json.loads(msg.data)["attempt"], "error": error}).encode())
+
+    sub = await h.nc.subscribe(h.subjects.host_call("failing"), queue=WORKER_QUEUE, cb=worker)
+    try:
+        done = await asyncio.wait_for(h.invoke(run, "failing", {}), 10)
+    finally:
+        await sub.unsubscribe()
+    assert done["outcome"]["error"] == {"code": "toolError", "message": message}, done
+
+
 async def test_a_host_tool_nobody_serves_is_never_sent_and_retried_even_at_most_once(h: Harness) -> None:
     ts = await h.toolset({"host": [host_tool("orphan", onInterruption="at_most_once")]})
     run = await h.open_run(ts)

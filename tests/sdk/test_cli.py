@@ -233,3 +233,9 @@ async def test_cli_refuses_what_is_no_run_id_or_timeout(stack: dict[str, str], t
         usage = await cli(env, "--prefix", prefix, "toolsets", "get", "ts_" + "0" * 64)
         assert usage.returncode == 2 and usage.stderr.startswith("error: --prefix"), usage.stderr
         assert "Traceback" not in usage.stderr
+    # With --json the argument parser's own errors are one JSON document too (were plain text).
+    for args in (("--json", "calls", "get"), ("calls", "get", "--json", "a", "b"), ("--json", "nosuch")):
+        usage = await cli(env, *args)
+        assert usage.returncode == 2 and json.loads(usage.stdout)["error"]["code"] == "usage", usage
+    plain = await cli(env, "calls", "get")
+    assert plain.returncode == 2 and "Missing argument" in plain.stderr and not plain.stdout

@@ -44,6 +44,14 @@ def test_bad_bodies_name_the_field(raw: bytes, field: str) -> None:
     assert field in info.value.message or field == "body"
 
 
+def test_a_body_that_is_not_utf8_says_so() -> None:
+    with pytest.raises(InvalidRequest) as info:
+        parse_body(CallStartRequest, b'{"runId": "r\xff", "tool": "x"}')
+    assert info.value.details == {"field": "body"}
+    assert info.value.message.startswith("The body is not valid JSON: invalid unicode")  # once, not twice
+    assert "(a body is UTF-8 text)" in info.value.message
+
+
 def test_nested_field_path_is_named() -> None:
     with pytest.raises(InvalidRequest) as info:
         parse_body(

@@ -78,7 +78,10 @@ def validation_to_error(exc: ValidationError) -> InvalidRequest:
     field = _loc(loc)
     kind = first["type"]
     if kind == "json_invalid":
-        return InvalidRequest(f"The body is not valid JSON: {first['msg']}.", details={"field": "body"})
+        reason = str(first["msg"]).removeprefix("Invalid JSON: ")
+        if "unicode" in reason:  # bytes that are not UTF-8
+            reason += " (a body is UTF-8 text)"
+        return InvalidRequest(f"The body is not valid JSON: {reason}.", details={"field": "body"})
     if kind == "extra_forbidden":
         msg = f"Unknown field '{field}': remove it."
     elif kind == "missing":

@@ -641,5 +641,24 @@ def logs(
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point. With `--json` anywhere before a `--`, a usage error the
+    argument parser finds (a missing argument, an unknown option or command) is one JSON document
+    on stdout too, with exit code 2, as the commands' own usage errors are."""
+    args = sys.argv[1:]
+    if "--json" not in args[: args.index("--") if "--" in args else None]:
+        app()
+        return
+    try:
+        code = app(standalone_mode=False)
+    except typer.TyperException as exc:  # the parser's errors; a usage error's exit code is 2
+        status = int(getattr(exc, "exit_code", 1))
+        error = {
+            "code": "usage" if status == EXIT_CODES["usage"] else "error",
+            "message": exc.format_message(),
+        }
+        sys.stdout.write(json.dumps({"ok": False, "error": error}) + "\n")
+        sys.exit(status)
+    except typer.Abort:
+        err.print("Aborted.")
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -146,6 +146,8 @@ class HostExecutor:
             )
         error = body.get("error")
         if error is not None:
-            message = error.get("message") if isinstance(error, dict) else None
+            message = (
+                error.get("message") if isinstance(error, dict) else error if isinstance(error, str) else None
+            )
             raise ToolError(str(message or "the host tool reported an error")[:2000])
         return body.get("output")
