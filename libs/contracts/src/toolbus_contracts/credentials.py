@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, SecretStr, field_serializer, field_validator
+from pydantic import AfterValidator, Field, SecretStr, ValidationError, field_serializer, field_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from toolbus_contracts.base import WireModel
 from toolbus_contracts.names import Namespace, RunId, ToolsetId
@@ -79,7 +80,10 @@ class ServerCredentials(WireModel):
         names = [k.lower() for k in headers]
         twice = next((k for k in headers if names.count(k.lower()) > 1), None)
         if twice is not None:  # HTTP header names are case-insensitive: which would be sent?
-            raise ValueError(f"header '{twice}' is given twice (names are case-insensitive)")
+            problem = PydanticCustomError("value_error", "given twice (header names are case-insensitive)")
+            raise ValidationError.from_exception_data(  # named as the header's own field
+                "headers", [InitErrorDetails(type=problem, loc=(twice,), input=twice)]
+            )
         total = sum(len(k) + len(v.get_secret_value()) + 4 for k, v in headers.items())  # ": " and CRLF
         if total > HEADERS_TOTAL_MAX:  # servers refuse such requests (431): no call could succeed
             raise ValueError(
