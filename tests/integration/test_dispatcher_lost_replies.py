@@ -331,3 +331,73 @@ async def test_a_denial_whose_reply_was_lost_still_answers_the_waiting_invoker(
     data = await waiter
     assert proxy.cuts == cuts + 1
     assert data["outcome"] == {"status": "error", "error": {"code": "denied", "message": "no"}}
+
+
+async def _waiting(h: Harness, run: str, n: int) -> bool:
+    assert h.redis is not None
+    return int(await h.redis.zcard(h.keys.run_waiting(run))) == n
+
+
+async def _invoke_counting(h: Harness, run: str, tool: str, key: str) -> list[dict[str, Any]]:
+    """Send `calls.invoke` on an inbox of its own and keep every reply it gets (not only the first)."""
+    assert h.nc is not None
+    replies: list[dict[str, Any]] = []
+
+    async def got(msg: Any) -> None:
+        replies.append(json.loads(msg.data))
+
+    inbox = h.nc.new_inbox()
+    await h.nc.subscribe(inbox, cb=got)
+    body = {"runId": run, "tool": tool, "input": {"k": key}, "idempotencyKey": key}
+    await h.nc.publish(h.subjects.calls_invoke, json.dumps(body).encode(), reply=inbox)
+    return replies
+
+
+async def test_a_close_repeated_answers_each_waiting_invoker_once(h: Harness, ts: str) -> None:
+    """A second `runs.close` answered every cancelled call's invoker again: two replies to one
+    `calls.invoke` (seen by an outside probe with sequential and with concurrent closes)."""
+    never = asyncio.Event()
+
+    async def hang(_: dict[str, Any]) -> Any:
+        await never.wait()
+
+    async with Worker(h, "one", hang) as worker:
+        run = await h.open_run(ts)
+        seen = [await _invoke_counting(h, run, "one", f"k{i}") for i in range(3)]
+        await wait_until(lambda: worker.in_flight == 1, what="one running, two waiting for its slot")
+        await wait_until(lambda: _waiting(h, run, 2), what="two waiting")
+        closes = await asyncio.gather(*(h.ok(h.subjects.runs_close, {"runId": run}) for _ in range(3)))
+        assert closes == [{"runId": run, "cancelled": 3}] * 3
+        assert await h.ok(h.subjects.runs_close, {"runId": run}) == closes[0]
+        await wait_until(lambda: all(seen), what="every invoker answered")
+        await asyncio.sleep(0.3)  # room for a second reply, were one sent
+    assert [len(r) for r in seen] == [1, 1, 1], seen
+    assert all(r[0]["data"]["outcome"]["error"]["code"] == "cancelled" for r in seen)
+
+
+async def test_another_dispatchers_live_claim_is_left_to_it_and_a_lapsed_one_is_taken_over(
+    h: Harness, ts: str
+) -> None:
+    never = asyncio.Event()
+
+    async def hang(_: dict[str, Any]) -> Any:
+        await never.wait()
+
+    assert h.redis is not None
+    async with Worker(h, "one", hang) as worker:
+        run = await h.open_run(ts)
+        seen = await _invoke_counting(h, run, "one", "k")
+        await wait_until(lambda: worker.in_flight == 1, what="running")
+        # Another dispatcher's close ran its script and is (or was) answering the invokers.
+        first = await _store(h).close_run(run, now_iso(), CANCELLED_JSON, 60)
+        assert first.status == "closed" and first.cancelled[0][1]
+        await h.redis.hset(h.keys.run(run), "answering", "elsewhere|9999999999")
+        assert await h.ok(h.subjects.runs_close, {"runId": run}) == {"runId": run, "cancelled": 1}
+        await asyncio.sleep(0.3)
+        assert seen == []  # left to the live claim
+        await h.redis.hset(h.keys.run(run), "answering", "elsewhere|1")  # it died: its claim lapsed
+        assert await h.ok(h.subjects.runs_close, {"runId": run}) == {"runId": run, "cancelled": 1}
+        await wait_until(lambda: bool(seen), what="the invoker answered")
+        assert await h.ok(h.subjects.runs_close, {"runId": run}) == {"runId": run, "cancelled": 1}
+        await asyncio.sleep(0.3)
+    assert len(seen) == 1 and seen[0]["data"]["outcome"]["error"]["code"] == "cancelled", seen

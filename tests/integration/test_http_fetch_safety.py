@@ -36,6 +36,7 @@ class _Handler(BaseHTTPRequestHandler):
     hits: list[str] = []
     latin: list[str | None] = []
     """`X-Latin` of each request, as http.server decodes header bytes: Latin-1."""
+    cookies: list[str | None] = []
 
     def log_message(self, *args: Any) -> None:
         return None
@@ -43,6 +44,13 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self.hits.append(self.path)
         self.latin.append(self.headers.get("X-Latin"))
+        self.cookies.append(self.headers.get("Cookie"))
+        if self.path.startswith("/setcookie"):
+            self.send_response(200)
+            self.send_header("Set-Cookie", "sess=ALICE-SESSION; Path=/")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if self.path.startswith("/to/"):
             self.send_response(302)
             self.send_header("Location", self.path.removeprefix("/to/"))
@@ -167,6 +175,21 @@ async def test_a_listed_ip_literal_and_listed_localhost_are_reached(
     # the decimal form spells the listed literal: it is that address, so it is reached too
     assert (await fetcher.execute(_attempt(f"http://2130706433:{plain}/ok", ["127.0.0.1"])))["status"] == 200
     assert (await fetcher.execute(_attempt(f"http://localhost:{plain}/ok", ["localhost"])))["status"] == 200
+
+
+async def test_a_cookie_one_call_was_given_is_never_sent_by_another(
+    fetcher: HttpExecutor, plain: int
+) -> None:
+    """The executor's one httpx client kept a cookie jar: a session cookie a server set for one
+    end user's call went with every later call of any run, namespace or toolset to that host."""
+    await fetcher.execute(_attempt(f"http://127.0.0.1:{plain}/setcookie", ["127.0.0.1"]))
+    _Handler.cookies.clear()
+    await fetcher.execute(_attempt(f"http://127.0.0.1:{plain}/ok", ["127.0.0.1"]))
+    given = await fetcher.execute(
+        _attempt(f"http://127.0.0.1:{plain}/ok", ["127.0.0.1"], {"Cookie": "mine=1"})
+    )
+    assert given["status"] == 200
+    assert _Handler.cookies == [None, "mine=1"]  # a caller's own Cookie header still goes
 
 
 async def test_a_redirect_to_a_private_address_is_refused(fetcher: HttpExecutor, plain: int) -> None:

@@ -36,6 +36,17 @@ def test_log_lines_never_carry_secrets() -> None:
     assert json.loads(line)["event"].startswith("sending with")
 
 
+def test_an_extra_never_takes_the_place_of_the_line_s_own_keys() -> None:
+    """The credentials service logged `extra={"level": "toolset"}`: its warnings read as `toolset`."""
+    record = logging.makeLogRecord(
+        {"name": "t", "levelno": logging.WARNING, "levelname": "WARNING", "msg": "expired"}
+        | {"level": "toolset", "event": "x"}
+    )
+    line = json.loads(JsonFormatter().format(record))
+    assert line["level"] == "warning" and line["event"] == "expired"
+    assert line["level_"] == "toolset" and line["event_"] == "x"
+
+
 def test_fast_canonical_form_matches_the_reference() -> None:
     import rfc8785
 

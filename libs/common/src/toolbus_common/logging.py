@@ -22,6 +22,8 @@ _AUTH_RE = re.compile(
     r"((?:bearer|basic|token)\s+)?([^\s\"',}]+)"
 )
 MASK = "**********"
+_OWN = frozenset({"at", "level", "logger", "event", "exc"})
+"""The JSON line's own keys: an `extra` of one of these names is written with a `_` after it."""
 
 
 def register_secret(value: str | None) -> None:
@@ -52,8 +54,8 @@ class JsonFormatter(logging.Formatter):
             "event": record.getMessage(),
         }
         for key, value in record.__dict__.items():
-            if key not in self._SKIP and not key.startswith("_"):
-                out[key] = value
+            if key not in self._SKIP and not key.startswith("_"):  # never over the four above
+                out[f"{key}_" if key in _OWN else key] = value
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return scrub(json.dumps(out, default=str, ensure_ascii=False))

@@ -435,7 +435,7 @@ def up(ready_timeout: float, only: list[str] | None, as_json: bool = False) -> i
             failed.append(name)
             continue
         log = LOGS / f"{name}.log"
-        with log.open("w") as out:
+        with log.open("a") as out:  # a restart keeps what the last run logged (a crash)
             out.write(f"\n===== make up {time.strftime('%Y-%m-%d %H:%M:%S')} =====\n")
         service_env = dict(env)
         if secure:

@@ -152,7 +152,12 @@ class CredentialsLogic:
         )
         log.info(
             "credentials set",
-            extra={"level": level, "toolsetId": toolset_id, "runId": run_id, "resumed": len(parked)},
+            extra={
+                "credentialsLevel": level,
+                "toolsetId": toolset_id,
+                "runId": run_id,
+                "resumed": len(parked),
+            },
         )
         return CredentialsSetReply(level=level)
 
@@ -212,7 +217,7 @@ class CredentialsLogic:
             await self._outbox.calls_resume(CallsResume(call_ids=[message.call_id]))
             log.info(
                 "parked call resumed at once: newer credentials were set meanwhile",
-                extra={"callId": message.call_id, "runId": message.run_id, "level": message.level},
+                extra={"callId": message.call_id, "runId": message.run_id, "credentialsLevel": message.level},
             )
             return
         log.info(
@@ -220,7 +225,7 @@ class CredentialsLogic:
             extra={
                 "callId": message.call_id,
                 "runId": message.run_id,
-                "level": message.level,
+                "credentialsLevel": message.level,
                 "server": message.server,
             },
         )
@@ -256,7 +261,7 @@ class CredentialsLogic:
                 log.warning(
                     "credentials expired",
                     extra={
-                        "level": notice.level,
+                        "credentialsLevel": notice.level,
                         "server": notice.server,
                         "runId": notice.run_id,
                         "calls": len(call_ids),

@@ -101,6 +101,8 @@ class DispatcherService:
         self._publish_reply = publish_reply
         self._schemas = SchemaCache()
         self._runs: OrderedDict[str, tuple[str, str | None]] = OrderedDict()
+        self._answering: set[str] = set()
+        """Runs a close of this process is closing: another close of them answers no invoker."""
 
     # ---- runs -----------------------------------------------------------------------------------
 
@@ -124,19 +126,28 @@ class DispatcherService:
 
     async def close_run(self, req: RunCloseRequest) -> RunCloseReply:
         """Close a run; a repeated close (the first reply lost, a client retry) answers the same
-        and finishes what the first may not have: the cancelled calls' invokers answered again,
-        run-level credentials deleted. The `RunClosed` command is queued by the close script
+        and finishes what the first may not have: the cancelled calls' invokers answered if no
+        close answered them yet (once: close_run.lua), run-level credentials deleted. The `RunClosed` command is queued by the close script
         itself, in the outbox, once (message id `runClosed:<runId>`)."""
-        closed = await self._store.close_run(req.run_id, now_iso(), CANCELLED_JSON, self._retention)
-        if closed.status == "notFound":
-            raise NotFound(f"Run '{req.run_id}' does not exist.", details={"runId": req.run_id})
-        self._runs.pop(req.run_id, None)
-        self._runner.stop_local([cid for cid, _, _ in closed.cancelled])
-        for cid, replies, key in closed.cancelled:
-            for reply in replies:
-                await self._publish_reply(reply, reply_body(cid, key, CANCELLED_JSON))
-        await self._credentials.delete_run(req.run_id)
-        return RunCloseReply(run_id=req.run_id, cancelled=len(closed.cancelled))
+        run_id = req.run_id
+        answers = run_id not in self._answering  # else a close of ours is answering them now
+        self._answering.add(run_id)
+        try:
+            closed = await self._store.close_run(run_id, now_iso(), CANCELLED_JSON, self._retention)
+            if closed.status == "notFound":
+                raise NotFound(f"Run '{run_id}' does not exist.", details={"runId": run_id})
+            self._runs.pop(run_id, None)
+            self._runner.stop_local([cid for cid, _, _ in closed.cancelled])
+            if answers and any(replies for _, replies, _ in closed.cancelled):
+                for cid, replies, key in closed.cancelled:
+                    for reply in replies:
+                        await self._publish_reply(reply, reply_body(cid, key, CANCELLED_JSON))
+                await self._store.answered([cid for cid, replies, _ in closed.cancelled if replies])
+        finally:
+            if answers:
+                self._answering.discard(run_id)
+        await self._credentials.delete_run(run_id)
+        return RunCloseReply(run_id=run_id, cancelled=len(closed.cancelled))
 
     def _check_fits(self, size: int, what: str) -> None:
         """`invalidRequest` naming `input` when what carries it (`size` bytes) would not fit in one

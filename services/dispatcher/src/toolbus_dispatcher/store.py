@@ -88,6 +88,11 @@ class Finished:
     key: str = ""
 
 
+CLOSE_CLAIM = 15.0
+"""Seconds a close's claim on answering the invokers of the calls it cancelled holds against
+another dispatcher's close (close_run.lua): past it, the first closer is taken as dead."""
+
+
 @dataclass(slots=True)
 class Closed:
     status: str
@@ -177,6 +182,9 @@ class CallStore:
                 int(retention),
                 run_id,
                 self.runs_closed_subject,
+                self.owner,
+                repr(time.time()),
+                repr(CLOSE_CLAIM),
                 now,
                 self.events_prefix,
             ],
@@ -190,6 +198,11 @@ class CallStore:
             [_s(c) for c in res[2]],
             [(_s(item[0]), [_s(r) for r in item[1]], _s(item[2])) for item in res[3]],
         )
+
+    async def answered(self, call_ids: list[str]) -> None:
+        """The invokers of these calls, which a close cancelled, were answered: no later close
+        answers them again (their reply subjects go)."""
+        await self._r.delete(*(self.keys.call_replies(cid) for cid in call_ids))
 
     # ---- calls ----------------------------------------------------------------------------------
 

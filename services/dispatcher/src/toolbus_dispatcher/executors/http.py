@@ -16,6 +16,7 @@ import re
 import ssl
 import zlib
 from collections import OrderedDict
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import Any
 from urllib.parse import urljoin, urlunsplit
 
@@ -124,6 +125,13 @@ ACCEPT_ENCODING = "gzip, deflate"
 """The codings asked for unless the input sets `Accept-Encoding`: the ones decoded with a bound."""
 
 
+def _no_cookies() -> CookieJar:
+    """A jar that keeps no cookie: one client serves every run, namespace and toolset, so a cookie
+    a server set in one call's response must not go with another's request. A caller that wants
+    a session sends its own `Cookie` header."""
+    return CookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
+
+
 class HttpExecutor:
     """Runs `http.fetch` attempts."""
 
@@ -146,6 +154,7 @@ class HttpExecutor:
                 follow_redirects=False,
                 timeout=httpx.Timeout(None, connect=10.0),
                 trust_env=False,
+                cookies=_no_cookies(),
             )
         self._client = client
         self._max_body = max_body

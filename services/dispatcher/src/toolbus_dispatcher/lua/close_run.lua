@@ -3,20 +3,37 @@
 -- the outbox in the same step, with the message id `runClosed:<runId>`, so it exists once whatever
 -- happens after this script. The run's keys then expire after the retention period.
 -- Closing a closed run is a retry (the first reply may have been lost): it answers the same (the
--- calls the first close cancelled, with the reply subjects still waiting on them for 5 minutes)
--- and changes nothing; only a run closed before the command went through the outbox has it queued
--- now.
+-- calls the first close cancelled) and changes nothing; only a run closed before the command went
+-- through the outbox has it queued now.
+-- The reply subjects still waiting on the cancelled calls (kept 5 minutes; the closer deletes them
+-- once it answered them) are handed to one closer: this one claims them (`answering`:
+-- owner|until) unless another owner's claim has not run out (it may be publishing them now); a
+-- claim of this owner's own is handed again (its process keeps two closes apart), so a dispatcher
+-- that died between this script and its replies is mended by the next close of its own, or of
+-- anyone once the claim runs out.
 -- KEYS: run, run_calls, run_keys, run_waiting, run_slots, leases, outbox
 -- ARGV: now, cancelledOutcomeJson, callPrefix, repliesPrefix, retentionSeconds, runId,
---       runsClosedSubject, now, eventsPrefix
-local f = redis.call('HMGET', KEYS[1], 'state', 'toolsetId', 'closedQueued', 'cancelledIds')
+--       runsClosedSubject, owner, nowEpochSeconds, claimSeconds, now, eventsPrefix (the last two
+--       are admit.lua's)
+local f = redis.call('HMGET', KEYS[1], 'state', 'toolsetId', 'closedQueued', 'cancelledIds', 'answering')
 if not f[1] then return {'notFound'} end
 local ids = redis.call('SMEMBERS', KEYS[2])
 local cancelled = {}
+local hand = true
+if f[5] then
+  local owner, till = string.match(f[5], '^(.*)|([^|]*)$')
+  hand = owner == ARGV[8] or tonumber(till) <= tonumber(ARGV[9])
+end
+if hand then
+  redis.call('HSET', KEYS[1], 'answering', ARGV[8] .. '|' .. (tonumber(ARGV[9]) + tonumber(ARGV[10])))
+end
 local function cancelled_entry(cid)
-  local rk = ARGV[4] .. cid
-  local replies = redis.call('LRANGE', rk, 0, -1)
-  redis.call('EXPIRE', rk, 300)
+  local replies = {}
+  if hand then
+    local rk = ARGV[4] .. cid
+    replies = redis.call('LRANGE', rk, 0, -1)
+    redis.call('EXPIRE', rk, 300)
+  end
   return {cid, replies, redis.call('HGET', ARGV[3] .. cid, 'key') or ''}
 end
 if f[1] == 'open' then
