@@ -54,7 +54,7 @@ class JsonFormatter(logging.Formatter):
             "event": record.getMessage(),
         }
         for key, value in record.__dict__.items():
-            if key not in self._SKIP and not key.startswith("_"):  # never over the four above
+            if key not in self._SKIP and not key.startswith("_"):  # never over the line's own (_OWN)
                 out[f"{key}_" if key in _OWN else key] = value
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)

@@ -127,8 +127,9 @@ class DispatcherService:
     async def close_run(self, req: RunCloseRequest) -> RunCloseReply:
         """Close a run; a repeated close (the first reply lost, a client retry) answers the same
         and finishes what the first may not have: the cancelled calls' invokers answered if no
-        close answered them yet (once: close_run.lua), run-level credentials deleted. The `RunClosed` command is queued by the close script
-        itself, in the outbox, once (message id `runClosed:<runId>`)."""
+        close answered them yet (once: close_run.lua), run-level credentials deleted. The
+        `RunClosed` command is queued by the close script itself, in the outbox, once (message id
+        `runClosed:<runId>`)."""
         run_id = req.run_id
         answers = run_id not in self._answering  # else a close of ours is answering them now
         self._answering.add(run_id)
@@ -138,11 +139,12 @@ class DispatcherService:
                 raise NotFound(f"Run '{run_id}' does not exist.", details={"runId": run_id})
             self._runs.pop(run_id, None)
             self._runner.stop_local([cid for cid, _, _ in closed.cancelled])
-            if answers and any(replies for _, replies, _ in closed.cancelled):
-                for cid, replies, key in closed.cancelled:
-                    for reply in replies:
-                        await self._publish_reply(reply, reply_body(cid, key, CANCELLED_JSON))
-                await self._store.answered([cid for cid, replies, _ in closed.cancelled if replies])
+            waited = [entry for entry in closed.cancelled if entry[1]] if answers else []
+            for cid, replies, key in waited:
+                for reply in replies:
+                    await self._publish_reply(reply, reply_body(cid, key, CANCELLED_JSON))
+            if waited:
+                await self._store.answered([cid for cid, _, _ in waited])
         finally:
             if answers:
                 self._answering.discard(run_id)

@@ -145,9 +145,9 @@ class HostExecutor:
                 f"{body.problem}; see the host-tool protocol."
             )
         error = body.get("error")
+        if isinstance(error, str):  # a bare message
+            error = {"message": error}
         if error is not None:
-            message = (
-                error.get("message") if isinstance(error, dict) else error if isinstance(error, str) else None
-            )
+            message = error.get("message") if isinstance(error, dict) else None
             raise ToolError(str(message or "the host tool reported an error")[:2000])
         return body.get("output")

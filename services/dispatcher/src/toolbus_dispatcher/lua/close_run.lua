@@ -22,7 +22,7 @@ local cancelled = {}
 local hand = true
 if f[5] then
   local owner, till = string.match(f[5], '^(.*)|([^|]*)$')
-  hand = owner == ARGV[8] or tonumber(till) <= tonumber(ARGV[9])
+  hand = owner == ARGV[8] or (tonumber(till) or 0) <= tonumber(ARGV[9])  -- unreadable: lapsed
 end
 if hand then
   redis.call('HSET', KEYS[1], 'answering', ARGV[8] .. '|' .. (tonumber(ARGV[9]) + tonumber(ARGV[10])))
