@@ -149,6 +149,8 @@ def test_backoff_doubles_up_to_the_cap() -> None:
         (b"\x00\x01", "application/octet-stream", ("AAE=", "base64")),
         (b"\xff\xfe", "text/plain; charset=utf-8", ("//4=", "base64")),
         (b"abc", "", ("YWJj", "base64")),
+        (b"", "application/octet-stream", ("", "text")),  # a 204 or a HEAD: the same as text
+        (b"", "", ("", "text")),
     ],
 )
 def test_body_encoding(data: bytes, ctype: str, expected: tuple[str, str]) -> None:

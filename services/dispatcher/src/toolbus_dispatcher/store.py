@@ -90,7 +90,8 @@ class Finished:
 
 CLOSE_CLAIM = 15.0
 """Seconds a close's claim on answering the invokers of the calls it cancelled holds against
-another dispatcher's close (close_run.lua): past it, the first closer is taken as dead."""
+another dispatcher's close (close_run.lua, on Redis's clock): past it, the first closer is taken
+as dead."""
 
 
 @dataclass(slots=True)
@@ -183,7 +184,6 @@ class CallStore:
                 run_id,
                 self.runs_closed_subject,
                 self.owner,
-                repr(time.time()),
                 repr(CLOSE_CLAIM),
                 now,
                 self.events_prefix,

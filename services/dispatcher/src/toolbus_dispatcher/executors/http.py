@@ -111,7 +111,10 @@ def _charset(content_type: str) -> str | None:
 
 
 def encode_body(data: bytes, content_type: str) -> tuple[str, str]:
-    """(body, bodyEncoding): text when the content type says text and it decodes, else base64."""
+    """(body, bodyEncoding): text when the content type says text and it decodes, else base64; an
+    empty body (a 204, a HEAD) is the empty text whatever its content type."""
+    if not data:
+        return "", "text"
     charset = _charset(content_type)
     if charset is not None:
         try:

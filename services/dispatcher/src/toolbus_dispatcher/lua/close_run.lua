@@ -10,22 +10,24 @@
 -- owner|until) unless another owner's claim has not run out (it may be publishing them now); a
 -- claim of this owner's own is handed again (its process keeps two closes apart), so a dispatcher
 -- that died between this script and its replies is mended by the next close of its own, or of
--- anyone once the claim runs out.
+-- anyone once the claim runs out. The claim's clock is Redis's (TIME), so the dispatchers' clocks
+-- need not agree.
 -- KEYS: run, run_calls, run_keys, run_waiting, run_slots, leases, outbox
 -- ARGV: now, cancelledOutcomeJson, callPrefix, repliesPrefix, retentionSeconds, runId,
---       runsClosedSubject, owner, nowEpochSeconds, claimSeconds, now, eventsPrefix (the last two
---       are admit.lua's)
+--       runsClosedSubject, owner, claimSeconds, now, eventsPrefix (the last two are admit.lua's)
 local f = redis.call('HMGET', KEYS[1], 'state', 'toolsetId', 'closedQueued', 'cancelledIds', 'answering')
 if not f[1] then return {'notFound'} end
 local ids = redis.call('SMEMBERS', KEYS[2])
 local cancelled = {}
 local hand = true
+local clock = redis.call('TIME')
+local epoch = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
 if f[5] then
   local owner, till = string.match(f[5], '^(.*)|([^|]*)$')
-  hand = owner == ARGV[8] or (tonumber(till) or 0) <= tonumber(ARGV[9])  -- unreadable: lapsed
+  hand = owner == ARGV[8] or (tonumber(till) or 0) <= epoch  -- unreadable: lapsed
 end
 if hand then
-  redis.call('HSET', KEYS[1], 'answering', ARGV[8] .. '|' .. (tonumber(ARGV[9]) + tonumber(ARGV[10])))
+  redis.call('HSET', KEYS[1], 'answering', ARGV[8] .. '|' .. (epoch + tonumber(ARGV[9])))
 end
 local function cancelled_entry(cid)
   local replies = {}
