@@ -177,6 +177,21 @@ async def test_a_listed_ip_literal_and_listed_localhost_are_reached(
     assert (await fetcher.execute(_attempt(f"http://localhost:{plain}/ok", ["localhost"])))["status"] == 200
 
 
+async def test_a_listed_host_with_a_port_is_reached_on_that_port_only(
+    fetcher: HttpExecutor, plain: int
+) -> None:
+    """`localhost:<port>` lets a call reach one local service, not the others on the machine
+    (Redis, NATS): any other port, and a redirect to one, is refused before anything is sent."""
+    allow = [f"localhost:{plain}"]
+    assert (await fetcher.execute(_attempt(f"http://localhost:{plain}/ok", allow)))["status"] == 200
+    before = len(_Handler.hits)
+    err = await _refused(fetcher, "http://localhost:6379/", allow)
+    assert err.message == "Host 'localhost' on port 6379 is not on this toolset's http allow-list."
+    await _refused(fetcher, "http://localhost/", allow)  # port 80
+    await _refused(fetcher, f"http://localhost:{plain}/to/http://localhost:4222/", allow)
+    assert _Handler.hits[before:] == ["/to/http://localhost:4222/"]  # the first hop only
+
+
 async def test_a_cookie_one_call_was_given_is_never_sent_by_another(
     fetcher: HttpExecutor, plain: int
 ) -> None:

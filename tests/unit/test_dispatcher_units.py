@@ -69,6 +69,41 @@ def test_urls_the_client_would_not_send_are_refused_not_raised(url: str) -> None
         ALLOW.check(url)
 
 
+PORTED = AllowList(
+    ["api.example.com:8443", "*.corp.example:443", "127.0.0.1:9000", "[::1]:8080", "open.example"]
+)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://api.example.com:8443/x",
+        "https://git.corp.example/",  # https without a port is 443
+        "https://git.corp.example:443/",
+        "http://127.0.0.1:9000/",
+        "http://[::1]:8080/",
+        "http://open.example:1234/",  # an entry without a port allows any
+    ],
+)
+def test_an_entry_with_a_port_allows_that_port(url: str) -> None:
+    PORTED.check(url)
+
+
+@pytest.mark.parametrize(
+    ("url", "named"),
+    [
+        ("https://api.example.com/x", "Host 'api.example.com' is not"),  # 443, not 8443
+        ("http://git.corp.example/", "Host 'git.corp.example' is not"),  # 80
+        ("https://git.corp.example:8443/", "Host 'git.corp.example' on port 8443 is not"),
+        ("http://127.0.0.1:6379/", "Host '127.0.0.1' on port 6379 is not"),
+        ("http://[::1]/", "Host '::1' is not"),
+    ],
+)
+def test_an_entry_with_a_port_refuses_every_other_port(url: str, named: str) -> None:
+    with pytest.raises(HostNotAllowed, match=named):
+        PORTED.check(url)
+
+
 def test_ip_literals_never_match_wildcards() -> None:
     assert not AllowList(["*.0.0.1"]).allows_host("127.0.0.1")
 

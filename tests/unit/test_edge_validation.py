@@ -19,7 +19,7 @@ from toolbus_contracts import (
     parse_body,
 )
 from toolbus_contracts.errors import HostNotAllowed, InvalidInput, InvalidRequest
-from toolbus_contracts.names import is_allow_entry
+from toolbus_contracts.names import is_allow_entry, normalize_allow_entry
 from toolbus_dispatcher.allowlist import AllowList, whatwg_ipv4
 from toolbus_dispatcher.executors.guard import is_public
 from toolbus_dispatcher.executors.http import checked_headers
@@ -70,7 +70,22 @@ def test_workflow_get_versions_are_12_hex_digits() -> None:
 
 @pytest.mark.parametrize(
     "entry",
-    ["example.com", "*.example.com", "127.0.0.1", "::1", "[::1]", "localhost", "bücher.de", "a_b.internal"],
+    [
+        "example.com",
+        "*.example.com",
+        "127.0.0.1",
+        "::1",
+        "[::1]",
+        "localhost",
+        "bücher.de",
+        "a_b.internal",
+        "example.com:8443",
+        "*.example.com:443",
+        "127.0.0.1:9000",
+        "[::1]:8080",
+        "localhost:1",
+        "localhost:65535",
+    ],
 )
 def test_allow_entries_that_are_names_wildcard_names_or_ip_literals_pass(entry: str) -> None:
     assert is_allow_entry(entry)
@@ -78,7 +93,12 @@ def test_allow_entries_that_are_names_wildcard_names_or_ip_literals_pass(entry: 
 
 
 @pytest.mark.parametrize(
-    "entry", ["*.1", "*.0.0.1", "2130706433", "127.1", "0x7f.1", "*", "*.", "a b", "x.*.com", "", "a..b"]
+    "entry",
+    [
+        *("*.1", "*.0.0.1", "2130706433", "127.1", "0x7f.1", "*", "*.", "a b", "x.*.com", "", "a..b"),
+        *("example.com:", "example.com:0", "example.com:65536", "example.com:+80", "example.com:http"),
+        *("[::1]8080", "[::1]:", "127.1:80", "*.1:80", ":80", "[::1]:080000"),
+    ],
 )
 def test_numeric_wildcards_and_malformed_allow_entries_are_refused(entry: str) -> None:
     assert not is_allow_entry(entry)
@@ -191,3 +211,18 @@ def test_redis_not_now_replies_through_the_script_pipe_are_backing_store_faults(
     assert is_backing_store_fault(loading) and unavailable(loading).details == {"store": "Redis"}
     assert is_backing_store_fault(ScriptReplyError("READONLY You can't write against a read only replica."))
     assert not is_backing_store_fault(ScriptReplyError("ERR user_script:1: Script attempted to access key"))
+
+
+@pytest.mark.parametrize(
+    ("entry", "pinned"),
+    [
+        ("Example.COM.", "example.com"),  # as pinned before ports existed: the same toolset id
+        ("[::1]", "[::1]"),
+        ("::1", "::1"),
+        ("Example.COM.:0443", "example.com:443"),
+        ("*.Corp.Example:8443", "*.corp.example:8443"),
+        ("[::1]:8080", "[::1]:8080"),
+    ],
+)
+def test_allow_entries_are_pinned_lower_cased_with_the_port_as_a_number(entry: str, pinned: str) -> None:
+    assert normalize_allow_entry(entry) == pinned

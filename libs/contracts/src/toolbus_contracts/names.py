@@ -85,11 +85,43 @@ def is_host_name(host: str) -> bool:
     return not (last.isdigit() or re.fullmatch(r"0x[0-9a-f]*", last))
 
 
+def split_allow_entry(entry: str) -> tuple[str, int | None]:
+    """(host part, port or None) of an allow entry: `host`, `host:port`, `[v6]`, `[v6]:port` or a
+    bare IPv6 literal (its colons are no port). The port is None where none is given, or -1 where
+    what follows the colon is not a port (1-65535, digits only)."""
+    if entry.startswith("["):
+        close = entry.find("]")
+        host, rest = (entry[: close + 1], entry[close + 1 :]) if close > 0 else (entry, "")
+    elif entry.count(":") == 1:
+        host, _, port = entry.partition(":")
+        rest = ":" + port
+    else:
+        host, rest = entry, ""
+    if not rest:
+        return host, None
+    digits = rest[1:]
+    if rest[0] != ":" or not digits.isdigit() or len(digits) > 5 or not 1 <= int(digits) <= 65535:
+        return host, -1
+    return host, int(digits)
+
+
 def is_allow_entry(entry: str) -> bool:
-    """An http allow entry: a host name, `*.` and a host name, or an IP literal. A numeric
-    wildcard (`*.1`) is refused: it would match dotted numbers that are loopback addresses."""
-    if len(entry) > 260:
+    """An http allow entry: a host name, `*.` and a host name, or an IP literal, each optionally
+    with `:port`. A numeric wildcard (`*.1`) is refused: it would match dotted numbers that are
+    loopback addresses."""
+    if len(entry) > 270:
         return False
-    if entry.startswith("*."):
-        return is_host_name(entry[2:])
-    return is_ip_literal(entry) or is_host_name(entry)
+    host, port = split_allow_entry(entry)
+    if port == -1 or len(host) > 260:
+        return False
+    if host.startswith("*."):
+        return is_host_name(host[2:])
+    return is_ip_literal(host) or is_host_name(host)
+
+
+def normalize_allow_entry(entry: str) -> str:
+    """The pinned form of a valid allow entry: lower-cased, the host's trailing dot dropped, the
+    port written without leading zeros (the same string as before ports existed, for one without)."""
+    host, port = split_allow_entry(entry.strip())
+    host = host.lower().rstrip(".")
+    return host if port is None else f"{host}:{port}"

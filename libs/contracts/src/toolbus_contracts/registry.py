@@ -58,7 +58,8 @@ def _check_workflow_ref(value: str) -> str:
 def _check_allow_entry(entry: str) -> str:
     if not is_allow_entry(entry):
         raise ValueError(
-            f"'{bounded(entry)}' is not an allow entry: a host name, '*.' and a host name, or an IP literal"
+            f"'{bounded(entry)}' is not an allow entry: a host name, '*.' and a host name, or an IP "
+            "literal, each optionally with ':' and a port (1-65535)"
         )
     return entry
 

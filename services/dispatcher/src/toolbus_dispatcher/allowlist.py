@@ -2,7 +2,8 @@
 
 A URL passes only when its scheme is http or https, it carries no userinfo, and its host, after
 lower-casing, IDNA encoding and dropping one trailing dot, is an exact entry, a subdomain of a
-`*.example.com` entry (not `example.com` itself), or an IP literal listed literally. A host that a
+`*.example.com` entry (not `example.com` itself), or an IP literal listed literally; an entry
+with `:port` allows that port only (80 or 443 where the URL gives none), one without any port. A host that a
 URL parser reads as an IPv4 address (`2130706433`, `127.1`, `0x7f.0.0.1`: WHATWG's forms) is that
 address, so it matches only the dotted-quad literal. Everything else raises `HostNotAllowed`
 naming the host, as does a URL that does not parse or that httpx would not send (a control
@@ -19,7 +20,9 @@ from urllib.parse import SplitResult, urlsplit, urlunsplit
 import httpx
 import idna
 from toolbus_contracts.errors import HostNotAllowed
-from toolbus_contracts.names import is_allow_entry
+from toolbus_contracts.names import is_allow_entry, split_allow_entry
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 def normalize_host(host: str) -> str:
@@ -94,30 +97,36 @@ def _is_ip(host: str) -> bool:
 
 
 class AllowList:
-    """Compiled allow entries of one toolset."""
+    """Compiled allow entries of one toolset. An entry with a port allows only that port (the
+    URL's own, or 80/443 for http/https where it gives none); one without allows any."""
 
     def __init__(self, entries: list[str]) -> None:
-        self.exact: frozenset[str]
-        exact: set[str] = set()
-        suffixes: set[str] = set()
+        exact: dict[str, set[int | None]] = {}
+        suffixes: dict[str, set[int | None]] = {}
         for entry in entries:
             if not is_allow_entry(entry):
                 continue  # refused at registration; a toolset pinned before that check gets no wildcard
-            if entry.startswith("*."):
-                with contextlib.suppress(ValueError, idna.IDNAError):
-                    suffixes.add("." + normalize_host(entry[2:]))
-            else:
-                with contextlib.suppress(ValueError, idna.IDNAError):
-                    exact.add(normalize_host(entry))
-        self.exact = frozenset(exact)
-        self.suffixes = tuple(sorted(suffixes))
+            host, port = split_allow_entry(entry)
+            wild = host.startswith("*.")
+            with contextlib.suppress(ValueError, idna.IDNAError):
+                if wild:
+                    suffixes.setdefault("." + normalize_host(host[2:]), set()).add(port)
+                else:
+                    exact.setdefault(normalize_host(host), set()).add(port)
+        self.exact = {host: frozenset(ports) for host, ports in exact.items()}
+        self.suffixes = tuple(sorted((s, frozenset(p)) for s, p in suffixes.items()))
 
-    def allows_host(self, host: str) -> bool:
-        if host in self.exact:
+    def allows_host(self, host: str, port: int | None = None) -> bool:
+        """Whether the normalized host (on this port; None: the entry may give none) is allowed."""
+
+        def fits(ports: frozenset[int | None]) -> bool:
+            return None in ports or (port is not None and port in ports)
+
+        if fits(self.exact.get(host, frozenset())):
             return True
         if _is_ip(host):
             return False
-        return any(host.endswith(s) and len(host) > len(s) for s in self.suffixes)
+        return any(host.endswith(s) and len(host) > len(s) and fits(p) for s, p in self.suffixes)
 
     def check(self, url: str) -> SplitResult:
         """The parsed URL with its host normalized, or `HostNotAllowed` naming the host."""
@@ -142,10 +151,9 @@ class AllowList:
             raise HostNotAllowed(
                 f"Host '{raw_host}' is not a valid host name.", details={"host": raw_host}
             ) from None
-        if not self.allows_host(host):
-            raise HostNotAllowed(
-                f"Host '{host}' is not on this toolset's http allow-list.", details={"host": host}
-            )
+        if not self.allows_host(host, _DEFAULT_PORTS[parts.scheme.lower()] if port is None else port):
+            where = f"Host '{host}'" if port is None else f"Host '{host}' on port {port}"
+            raise HostNotAllowed(f"{where} is not on this toolset's http allow-list.", details={"host": host})
         netloc = f"[{host}]" if ":" in host else host
         if port is not None:
             netloc += f":{port}"

@@ -41,6 +41,7 @@ from toolbus_contracts import (
 )
 from toolbus_contracts.base import SCHEMA_DEPTH_MAX, bounded, nesting_depth
 from toolbus_contracts.errors import InvalidRequest, NotFound
+from toolbus_contracts.names import normalize_allow_entry
 from toolbus_contracts.registry import WORKFLOW_REF, ToolKind
 
 _PINNED_TOOL_FIELDS = ("name", "title", "description", "inputSchema", "outputSchema", "annotations")
@@ -278,7 +279,7 @@ class Pinner:
         http = None
         if spec.http is not None:
             http = HttpSpec(
-                allow=sorted({a.strip().lower().rstrip(".") for a in spec.http.allow}),
+                allow=sorted({normalize_allow_entry(a) for a in spec.http.allow}),
                 policy=_normalise_policy("http", spec.http.policy),
             )
         pinned = PinnedToolset(servers=[s.model for s in servers], host=host, http=http, workflows=workflows)
