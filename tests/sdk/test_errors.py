@@ -128,6 +128,20 @@ async def test_connect_to_a_server_that_is_not_there_is_unavailable() -> None:
     assert info.value.retryable and "Could not connect" in info.value.message
 
 
+@pytestmark_e2e
+async def test_a_request_on_a_closed_client_is_unavailable_not_a_nats_error(
+    stack: dict[str, str], mcp_server: McpTestServer
+) -> None:
+    async with await Toolbus.connect(stack["TOOLBUS_NATS_URL"], stack["TOOLBUS_SUBJECT_PREFIX"]) as tb:
+        toolset = await tb.toolsets.create(mcp=[{"name": "e", "url": mcp_server.url}])
+        run = await tb.runs.open(toolset)
+    for request in (lambda: tb.runs.open(toolset), lambda: run.call("e.echo", {"text": "x"})):
+        with pytest.raises(Unavailable) as info:
+            await request()
+        assert info.value.details["closed"] is True and not info.value.retryable
+        assert "closed" in info.value.message
+
+
 @pytest.mark.parametrize(
     ("value", "field"),
     [

@@ -194,3 +194,74 @@ async def test_the_result_goes_to_the_reply_subject_and_to_host_result_without_o
         assert seen.empty()  # one message per task: no empty acknowledgement before the result
     finally:
         await sub.unsubscribe()
+
+
+async def test_an_attempt_past_its_timeout_gives_its_slot_to_the_next_call(tb: Toolbus) -> None:
+    """The dispatcher gives an attempt up at the tool's `timeout`: the worker (one slot) stops
+    running it then, so a call of another tool is not starved behind a hung one."""
+    started = asyncio.Event()
+    cancelled = asyncio.Event()
+
+    @host_tool(name="slow.hang", policy={"timeout": "1s", "onInterruption": "at_most_once"})
+    async def hang() -> dict[str, str]:
+        started.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return {}
+
+    @host_tool(name="slow.quick")
+    async def quick(text: str) -> dict[str, str]:
+        return {"text": text}
+
+    toolset = await tb.toolsets.create(host=[hang, quick])
+    async with Worker(tb, tools=[hang, quick], concurrency=1) as worker, await tb.runs.open(toolset) as run:
+        hung = await run.start("slow.hang", {})
+        await asyncio.wait_for(started.wait(), 10)
+        after = await run.start("slow.quick", {"text": "next"})
+        assert (await hung.wait(timeout=30)).error.code == "outcomeUnknown"  # type: ignore[union-attr]
+        assert await after.result(timeout=30) == {"text": "next"}
+        assert cancelled.is_set()
+        await until(lambda: worker.in_flight == 0, "the worker let the hung attempt go")
+        assert worker.completed == 1  # the given-up attempt published nothing
+
+
+async def test_fields_a_newer_dispatcher_adds_are_ignored_and_nan_is_no_output(tb: Toolbus) -> None:
+    @host_tool(name="odd.nan")
+    async def nan(kind: str) -> dict[str, Any]:
+        return {"v": [1.0, float(kind)]}
+
+    seen: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def on_result(msg: Any) -> None:
+        seen.put_nowait(msg.data)
+
+    s = tb.subjects
+    sub = await tb.nc.subscribe(s.host_result("*"), cb=on_result)
+    try:
+        async with Worker(tb, tools=[nan]):
+            for n, kind in enumerate(["nan", "inf", "2.5"]):
+                task = {
+                    "callId": f"c_nan{n}",
+                    "attempt": 1,
+                    "idempotencyKey": "k",
+                    "runId": "run_n",
+                    "namespace": None,
+                    "toolsetId": "ts_n",
+                    "tool": "odd.nan",
+                    "input": {"kind": kind},
+                    "heartbeatTimeout": "60s",
+                    "priority": 3,  # a field this worker does not know
+                }
+                await tb.nc.publish(
+                    s.host_call("odd.nan"), orjson.dumps(task), reply=s.host_result(f"c_nan{n}")
+                )
+                result = orjson.loads(await asyncio.wait_for(seen.get(), 10))
+                if kind == "2.5":
+                    assert result == {"attempt": 1, "output": {"v": [1.0, 2.5]}}
+                else:  # orjson would have written null: the output is refused instead
+                    assert result["error"]["message"].startswith("output is not JSON: NaN"), result
+    finally:
+        await sub.unsubscribe()

@@ -124,7 +124,29 @@ async def test_a_listed_tool_that_cannot_be_pinned_names_its_server() -> None:
     pinner = Pinner(_lister({"a": [bad]}), _nothing, _nothing, page_bytes=PAGE)
     with pytest.raises(InvalidRequest) as caught:
         await pinner.pin(ToolsetCreateRequest(mcp=[McpServerSpec(name="a", url="http://a/mcp")]))
-    assert caught.value.details == {"server": "a"} and "'a'" in caught.value.message
+    assert caught.value.details == {"field": "mcp[0].url", "server": "a"} and "'a'" in caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("tools", "limit"),
+    [
+        ([{"name": "t", "inputSchema": {}}, {"name": "t", "inputSchema": {}}], None),  # the same name twice
+        ([{"name": "L" * 254, "inputSchema": {}}], 256),  # "a." + 254 is 256: callable, but one more is not
+    ],
+)
+async def test_a_listing_no_call_could_use_names_the_server_that_listed_it(
+    tools: list[dict[str, Any]], limit: int | None
+) -> None:
+    pinner = Pinner(_lister({"a": tools}), _nothing, _nothing, page_bytes=PAGE)
+    spec = ToolsetCreateRequest(mcp=[McpServerSpec(name="a", url="http://a/mcp")])
+    if limit is not None:  # at the limit it pins; one character more is refused
+        assert (await pinner.pin(spec)).toolset.servers[0].tools[0].name == "L" * 254
+        tools[0] = {"name": "L" * 255, "inputSchema": {}}
+    with pytest.raises(InvalidRequest) as caught:
+        await pinner.pin(spec)
+    assert caught.value.details["field"] == "mcp[0].url" and caught.value.details["server"] == "a"
+    if limit is not None:
+        assert caught.value.details["limit"] == limit and "over the 256 characters" in caught.value.message
 
 
 async def test_a_server_listing_the_same_tools_again_is_pinned_once() -> None:

@@ -8,7 +8,7 @@ from pydantic import Field
 
 from toolbus_contracts.base import WireModel, null_as
 from toolbus_contracts.credentials import CredentialLevel
-from toolbus_contracts.names import CallId, IdempotencyKey, Namespace, RunId, ToolsetId
+from toolbus_contracts.names import TOOL_NAME_MAX, CallId, IdempotencyKey, Namespace, RunId, ToolsetId
 
 CallState = Literal["queued", "awaitingApproval", "waitingSlot", "running", "parked", "done"]
 Id = str
@@ -37,7 +37,7 @@ class CallStartRequest(WireModel):
     """The body of `calls.start` and `calls.invoke`."""
 
     run_id: RunId
-    tool: str = Field(min_length=1, max_length=256)
+    tool: str = Field(min_length=1, max_length=TOOL_NAME_MAX)
     input: Annotated[dict[str, Any], null_as(dict)] = Field(default_factory=dict)
     idempotency_key: IdempotencyKey | None = None
 
@@ -133,9 +133,21 @@ class HostCallTask(WireModel):
     tool: str
     input: dict[str, Any]
     heartbeat_timeout: str
+    timeout: str | None = None
+    """The tool's `timeout` (absent: none): past it the dispatcher has given the attempt up, so a
+    worker stops running it."""
 
     def wire(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+    @classmethod
+    def from_task(cls, body: Any) -> HostCallTask:
+        """Parse a task as a worker does: fields a newer dispatcher adds are ignored (so a worker
+        keeps serving across an upgrade), every known one is checked."""
+        if isinstance(body, dict):
+            known = {f.alias or name for name, f in cls.model_fields.items()} | set(cls.model_fields)
+            body = {k: v for k, v in body.items() if k in known}
+        return cls.model_validate(body)
 
 
 class HostResultError(WireModel):

@@ -27,6 +27,9 @@ from typing import Annotated
 from pydantic import AfterValidator, Field
 
 NAME_MAX = 64
+TOOL_NAME_MAX = 256
+"""Characters of a qualified tool name (`server.tool`) a call may name: a listed tool longer than
+that is refused when pinning, so no declaration offers a tool that cannot be called."""
 """Longest server, workflow or host-tool part name."""
 
 NAMESPACE_PATTERN = r"^[A-Za-z0-9_.@-]+$"

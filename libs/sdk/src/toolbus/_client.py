@@ -274,6 +274,12 @@ class Toolbus:
             ) from None
         except (NatsTimeout, TimeoutError):
             raise Timeout(f"No reply on {subject} within {wait:g}s.", details={"subject": subject}) from None
+        except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError):
+            raise Unavailable(
+                "This Toolbus client is closed: connect again with Toolbus.connect().",
+                details={"subject": subject, "closed": True},
+                retryable=False,
+            ) from None
         try:
             reply = orjson.loads(msg.data)
         except orjson.JSONDecodeError:

@@ -11,7 +11,8 @@ A reply `{"ok": false, "error": ...}` and a call outcome `{"status": "error", ..
 exception class of their code (`ToolbusError.from_wire`); a failed call's exception carries its
 `callId` in `details`. Two conditions the SDK sees itself map onto the same codes: no service
 subscribed to a subject is `Unavailable` (retryable: start the stack), and no reply within the
-request's timeout is `Timeout`. A retryable `Unavailable` is sent again until the request's timeout
+request's timeout is `Timeout`; a request on a client that was closed is `Unavailable` with
+`details.closed` (not retryable). A retryable `Unavailable` is sent again until the request's timeout
 is spent (`toolbus._retry`) before it reaches the caller.
 """
 

@@ -5,6 +5,7 @@ so what the registry pins and what the worker runs come from the same declaratio
 from __future__ import annotations
 
 import inspect
+import math
 import typing
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -105,9 +106,21 @@ class HostTool:
         if self._context_param:
             kwargs[self._context_param] = context
         output = await self.fn(**kwargs)
-        if self._output is not None:
-            return self._output.dump_python(output, mode="json")
-        return TypeAdapter(Any).dump_python(output, mode="json")
+        adapter = self._output if self._output is not None else TypeAdapter(Any)
+        if _non_finite(adapter.dump_python(output)):  # JSON mode would write null for each
+            raise ValueError("output is not JSON: NaN and Infinity are not JSON numbers")
+        return adapter.dump_python(output, mode="json")
+
+
+def _non_finite(value: Any) -> bool:
+    """Whether a NaN or an infinity is anywhere in value."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_non_finite(v) for v in value.values())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return any(_non_finite(v) for v in value)
+    return False
 
 
 def _is_model(annotation: Any) -> bool:

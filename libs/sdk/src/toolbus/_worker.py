@@ -157,7 +157,7 @@ class Worker:
         # No ack on the reply subject: it is where the result goes, and a worker user may publish
         # there once per call.
         try:
-            task = HostCallTask.model_validate(orjson.loads(msg.data))
+            task = HostCallTask.from_task(orjson.loads(msg.data))
         except (orjson.JSONDecodeError, ValidationError, TypeError):
             log.warning("dropped a host task that is not a HostCallTask on %s", msg.subject)
             return
@@ -172,30 +172,23 @@ class Worker:
     async def _serve(self, task: HostCallTask, reply: str) -> None:
         beat = asyncio.create_task(self._heartbeat(task))
         result: dict[str, Any]
+        limit = duration_seconds(task.timeout) if task.timeout is not None else None
+        deadline = None if limit is None else asyncio.get_running_loop().time() + limit
         try:
-            async with self._slots:
-                tool = self.tools.get(task.tool)
-                context = CallContext(
-                    call_id=task.call_id,
-                    attempt=task.attempt,
-                    idempotency_key=task.idempotency_key,
-                    run_id=task.run_id,
-                    namespace=task.namespace,
-                    toolset_id=task.toolset_id,
-                    tool=task.tool,
-                )
-                try:
-                    if tool is None:
-                        raise LookupError(f"this worker does not serve host tool '{task.tool}'")
-                    result = {"attempt": task.attempt, "output": await tool.invoke(task.input, context)}
-                except asyncio.CancelledError:
-                    log.info("handed back call %s attempt %d", task.call_id, task.attempt)
-                    raise
-                except Exception as exc:
-                    log.info(
-                        "host tool %s failed on call %s: %s", task.tool, task.call_id, type(exc).__name__
-                    )
-                    result = {"attempt": task.attempt, "error": {"message": str(exc) or type(exc).__name__}}
+            async with asyncio.timeout_at(deadline) as budget:
+                result = await self._attempt(task)
+        except TimeoutError:
+            if not budget.expired():
+                raise
+            # The dispatcher's clock for this attempt started before ours: it has given the
+            # attempt up (sent it again, or ended the call), so its slot goes to the next call.
+            log.info(
+                "gave up call %s attempt %d: past the tool's timeout %s",
+                task.call_id,
+                task.attempt,
+                task.timeout,
+            )
+            return
         finally:
             beat.cancel()
         try:
@@ -212,6 +205,30 @@ class Worker:
             )
         await flush(self._tb.nc)
         self.completed += 1
+
+    async def _attempt(self, task: HostCallTask) -> dict[str, Any]:
+        """Wait for a slot, run the tool; the result to publish (output, or the error)."""
+        async with self._slots:
+            tool = self.tools.get(task.tool)
+            context = CallContext(
+                call_id=task.call_id,
+                attempt=task.attempt,
+                idempotency_key=task.idempotency_key,
+                run_id=task.run_id,
+                namespace=task.namespace,
+                toolset_id=task.toolset_id,
+                tool=task.tool,
+            )
+            try:
+                if tool is None:
+                    raise LookupError(f"this worker does not serve host tool '{task.tool}'")
+                return {"attempt": task.attempt, "output": await tool.invoke(task.input, context)}
+            except asyncio.CancelledError:
+                log.info("handed back call %s attempt %d", task.call_id, task.attempt)
+                raise
+            except Exception as exc:
+                log.info("host tool %s failed on call %s: %s", task.tool, task.call_id, type(exc).__name__)
+                return {"attempt": task.attempt, "error": {"message": str(exc) or type(exc).__name__}}
 
     async def _heartbeat(self, task: HostCallTask) -> None:
         every = max(0.05, duration_seconds(task.heartbeat_timeout) / 4)

@@ -108,11 +108,12 @@ class CredentialsLogic:
     async def set_run(self, request: RunCredentialsSetRequest) -> CredentialsSetReply:
         run = await self.run_info(request.run_id)
         if run is None or not run.open:
-            state = "closed" if run is not None else "unknown"
-            raise NotFound(
-                f"Run '{request.run_id}' is {state}: open it with runs.open first.",
-                details={"runId": request.run_id},
+            hint = (
+                "was closed; open a run with a new id"
+                if run is not None
+                else "is unknown: open it with runs.open first"
             )
+            raise NotFound(f"Run '{request.run_id}' {hint}.", details={"runId": request.run_id})
         await self._check_servers(run.toolset_id, request.credentials)
         return await self._set(
             "run",

@@ -41,7 +41,7 @@ from toolbus_contracts import (
 )
 from toolbus_contracts.base import SCHEMA_DEPTH_MAX, bounded, nesting_depth
 from toolbus_contracts.errors import InvalidRequest, NotFound
-from toolbus_contracts.names import normalize_allow_entry
+from toolbus_contracts.names import TOOL_NAME_MAX, normalize_allow_entry
 from toolbus_contracts.registry import WORKFLOW_REF, ToolKind
 
 _PINNED_TOOL_FIELDS = ("name", "title", "description", "inputSchema", "outputSchema", "annotations")
@@ -105,13 +105,13 @@ def _writable(value: Any) -> Any:
     return value
 
 
-def _pin_tool(raw: dict[str, Any], server: str) -> dict[str, Any]:
+def _pin_tool(raw: dict[str, Any], listing: dict[str, str]) -> dict[str, Any]:
     """The pinned fields of a listed tool, as the wire form of a `PinnedTool` (the server's
-    `PinnedServer` validates them all in one go)."""
+    `PinnedServer` validates them all in one go). `listing`: the error details naming the server."""
     data = {k: raw[k] for k in _PINNED_TOOL_FIELDS if raw.get(k) is not None}
     if not isinstance(data.get("name"), str) or not isinstance(data.get("inputSchema"), dict):
         raise InvalidRequest(
-            f"Server '{server}' listed a tool without a name or inputSchema.", details={"server": server}
+            f"Server '{listing['server']}' listed a tool without a name or inputSchema.", details=listing
         )
     return data
 
@@ -137,15 +137,15 @@ class Pinned:
         return self.canonical if numbers_exact(self.canonical) else orjson.dumps(self.wire)
 
 
-def _pinned_server(data: dict[str, Any], server: str) -> PinnedServer:
+def _pinned_server(data: dict[str, Any], listing: dict[str, str]) -> PinnedServer:
     try:
         return PinnedServer.model_validate(data, by_alias=True)
     except ValidationError as exc:
         error = exc.errors(include_url=False, include_input=False)[0]
         where = ".".join(str(p) for p in error["loc"])
         raise InvalidRequest(
-            f"Server '{server}' listed a tool that cannot be pinned: {where}: {error['msg']}.",
-            details={"server": server},
+            f"Server '{listing['server']}' listed a tool that cannot be pinned: {where}: {error['msg']}.",
+            details=listing,
         ) from None
 
 
@@ -181,12 +181,19 @@ def _check_tool_size(wire: dict[str, Any], limit: int, field: str, **named: str)
 
 
 def _pin_server(i: int, server: McpServerSpec, listed: list[dict[str, Any]], tool_limit: int) -> ServerPin:
-    tools = sorted((_pin_tool(t, server.name) for t in listed), key=itemgetter("name"))
+    listing = {"field": f"mcp[{i}].url", "server": server.name}  # what listed the tools
+    tools = sorted((_pin_tool(t, listing) for t in listed), key=itemgetter("name"))
     names = {t["name"] for t in tools}
     if len(names) != len(tools):
-        raise InvalidRequest(
-            f"Server '{server.name}' lists two tools with the same name.", details={"server": server.name}
-        )
+        raise InvalidRequest(f"Server '{server.name}' lists two tools with the same name.", details=listing)
+    for name in names:
+        if len(server.name) + 1 + len(name) > TOOL_NAME_MAX:
+            shown = bounded(name, 80)
+            raise InvalidRequest(
+                f"Server '{server.name}' lists tool '{shown}', whose name '{server.name}.…' is over the "
+                f"{TOOL_NAME_MAX} characters a call may name.",
+                details={**listing, "tool": shown, "limit": TOOL_NAME_MAX},
+            )
     for key in server.policies:
         if key not in names:
             shown = bounded(key, 200)
@@ -198,7 +205,7 @@ def _pin_server(i: int, server: McpServerSpec, listed: list[dict[str, Any]], too
         k: p for k, v in sorted(server.policies.items()) if (p := _normalise_policy("mcp", v)) is not None
     }
     model = _pinned_server(
-        {"name": server.name, "url": server.url, "tools": tools, "policies": policies}, server.name
+        {"name": server.name, "url": server.url, "tools": tools, "policies": policies}, listing
     )
     wire = {
         "name": server.name,

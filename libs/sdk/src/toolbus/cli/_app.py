@@ -8,7 +8,8 @@ errors as `{"ok": false, "error": {...}}`) and ends with an exit code a script c
     3  unavailable: NATS or a service did not answer (`unavailable`, `timeout`)
     4  not found: `notFound`, `unknownTool`
     5  refused: any other error reply (`invalidRequest`, `invalidInput`, `conflict`, ...)
-    6  the call ran and its outcome is an error (`calls invoke`; the code is printed)
+    6  the call ran and its outcome is an error (`calls invoke`; with `--json` the call's own
+       reply, `{"callId", "idempotencyKey", "outcome": {"status": "error", "error"}}`)
 """
 
 from __future__ import annotations

@@ -107,6 +107,8 @@ class HostExecutor:
             "input": attempt.input,
             "heartbeatTimeout": attempt.tool.policy.heartbeat_timeout,
         }
+        if attempt.tool.policy.timeout is not None:  # left out when none: older workers forbid it
+            task["timeout"] = attempt.tool.policy.timeout
         waiter = _Waiter(attempt.number, asyncio.get_running_loop().create_future())
         self._waiters[call.call_id] = waiter
         try:
