@@ -285,6 +285,7 @@ async def test_malformed_json_and_closed_runs_are_refused(nc: Any, redis_client:
         nc, stack, stack.subjects.runs_credentials_set, {"runId": "run-x", "credentials": body(github="x")}
     )
     assert reply["error"]["code"] == "notFound"
+    assert reply["error"]["message"] == "Run 'run-x' was closed; open a run with a new id."
 
 
 # ---- parking ---------------------------------------------------------------------------------------

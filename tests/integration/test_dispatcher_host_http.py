@@ -94,6 +94,7 @@ async def test_a_worker_that_stops_heartbeating_is_interrupted_and_the_call_move
     assert [t["attempt"] for t in healthy_got] == [2]
     assert stuck_got[0]["idempotencyKey"] == healthy_got[0]["idempotencyKey"] == "hb-1"
     assert healthy_got[0]["heartbeatTimeout"] == "300ms" and healthy_got[0]["runId"] == run
+    assert "timeout" not in healthy_got[0]  # no timeout: none sent (an older worker refuses a task with it)
     got = await h.ok(h.subjects.calls_get, {"callId": data["callId"]})
     assert got["attempts"] == 2
 

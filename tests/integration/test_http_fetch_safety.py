@@ -186,7 +186,8 @@ async def test_a_listed_host_with_a_port_is_reached_on_that_port_only(
     assert (await fetcher.execute(_attempt(f"http://localhost:{plain}/ok", allow)))["status"] == 200
     before = len(_Handler.hits)
     err = await _refused(fetcher, "http://localhost:6379/", allow)
-    assert err.message == "Host 'localhost' on port 6379 is not on this toolset's http allow-list."
+    assert err.message == "Host 'localhost' is on this toolset's http allow-list for other ports, not 6379."
+    assert err.details == {"host": "localhost", "port": 6379}
     await _refused(fetcher, "http://localhost/", allow)  # port 80
     await _refused(fetcher, f"http://localhost:{plain}/to/http://localhost:4222/", allow)
     assert _Handler.hits[before:] == ["/to/http://localhost:4222/"]  # the first hop only

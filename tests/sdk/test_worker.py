@@ -216,8 +216,15 @@ async def test_an_attempt_past_its_timeout_gives_its_slot_to_the_next_call(tb: T
     async def quick(text: str) -> dict[str, str]:
         return {"text": text}
 
-    toolset = await tb.toolsets.create(host=[hang, quick])
-    async with Worker(tb, tools=[hang, quick], concurrency=1) as worker, await tb.runs.open(toolset) as run:
+    @host_tool(name="slow.own", policy={"timeout": "30s"})
+    async def own() -> dict[str, str]:
+        raise TimeoutError("the tool's own upstream timed out")
+
+    toolset = await tb.toolsets.create(host=[hang, quick, own])
+    tools = [hang, quick, own]
+    async with Worker(tb, tools=tools, concurrency=1) as worker, await tb.runs.open(toolset) as run:
+        with pytest.raises(ToolError, match="the tool's own upstream timed out"):  # not a given-up attempt
+            await run.call("slow.own", {})
         hung = await run.start("slow.hang", {})
         await asyncio.wait_for(started.wait(), 10)
         after = await run.start("slow.quick", {"text": "next"})
@@ -225,7 +232,7 @@ async def test_an_attempt_past_its_timeout_gives_its_slot_to_the_next_call(tb: T
         assert await after.result(timeout=30) == {"text": "next"}
         assert cancelled.is_set()
         await until(lambda: worker.in_flight == 0, "the worker let the hung attempt go")
-        assert worker.completed == 1  # the given-up attempt published nothing
+        assert worker.completed == 2  # slow.own and slow.quick: the given-up attempt published nothing
 
 
 async def test_fields_a_newer_dispatcher_adds_are_ignored_and_nan_is_no_output(tb: Toolbus) -> None:

@@ -92,16 +92,28 @@ def test_an_entry_with_a_port_allows_that_port(url: str) -> None:
 @pytest.mark.parametrize(
     ("url", "named"),
     [
-        ("https://api.example.com/x", "Host 'api.example.com' is not"),  # 443, not 8443
-        ("http://git.corp.example/", "Host 'git.corp.example' is not"),  # 80
-        ("https://git.corp.example:8443/", "Host 'git.corp.example' on port 8443 is not"),
-        ("http://127.0.0.1:6379/", "Host '127.0.0.1' on port 6379 is not"),
-        ("http://[::1]/", "Host '::1' is not"),
+        ("https://api.example.com/x", "for other ports, not 443, https's default"),
+        ("http://git.corp.example/", "for other ports, not 80, http's default"),
+        ("https://git.corp.example:8443/", "for other ports, not 8443\\.$"),
+        ("http://127.0.0.1:6379/", "Host '127.0.0.1' is on this toolset's http allow-list for other ports"),
+        ("http://[::1]/", "Host '::1' is on"),
+        ("http://[::1:8080]/", "Host '::1:8080' is not on"),  # a bare IPv6 entry has no port
+        ("http://h.example:0/", "Host 'h.example' is not on"),
     ],
 )
 def test_an_entry_with_a_port_refuses_every_other_port(url: str, named: str) -> None:
-    with pytest.raises(HostNotAllowed, match=named):
+    with pytest.raises(HostNotAllowed, match=named) as err:
         PORTED.check(url)
+    assert err.value.details["host"] in url
+
+
+def test_a_host_listed_with_and_without_a_port_is_allowed_on_every_port() -> None:
+    both = AllowList(["h.example:8080", "h.example", "::1:8080"])
+    both.check("http://h.example:9999/")
+    both.check("http://[::1:8080]:1234/")  # `::1:8080` is an IPv6 address, on any port
+    with pytest.raises(HostNotAllowed):
+        both.check("http://[::1]:8080/")
+    assert PORTED.ports("h.corp.example") == frozenset({443})
 
 
 def test_ip_literals_never_match_wildcards() -> None:

@@ -98,6 +98,7 @@ def test_allow_entries_that_are_names_wildcard_names_or_ip_literals_pass(entry: 
         *("*.1", "*.0.0.1", "2130706433", "127.1", "0x7f.1", "*", "*.", "a b", "x.*.com", "", "a..b"),
         *("example.com:", "example.com:0", "example.com:65536", "example.com:+80", "example.com:http"),
         *("[::1]8080", "[::1]:", "127.1:80", "*.1:80", ":80", "[::1]:080000"),
+        *("example.com:²", "example.com:٨٠", "[1.2.3.4]x:80"),  # digits must be ASCII ones
     ],
 )
 def test_numeric_wildcards_and_malformed_allow_entries_are_refused(entry: str) -> None:
@@ -222,6 +223,8 @@ def test_redis_not_now_replies_through_the_script_pipe_are_backing_store_faults(
         ("Example.COM.:0443", "example.com:443"),
         ("*.Corp.Example:8443", "*.corp.example:8443"),
         ("[::1]:8080", "[::1]:8080"),
+        ("::1:8080", "::1:8080"),  # a bare IPv6 address (any port), not [::1] on 8080
+        ("[1.2.3.4]:80", "[1.2.3.4]:80"),
     ],
 )
 def test_allow_entries_are_pinned_lower_cased_with_the_port_as_a_number(entry: str, pinned: str) -> None:

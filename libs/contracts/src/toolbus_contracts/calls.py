@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from toolbus_contracts.base import WireModel, null_as
+from toolbus_contracts.base import Duration, WireModel, null_as
 from toolbus_contracts.credentials import CredentialLevel
 from toolbus_contracts.names import TOOL_NAME_MAX, CallId, IdempotencyKey, Namespace, RunId, ToolsetId
 
@@ -133,7 +133,7 @@ class HostCallTask(WireModel):
     tool: str
     input: dict[str, Any]
     heartbeat_timeout: str
-    timeout: str | None = None
+    timeout: Duration | None = None
     """The tool's `timeout` (absent: none): past it the dispatcher has given the attempt up, so a
     worker stops running it."""
 

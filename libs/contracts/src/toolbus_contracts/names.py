@@ -27,10 +27,10 @@ from typing import Annotated
 from pydantic import AfterValidator, Field
 
 NAME_MAX = 64
+"""Longest server, workflow or host-tool part name."""
 TOOL_NAME_MAX = 256
 """Characters of a qualified tool name (`server.tool`) a call may name: a listed tool longer than
 that is refused when pinning, so no declaration offers a tool that cannot be called."""
-"""Longest server, workflow or host-tool part name."""
 
 NAMESPACE_PATTERN = r"^[A-Za-z0-9_.@-]+$"
 TOKEN_PATTERN = r"^[A-Za-z0-9_-]+$"
@@ -103,7 +103,9 @@ def split_allow_entry(entry: str) -> tuple[str, int | None]:
     if not rest:
         return host, None
     digits = rest[1:]
-    if rest[0] != ":" or not digits.isdigit() or len(digits) > 5 or not 1 <= int(digits) <= 65535:
+    if rest[0] != ":" or not (digits.isascii() and digits.isdigit()) or len(digits) > 5:
+        return host, -1
+    if not 1 <= int(digits) <= 65535:
         return host, -1
     return host, int(digits)
 

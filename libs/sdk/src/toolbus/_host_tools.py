@@ -107,19 +107,26 @@ class HostTool:
             kwargs[self._context_param] = context
         output = await self.fn(**kwargs)
         adapter = self._output if self._output is not None else TypeAdapter(Any)
-        if _non_finite(adapter.dump_python(output)):  # JSON mode would write null for each
+        dumped = adapter.dump_python(output, mode="json")
+        # JSON mode writes a NaN or an infinity as null: only an output with a null in it can hide
+        # one, and only that one is dumped again as Python values to look.
+        if _has(dumped, lambda v: v is None) and _has(adapter.dump_python(output), _non_finite):
             raise ValueError("output is not JSON: NaN and Infinity are not JSON numbers")
-        return adapter.dump_python(output, mode="json")
+        return dumped
 
 
 def _non_finite(value: Any) -> bool:
-    """Whether a NaN or an infinity is anywhere in value."""
-    if isinstance(value, float):
-        return not math.isfinite(value)
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+def _has(value: Any, test: Callable[[Any], bool]) -> bool:
+    """Whether test holds for value or any value nested in its dicts, lists, tuples and sets."""
+    if test(value):
+        return True
     if isinstance(value, dict):
-        return any(_non_finite(v) for v in value.values())
+        return any(_has(v, test) for v in value.values())
     if isinstance(value, (list, tuple, set, frozenset)):
-        return any(_non_finite(v) for v in value)
+        return any(_has(v, test) for v in value)
     return False
 
 

@@ -170,13 +170,16 @@ class Worker:
         job.add_done_callback(self._tasks.discard)
 
     async def _serve(self, task: HostCallTask, reply: str) -> None:
-        beat = asyncio.create_task(self._heartbeat(task))
-        result: dict[str, Any]
         limit = duration_seconds(task.timeout) if task.timeout is not None else None
         deadline = None if limit is None else asyncio.get_running_loop().time() + limit
+        beat = asyncio.create_task(self._heartbeat(task))
+        result: dict[str, Any]
         try:
             async with asyncio.timeout_at(deadline) as budget:
                 result = await self._attempt(task)
+        except asyncio.CancelledError:  # stop(): handed back, its heartbeats stop
+            log.info("handed back call %s attempt %d", task.call_id, task.attempt)
+            raise
         except TimeoutError:
             if not budget.expired():
                 raise
@@ -223,10 +226,7 @@ class Worker:
                 if tool is None:
                     raise LookupError(f"this worker does not serve host tool '{task.tool}'")
                 return {"attempt": task.attempt, "output": await tool.invoke(task.input, context)}
-            except asyncio.CancelledError:
-                log.info("handed back call %s attempt %d", task.call_id, task.attempt)
-                raise
-            except Exception as exc:
+            except Exception as exc:  # the tool's own TimeoutError included: its error
                 log.info("host tool %s failed on call %s: %s", task.tool, task.call_id, type(exc).__name__)
                 return {"attempt": task.attempt, "error": {"message": str(exc) or type(exc).__name__}}
 

@@ -116,17 +116,19 @@ class AllowList:
         self.exact = {host: frozenset(ports) for host, ports in exact.items()}
         self.suffixes = tuple(sorted((s, frozenset(p)) for s, p in suffixes.items()))
 
+    def ports(self, host: str) -> frozenset[int | None]:
+        """The ports the entries matching a normalized host allow (None: any); empty: none match."""
+        ports = set(self.exact.get(host, frozenset()))
+        if not _is_ip(host):
+            for suffix, allowed in self.suffixes:
+                if host.endswith(suffix) and len(host) > len(suffix):
+                    ports |= allowed
+        return frozenset(ports)
+
     def allows_host(self, host: str, port: int | None = None) -> bool:
         """Whether the normalized host (on this port; None: the entry may give none) is allowed."""
-
-        def fits(ports: frozenset[int | None]) -> bool:
-            return None in ports or (port is not None and port in ports)
-
-        if fits(self.exact.get(host, frozenset())):
-            return True
-        if _is_ip(host):
-            return False
-        return any(host.endswith(s) and len(host) > len(s) and fits(p) for s, p in self.suffixes)
+        ports = self.ports(host)
+        return None in ports or (port is not None and port in ports)
 
     def check(self, url: str) -> SplitResult:
         """The parsed URL with its host normalized, or `HostNotAllowed` naming the host."""
@@ -151,9 +153,18 @@ class AllowList:
             raise HostNotAllowed(
                 f"Host '{raw_host}' is not a valid host name.", details={"host": raw_host}
             ) from None
-        if not self.allows_host(host, _DEFAULT_PORTS[parts.scheme.lower()] if port is None else port):
-            where = f"Host '{host}'" if port is None else f"Host '{host}' on port {port}"
-            raise HostNotAllowed(f"{where} is not on this toolset's http allow-list.", details={"host": host})
+        used = _DEFAULT_PORTS[parts.scheme.lower()] if port is None else port
+        ports = self.ports(host)
+        if not ports:
+            raise HostNotAllowed(
+                f"Host '{host}' is not on this toolset's http allow-list.", details={"host": host}
+            )
+        if None not in ports and used not in ports:
+            default = "" if port is not None else f", {parts.scheme.lower()}'s default"
+            raise HostNotAllowed(
+                f"Host '{host}' is on this toolset's http allow-list for other ports, not {used}{default}.",
+                details={"host": host, "port": used},
+            )
         netloc = f"[{host}]" if ":" in host else host
         if port is not None:
             netloc += f":{port}"

@@ -186,9 +186,9 @@ def _pin_server(i: int, server: McpServerSpec, listed: list[dict[str, Any]], too
     names = {t["name"] for t in tools}
     if len(names) != len(tools):
         raise InvalidRequest(f"Server '{server.name}' lists two tools with the same name.", details=listing)
-    for name in names:
+    for name in (t["name"] for t in tools):  # sorted: the first too long is the one named
         if len(server.name) + 1 + len(name) > TOOL_NAME_MAX:
-            shown = bounded(name, 80)
+            shown = bounded(name, 200)
             raise InvalidRequest(
                 f"Server '{server.name}' lists tool '{shown}', whose name '{server.name}.…' is over the "
                 f"{TOOL_NAME_MAX} characters a call may name.",
