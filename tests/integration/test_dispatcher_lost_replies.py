@@ -28,7 +28,7 @@ from toolbus_common.clock import now_iso
 from toolbus_dispatcher.app import pipe_reply_timeout
 from toolbus_dispatcher.credentials import StaticCredentials
 from toolbus_dispatcher.service import CANCELLED_JSON
-from toolbus_dispatcher.store import CallStore
+from toolbus_dispatcher.store import CLOSE_CLAIM, CallStore
 
 from tests.integration.test_dispatcher_calls import Worker
 from tests.integration.test_dispatcher_helpers import Harness, host_tool, wait_until
@@ -391,6 +391,10 @@ async def test_another_dispatchers_live_claim_is_left_to_it_and_a_lapsed_one_is_
         # Another dispatcher's close ran its script and is (or was) answering the invokers.
         first = await _store(h).close_run(run, now_iso(), CANCELLED_JSON, 60)
         assert first.status == "closed" and first.cancelled[0][1]
+        claim = await h.redis.hget(h.keys.run(run), "answering")
+        assert claim is not None
+        seconds, micros = await h.redis.time()  # the claim: CLOSE_CLAIM on from Redis TIME
+        assert float(claim.rsplit(b"|", 1)[1]) == pytest.approx(seconds + micros / 1e6 + CLOSE_CLAIM, abs=2)
         await h.redis.hset(h.keys.run(run), "answering", "elsewhere|9999999999")
         assert await h.ok(h.subjects.runs_close, {"runId": run}) == {"runId": run, "cancelled": 1}
         await asyncio.sleep(0.3)
