@@ -117,7 +117,7 @@ def test_a_host_listed_with_and_without_a_port_is_allowed_on_every_port() -> Non
 
 
 def test_ip_literals_never_match_wildcards() -> None:
-    assert not AllowList(["*.0.0.1"]).allows_host("127.0.0.1")
+    assert AllowList(["*.0.0.1"]).ports("127.0.0.1") == frozenset()
 
 
 def test_host_normalisation() -> None:

@@ -145,9 +145,14 @@ class HostCallTask(WireModel):
         """Parse a task as a worker does: fields a newer dispatcher adds are ignored (so a worker
         keeps serving across an upgrade), every known one is checked."""
         if isinstance(body, dict):
-            known = {f.alias or name for name, f in cls.model_fields.items()} | set(cls.model_fields)
-            body = {k: v for k, v in body.items() if k in known}
+            body = {k: v for k, v in body.items() if k in _HOST_TASK_KEYS}
         return cls.model_validate(body)
+
+
+_HOST_TASK_KEYS = frozenset(
+    {f.alias or name for name, f in HostCallTask.model_fields.items()} | set(HostCallTask.model_fields)
+)
+"""The keys a HostCallTask knows, by wire name and by field name."""
 
 
 class HostResultError(WireModel):

@@ -125,11 +125,6 @@ class AllowList:
                     ports |= allowed
         return frozenset(ports)
 
-    def allows_host(self, host: str, port: int | None = None) -> bool:
-        """Whether the normalized host (on this port; None: the entry may give none) is allowed."""
-        ports = self.ports(host)
-        return None in ports or (port is not None and port in ports)
-
     def check(self, url: str) -> SplitResult:
         """The parsed URL with its host normalized, or `HostNotAllowed` naming the host."""
         try:

@@ -27,7 +27,7 @@ from toolbus_common.canonical import (
     numbers_exact,
 )
 from toolbus_common.lru import Lru
-from toolbus_common.toolsets import qualified_names
+from toolbus_common.toolsets import mcp_tool_name, qualified_names
 from toolbus_contracts import (
     EffectivePolicy,
     HttpSpec,
@@ -187,7 +187,7 @@ def _pin_server(i: int, server: McpServerSpec, listed: list[dict[str, Any]], too
     if len(names) != len(tools):
         raise InvalidRequest(f"Server '{server.name}' lists two tools with the same name.", details=listing)
     for name in (t["name"] for t in tools):  # sorted: the first too long is the one named
-        if len(server.name) + 1 + len(name) > TOOL_NAME_MAX:
+        if len(mcp_tool_name(server.name, name)) > TOOL_NAME_MAX:
             shown = bounded(name, 200)
             raise InvalidRequest(
                 f"Server '{server.name}' lists tool '{shown}', whose name '{server.name}.…' is over the "
