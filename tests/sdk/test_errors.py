@@ -148,6 +148,10 @@ async def test_a_request_on_a_closed_client_is_unavailable_not_a_nats_error(
         ({"a": float("nan")}, "input.a"),
         ({"a": [1, float("inf")]}, "input.a[1]"),
         ({"a": 2**70}, "input.a"),
+        # Tuples and sets are written as arrays: what is in them is looked at too.
+        ({"a": (1, float("nan"))}, "input.a[1]"),
+        ({"a": {"b": (2**70,)}}, "input.a.b[0]"),
+        ({"a": frozenset([float("-inf")])}, "input.a[0]"),
     ],
 )
 def test_numbers_json_cannot_carry_are_invalid_request_before_sending(

@@ -105,16 +105,23 @@ def _not_json(_text: str) -> Any:
 
 
 def unfit_number(value: Any, loc: tuple[int | str, ...] = (), *, ints: bool = True) -> str | None:
-    """The path (`input.a[1]`) of the first number in a parsed JSON value that toolbus cannot
-    write back (a non-finite float; with `ints`, an integer outside `INT_MIN`..`INT_MAX`), or
-    None."""
+    """The path (`input.a[1]`) of the first number in a parsed JSON value (or a Python value that
+    JSON writers take: tuples and sets are walked as arrays) that toolbus cannot write back (a
+    non-finite float; with `ints`, an integer outside `INT_MIN`..`INT_MAX`), or None."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
         return None if not ints or INT_MIN <= value <= INT_MAX else _loc(loc)
     if isinstance(value, float):
         return None if value - value == 0 else _loc(loc)
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    # Tuples and sets too: a caller's Python value, before JSON writers turn them into arrays.
+    items = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, list | tuple | set | frozenset)
+        else ()
+    )
     for key, item in items:
         found = unfit_number(item, (*loc, key), ints=ints)
         if found is not None:

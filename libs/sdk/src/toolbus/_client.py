@@ -51,7 +51,7 @@ def build(model: type[M], **fields: Any) -> M:
     except ValidationError as exc:
         raise validation_to_error(exc) from None
     for name, value in wire.items():
-        if isinstance(value, dict | list | float):  # NaN and infinity: written as null otherwise
+        if isinstance(value, dict | list | tuple | set | frozenset | float):  # NaN, infinity: null otherwise
             # integers beyond 64 bits: refused by the service in a call's input, kept as the
             # nearest double elsewhere (a pinned schema's)
             unfit = unfit_number(value, (name,), ints=name == "input")
