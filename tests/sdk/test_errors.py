@@ -5,6 +5,8 @@ made to answer, provoked for real."""
 from __future__ import annotations
 
 import asyncio
+import functools
+from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import pytest
@@ -23,6 +25,8 @@ from toolbus import (
     Unavailable,
     UpstreamError,
     UpstreamUnreachable,
+    Worker,
+    host_tool,
 )
 from toolbus._errors import error_from_wire
 
@@ -135,11 +139,52 @@ async def test_a_request_on_a_closed_client_is_unavailable_not_a_nats_error(
     async with await Toolbus.connect(stack["TOOLBUS_NATS_URL"], stack["TOOLBUS_SUBJECT_PREFIX"]) as tb:
         toolset = await tb.toolsets.create(mcp=[{"name": "e", "url": mcp_server.url}])
         run = await tb.runs.open(toolset)
-    for request in (lambda: tb.runs.open(toolset), lambda: run.call("e.echo", {"text": "x"})):
+        handle = await run.start("e.echo", {"text": "x"})
+        await handle.wait(timeout=10)
+        # Waits under way when the client is closed end the same way (nats-py wakes none of them).
+        expired = await tb.credentials_expired()
+        waiting = [
+            asyncio.create_task(_drain(run.events(follow=True))),
+            asyncio.create_task(expired.next()),
+            asyncio.create_task(_first(tb.approvals.requests(run_id=run.id))),
+        ]
+        await asyncio.sleep(0.3)
+        assert not any(task.done() for task in waiting)
+
+    @host_tool
+    async def nothing() -> str:
+        """Does nothing."""
+        return ""
+
+    async def approvals() -> None:
+        await _first(tb.approvals.requests())
+
+    requests: list[Callable[[], Awaitable[object]]] = [
+        lambda: tb.runs.open(toolset),
+        lambda: run.call("e.echo", {"text": "x"}),
+        lambda: handle.wait(timeout=5),
+        lambda: _drain(run.events(follow=False)),
+        approvals,
+        lambda: tb.credentials_expired(),
+        lambda: Worker(tb, tools=[nothing]).start(),
+        *(functools.partial(asyncio.shield, task) for task in waiting),
+    ]
+    for request in requests:
         with pytest.raises(Unavailable) as info:
-            await request()
+            await asyncio.wait_for(request(), 5)  # well within: a hang fails here, not at the timeout
         assert info.value.details["closed"] is True and not info.value.retryable
         assert "closed" in info.value.message
+
+
+async def _drain(events: Any) -> None:
+    async for _ in events:
+        pass
+
+
+async def _first(events: Any) -> Any:
+    async for event in events:
+        return event
+    return None
 
 
 @pytest.mark.parametrize(

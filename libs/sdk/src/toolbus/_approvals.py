@@ -18,7 +18,8 @@ from toolbus_contracts import (
 
 from toolbus._client import build
 from toolbus._connection import flush
-from toolbus._errors import Conflict, ToolbusError
+from toolbus._errors import Conflict, ToolbusError, closed_as_unavailable
+from toolbus._feeds import next_unless_closed
 
 if TYPE_CHECKING:
     from nats.aio.msg import Msg
@@ -93,15 +94,17 @@ class Approvals:
                 ):
                     queue.put_nowait(event)
 
-        sub = await self._tb.nc.subscribe(self._tb.subjects.approvals_requested, cb=on_msg)
-        await flush(self._tb.nc)
+        subject = self._tb.subjects.approvals_requested
+        with closed_as_unavailable(subject):
+            sub = await self._tb.nc.subscribe(subject, cb=on_msg)
+            await flush(self._tb.nc)
         seen: set[str] = set()
         try:
             for pending in await self.list(run_id=run_id, namespace=namespace):
                 seen.add(pending.approval_id)
                 yield pending
             while True:
-                event = await queue.get()
+                event = await next_unless_closed(queue, self._tb.nc, subject)
                 if event.approval_id not in seen:
                     seen.add(event.approval_id)
                     yield event

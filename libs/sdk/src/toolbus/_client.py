@@ -19,7 +19,15 @@ from toolbus_contracts import CredentialsExpired, Subjects, check_prefix
 from toolbus_contracts.base import unfit_number, unfit_number_error, validation_to_error
 
 from toolbus._connection import ConnectOptions
-from toolbus._errors import Internal, InvalidRequest, Timeout, ToolbusError, Unavailable, error_from_wire
+from toolbus._errors import (
+    Internal,
+    InvalidRequest,
+    Timeout,
+    ToolbusError,
+    Unavailable,
+    closed_as_unavailable,
+    error_from_wire,
+)
 from toolbus._feeds import Feed
 from toolbus._retry import Backoff, until_deadline
 
@@ -266,7 +274,8 @@ class Toolbus:
     async def _send(self, subject: str, payload: bytes, wait: float) -> Any:
         """One request and its reply's `data` (see `request`)."""
         try:
-            msg = await self.nc.request(subject, payload, timeout=wait)
+            with closed_as_unavailable(subject):
+                msg = await self.nc.request(subject, payload, timeout=wait)
         except NoRespondersError:
             raise Unavailable(
                 f"No toolbus service answers on {subject}: is the stack running (`toolbus up`)?",
@@ -274,12 +283,6 @@ class Toolbus:
             ) from None
         except (NatsTimeout, TimeoutError):
             raise Timeout(f"No reply on {subject} within {wait:g}s.", details={"subject": subject}) from None
-        except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError):
-            raise Unavailable(
-                "This Toolbus client is closed: connect again with Toolbus.connect().",
-                details={"subject": subject, "closed": True},
-                retryable=False,
-            ) from None
         try:
             reply = orjson.loads(msg.data)
         except orjson.JSONDecodeError:

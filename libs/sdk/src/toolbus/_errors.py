@@ -11,15 +11,19 @@ A reply `{"ok": false, "error": ...}` and a call outcome `{"status": "error", ..
 exception class of their code (`ToolbusError.from_wire`); a failed call's exception carries its
 `callId` in `details`. Two conditions the SDK sees itself map onto the same codes: no service
 subscribed to a subject is `Unavailable` (retryable: start the stack), and no reply within the
-request's timeout is `Timeout`; a request on a client that was closed is `Unavailable` with
-`details.closed` (not retryable). A retryable `Unavailable` is sent again until the request's timeout
+request's timeout is `Timeout`; a request, subscription, feed or output fetch on a client that
+was closed (or a wait under way when it is closed) is `Unavailable` with `details.closed` (not
+retryable). A retryable `Unavailable` is sent again until the request's timeout
 is spent (`toolbus._retry`) before it reaches the caller.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
+from nats.errors import ConnectionClosedError, ConnectionDrainingError
 from toolbus_contracts.errors import (
     BY_CODE,
     Cancelled,
@@ -45,7 +49,6 @@ from toolbus_contracts.errors import (
 
 ERRORS: dict[ErrorCode, type[ToolbusError]] = BY_CODE
 """Every contract code's exception class (the contracts' own table)."""
-"""Every contract error code and the exception class it raises."""
 
 
 def error_from_wire(error: Any, **extra: Any) -> ToolbusError:
@@ -56,6 +59,21 @@ def error_from_wire(error: Any, **extra: Any) -> ToolbusError:
     if extra:
         exc.details = {**exc.details, **extra}
     return exc
+
+
+@contextlib.contextmanager
+def closed_as_unavailable(subject: str) -> Iterator[None]:
+    """nats-py's errors for a client that was closed (or is draining) as the SDK says them wherever
+    it touches NATS (a request, a subscription, an event feed, an output fetch): `Unavailable`
+    with `details.closed`, not retryable."""
+    try:
+        yield
+    except (ConnectionClosedError, ConnectionDrainingError):
+        raise Unavailable(
+            "This Toolbus client is closed: connect again with Toolbus.connect().",
+            details={"subject": subject, "closed": True},
+            retryable=False,
+        ) from None
 
 
 __all__ = [

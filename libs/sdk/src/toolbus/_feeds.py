@@ -5,23 +5,42 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 import orjson
+from nats.errors import ConnectionClosedError
 from pydantic import BaseModel, ValidationError
 
 from toolbus._connection import flush
-from toolbus._errors import Timeout
+from toolbus._errors import Timeout, closed_as_unavailable
 
 if TYPE_CHECKING:
+    from nats.aio.client import Client as NatsClient
     from nats.aio.msg import Msg
     from nats.aio.subscription import Subscription
 
     from toolbus._client import Toolbus
 
 E = TypeVar("E", bound=BaseModel)
+T = TypeVar("T")
+
+CLOSED_CHECK_EVERY = 1.0
+"""Seconds between looks, while a feed waits, at whether its client was closed: nats-py wakes no
+callback subscription when the client is drained, so the wait would otherwise never end."""
+
+
+async def next_unless_closed(queue: asyncio.Queue[T], nc: NatsClient, subject: str) -> T:
+    """The queue's next item; `Unavailable` (`details.closed`) once the client is closed."""
+    while True:
+        with closed_as_unavailable(subject):
+            if nc.is_closed:
+                raise ConnectionClosedError
+        try:
+            return await asyncio.wait_for(queue.get(), CLOSED_CHECK_EVERY)
+        except TimeoutError:
+            continue
 
 
 class Feed(Generic[E]):
@@ -33,12 +52,16 @@ class Feed(Generic[E]):
         self._keep = keep
         self._queue: asyncio.Queue[E] = asyncio.Queue()
         self._sub: Subscription | None = None
+        self._wait: Callable[[], Awaitable[E]] = self._queue.get
 
     @classmethod
     async def open(cls, tb: Toolbus, subject: str, model: type[E], keep: Callable[[E], bool]) -> Feed[E]:
         feed = cls(model, keep)
-        feed._sub = await tb.nc.subscribe(subject, cb=feed._on_msg)
-        await flush(tb.nc)
+        with closed_as_unavailable(subject):
+            feed._sub = await tb.nc.subscribe(subject, cb=feed._on_msg)
+            await flush(tb.nc)
+        nc = tb.nc
+        feed._wait = lambda: next_unless_closed(feed._queue, nc, subject)
         return feed
 
     async def _on_msg(self, msg: Msg) -> None:
@@ -51,7 +74,7 @@ class Feed(Generic[E]):
         """The next event; `Timeout` when none comes within `timeout` seconds."""
         try:
             async with asyncio.timeout(timeout):
-                return await self._queue.get()
+                return await self._wait()
         except TimeoutError:
             raise Timeout(f"No {self._model.__name__} event within {timeout:g}s.") from None
 

@@ -12,7 +12,7 @@ import orjson
 from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundError
 
-from toolbus._errors import Internal, ToolbusError, Unavailable, error_from_wire
+from toolbus._errors import Internal, ToolbusError, Unavailable, closed_as_unavailable, error_from_wire
 
 
 @dataclass(frozen=True)
@@ -49,8 +49,9 @@ async def fetch_output_ref(js: JetStreamContext, ref: dict[str, Any], *, call_id
     except (KeyError, TypeError):
         raise Internal(f"Call {call_id}: outputRef lacks bucket or name.") from None
     try:
-        store = await js.object_store(bucket)
-        result = await store.get(name)
+        with closed_as_unavailable(f"$O.{bucket}"):
+            store = await js.object_store(bucket)
+            result = await store.get(name)
     except (BucketNotFoundError, ObjectNotFoundError, NotFoundError):
         raise Unavailable(
             f"Call {call_id}: the stored output {bucket}/{name} is not in the object store.",

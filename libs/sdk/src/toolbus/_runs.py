@@ -30,7 +30,7 @@ from toolbus_contracts import (
 )
 
 from toolbus._client import build
-from toolbus._errors import InvalidRequest, Timeout
+from toolbus._errors import InvalidRequest, Timeout, closed_as_unavailable
 from toolbus._outcomes import CallResult, resolve
 from toolbus._toolsets import CredentialsLike, Toolset, _credentials, toolset_id
 
@@ -231,24 +231,25 @@ class CallHandle:
     async def _wait(self) -> CallResult:
         js = self._tb.js
         subject = self._tb.subjects.call_events(self.run_id, self.call_id)
-        sub = await js.subscribe(subject, stream=self._tb.stream("EVENTS"), ordered_consumer=True)
-        try:
-            while True:
-                try:
-                    msg = await sub.next_msg(timeout=POLL_EVERY)
-                except (NatsTimeout, TimeoutError):
-                    status = await self.status()
-                    if status.result is not None:
-                        return status.result
-                    continue
-                event = orjson.loads(msg.data)
-                if event.get("type") == "completed" and isinstance(event.get("outcome"), dict):
-                    return await resolve(
-                        js, event["outcome"], call_id=self.call_id, idempotency_key=self.idempotency_key
-                    )
-        finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+        with closed_as_unavailable(subject):  # at the subscription, each event and each status()
+            sub = await js.subscribe(subject, stream=self._tb.stream("EVENTS"), ordered_consumer=True)
+            try:
+                while True:
+                    try:
+                        msg = await sub.next_msg(timeout=POLL_EVERY)
+                    except (NatsTimeout, TimeoutError):
+                        status = await self.status()
+                        if status.result is not None:
+                            return status.result
+                        continue
+                    event = orjson.loads(msg.data)
+                    if event.get("type") == "completed" and isinstance(event.get("outcome"), dict):
+                        return await resolve(
+                            js, event["outcome"], call_id=self.call_id, idempotency_key=self.idempotency_key
+                        )
+            finally:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
 
     async def result(self, timeout: float | None = None) -> Any:
         """The output, or raise the call's error."""
@@ -259,18 +260,21 @@ class CallHandle:
 
 
 async def _events(tb: Toolbus, subject: str, *, follow: bool) -> AsyncIterator[CallEvent]:
-    sub = await tb.js.subscribe(subject, stream=tb.stream("EVENTS"), ordered_consumer=True)
-    try:
-        while True:
-            try:
-                msg = await sub.next_msg(timeout=1.0 if not follow else 3600.0)
-            except (NatsTimeout, TimeoutError):
-                if follow:
-                    continue
-                return
-            yield CallEvent.model_validate(orjson.loads(msg.data))
-            if not follow and msg.metadata.num_pending == 0:
-                return
-    finally:
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
+    with closed_as_unavailable(subject):  # at the subscription and at each next event
+        sub = await tb.js.subscribe(subject, stream=tb.stream("EVENTS"), ordered_consumer=True)
+        try:
+            while True:
+                try:
+                    # 1 s either way: nats-py wakes no waiting next_msg when the client is drained,
+                    # but the next look after it raises ConnectionClosedError (Unavailable here).
+                    msg = await sub.next_msg(timeout=1.0)
+                except (NatsTimeout, TimeoutError):
+                    if follow:
+                        continue
+                    return
+                yield CallEvent.model_validate(orjson.loads(msg.data))
+                if not follow and msg.metadata.num_pending == 0:
+                    return
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from toolbus_contracts import WORKER_QUEUE, HostCallTask, duration_seconds
 
 from toolbus._connection import flush
+from toolbus._errors import closed_as_unavailable
 from toolbus._host_tools import CallContext, HostTool
 
 if TYPE_CHECKING:
@@ -84,10 +85,12 @@ class Worker:
 
     async def start(self) -> None:
         """Subscribe to every tool's subject; returns once the server has the subscriptions."""
-        for name in self.tools:
+        for name in self.tools:  # at least one (see __init__)
             subject = self._tb.subjects.host_call(name)
-            self._subs.append(await self._tb.nc.subscribe(subject, queue=self._queue, cb=self._on_task))
-        await flush(self._tb.nc)
+            with closed_as_unavailable(subject):
+                self._subs.append(await self._tb.nc.subscribe(subject, queue=self._queue, cb=self._on_task))
+        with closed_as_unavailable(subject):
+            await flush(self._tb.nc)
         self.ready.set()
         log.info("serving host tools %s", ", ".join(sorted(self.tools)))
 
