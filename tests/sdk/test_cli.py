@@ -212,7 +212,7 @@ async def test_cli_refuses_what_is_no_run_id_or_timeout(stack: dict[str, str], t
     # Fields are named as on the wire, as the services name them.
     bad = await cli(env, "calls", "get", "bad id", "--json")
     assert bad.returncode == 5 and json.loads(bad.stdout)["error"]["details"] == {"field": "callId"}
-    for timeout in ("-1", "0", "nan"):
+    for timeout in ("-1", "0", "nan", "inf"):
         usage = await cli(env, "--timeout", timeout, "toolsets", "get", "ts_" + "0" * 64)
         assert usage.returncode == 2 and usage.stderr.startswith("error: --timeout must be"), usage.stderr
     for nan in ('{"a": NaN}', '{"a": -Infinity}', '{"a": 1e400}'):  # Python's json reader takes them

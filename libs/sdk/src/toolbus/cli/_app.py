@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -109,8 +110,8 @@ def _root(
     json_: JsonOpt = False,
 ) -> None:
     STATE.nats_url, STATE.prefix, STATE.timeout, STATE.json = nats_url, prefix, timeout, json_
-    if not timeout > 0:  # NaN too
-        _usage(json_, f"--timeout must be a number of seconds above 0, not {timeout}")
+    if not 0 < timeout < math.inf:  # NaN too
+        _usage(json_, f"--timeout must be a finite number of seconds above 0, not {timeout}")
     if prefix is not None:
         try:
             check_prefix(prefix)
