@@ -142,13 +142,15 @@ async def test_a_request_on_a_closed_client_is_unavailable_not_a_nats_error(
         handle = await run.start("e.echo", {"text": "x"})
         await handle.wait(timeout=10)
         # Waits under way when the client is closed end the same way (nats-py wakes none of them).
-        expired = await tb.credentials_expired()
+        expired = await tb.credentials_expired(toolset_id=toolset.id)  # subscribed once it returns
+        following = run.events(follow=True)
+        assert (await anext(following)).type == "accepted"  # subscribed, reading the stream
         waiting = [
-            asyncio.create_task(_drain(run.events(follow=True))),
+            asyncio.create_task(_drain(following)),
             asyncio.create_task(expired.next()),
             asyncio.create_task(_first(tb.approvals.requests(run_id=run.id))),
         ]
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(1.0)  # the approvals feed lists the pending ones first: one request
         assert not any(task.done() for task in waiting)
 
     @host_tool

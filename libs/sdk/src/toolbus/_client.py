@@ -25,6 +25,7 @@ from toolbus._errors import (
     Timeout,
     ToolbusError,
     Unavailable,
+    client_closed,
     closed_as_unavailable,
     error_from_wire,
 )
@@ -282,6 +283,8 @@ class Toolbus:
                 details={"subject": subject, "noService": True},
             ) from None
         except (NatsTimeout, TimeoutError):
+            if self.nc.is_closed:  # closed while it waited: nats-py's drain drops the reply
+                raise client_closed(subject) from None
             raise Timeout(f"No reply on {subject} within {wait:g}s.", details={"subject": subject}) from None
         try:
             reply = orjson.loads(msg.data)

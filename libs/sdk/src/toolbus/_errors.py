@@ -61,19 +61,23 @@ def error_from_wire(error: Any, **extra: Any) -> ToolbusError:
     return exc
 
 
+def client_closed(subject: str) -> Unavailable:
+    """What the SDK raises for anything done on a client that was closed (or is draining): a
+    request, a subscription, an event feed, an output fetch. Not retryable."""
+    return Unavailable(
+        "This Toolbus client is closed: connect again with Toolbus.connect().",
+        details={"subject": subject, "closed": True},
+        retryable=False,
+    )
+
+
 @contextlib.contextmanager
 def closed_as_unavailable(subject: str) -> Iterator[None]:
-    """nats-py's errors for a client that was closed (or is draining) as the SDK says them wherever
-    it touches NATS (a request, a subscription, an event feed, an output fetch): `Unavailable`
-    with `details.closed`, not retryable."""
+    """nats-py's errors for a closed or draining client as `client_closed(subject)`."""
     try:
         yield
     except (ConnectionClosedError, ConnectionDrainingError):
-        raise Unavailable(
-            "This Toolbus client is closed: connect again with Toolbus.connect().",
-            details={"subject": subject, "closed": True},
-            retryable=False,
-        ) from None
+        raise client_closed(subject) from None
 
 
 __all__ = [

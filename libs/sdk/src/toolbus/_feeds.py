@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 import orjson
-from nats.errors import ConnectionClosedError
 from pydantic import BaseModel, ValidationError
 
 from toolbus._connection import flush
-from toolbus._errors import Timeout, closed_as_unavailable
+from toolbus._errors import Timeout, client_closed, closed_as_unavailable
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NatsClient
@@ -33,14 +32,15 @@ callback subscription when the client is drained, so the wait would otherwise ne
 
 async def next_unless_closed(queue: asyncio.Queue[T], nc: NatsClient, subject: str) -> T:
     """The queue's next item; `Unavailable` (`details.closed`) once the client is closed."""
-    while True:
-        with closed_as_unavailable(subject):
-            if nc.is_closed:
-                raise ConnectionClosedError
+    while not nc.is_closed:
         try:
-            return await asyncio.wait_for(queue.get(), CLOSED_CHECK_EVERY)
+            # Not wait_for: on Python 3.11 it runs the get in a task of its own and can swallow a
+            # cancellation that comes with an item (the item stays queued either way).
+            async with asyncio.timeout(CLOSED_CHECK_EVERY):
+                return await queue.get()
         except TimeoutError:
             continue
+    raise client_closed(subject)
 
 
 class Feed(Generic[E]):
@@ -52,7 +52,8 @@ class Feed(Generic[E]):
         self._keep = keep
         self._queue: asyncio.Queue[E] = asyncio.Queue()
         self._sub: Subscription | None = None
-        self._wait: Callable[[], Awaitable[E]] = self._queue.get
+        self._nc: NatsClient | None = None
+        self._subject = ""
 
     @classmethod
     async def open(cls, tb: Toolbus, subject: str, model: type[E], keep: Callable[[E], bool]) -> Feed[E]:
@@ -60,8 +61,7 @@ class Feed(Generic[E]):
         with closed_as_unavailable(subject):
             feed._sub = await tb.nc.subscribe(subject, cb=feed._on_msg)
             await flush(tb.nc)
-        nc = tb.nc
-        feed._wait = lambda: next_unless_closed(feed._queue, nc, subject)
+        feed._nc, feed._subject = tb.nc, subject
         return feed
 
     async def _on_msg(self, msg: Msg) -> None:
@@ -74,7 +74,9 @@ class Feed(Generic[E]):
         """The next event; `Timeout` when none comes within `timeout` seconds."""
         try:
             async with asyncio.timeout(timeout):
-                return await self._wait()
+                if self._nc is None:  # not opened: nothing will come
+                    return await self._queue.get()
+                return await next_unless_closed(self._queue, self._nc, self._subject)
         except TimeoutError:
             raise Timeout(f"No {self._model.__name__} event within {timeout:g}s.") from None
 

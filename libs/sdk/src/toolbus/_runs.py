@@ -31,6 +31,7 @@ from toolbus_contracts import (
 
 from toolbus._client import build
 from toolbus._errors import InvalidRequest, Timeout, closed_as_unavailable
+from toolbus._feeds import CLOSED_CHECK_EVERY
 from toolbus._outcomes import CallResult, resolve
 from toolbus._toolsets import CredentialsLike, Toolset, _credentials, toolset_id
 
@@ -223,9 +224,9 @@ class CallHandle:
             async with asyncio.timeout(timeout):
                 return await self._wait()
         except TimeoutError:
+            waited = f"within {timeout:g}s" if timeout is not None else "before NATS stopped answering"
             raise Timeout(
-                f"Call {self.call_id} was not done within {timeout:g}s (it goes on).",
-                details={"callId": self.call_id},
+                f"Call {self.call_id} was not done {waited} (it goes on).", details={"callId": self.call_id}
             ) from None
 
     async def _wait(self) -> CallResult:
@@ -265,9 +266,9 @@ async def _events(tb: Toolbus, subject: str, *, follow: bool) -> AsyncIterator[C
         try:
             while True:
                 try:
-                    # 1 s either way: nats-py wakes no waiting next_msg when the client is drained,
-                    # but the next look after it raises ConnectionClosedError (Unavailable here).
-                    msg = await sub.next_msg(timeout=1.0)
+                    # Never longer either way: nats-py wakes no waiting next_msg when the client is
+                    # drained, but the next look after it raises ConnectionClosedError (Unavailable).
+                    msg = await sub.next_msg(timeout=CLOSED_CHECK_EVERY)
                 except (NatsTimeout, TimeoutError):
                     if follow:
                         continue

@@ -85,11 +85,11 @@ class Worker:
 
     async def start(self) -> None:
         """Subscribe to every tool's subject; returns once the server has the subscriptions."""
-        for name in self.tools:  # at least one (see __init__)
+        for name in self.tools:
             subject = self._tb.subjects.host_call(name)
             with closed_as_unavailable(subject):
                 self._subs.append(await self._tb.nc.subscribe(subject, queue=self._queue, cb=self._on_task))
-        with closed_as_unavailable(subject):
+        with closed_as_unavailable(self._tb.subjects.host_call("*")):
             await flush(self._tb.nc)
         self.ready.set()
         log.info("serving host tools %s", ", ".join(sorted(self.tools)))
