@@ -7,6 +7,7 @@ are numbered 1, 2, 3, ... in the outbox, as `docs/protocol.md` promises."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -177,3 +178,26 @@ async def test_a_call_behind_one_held_by_its_tool_limit_still_runs(store: CallSt
         f"{other.call_id}:1",
         f"{other.call_id}:2",
     ]
+
+
+async def test_leases_run_on_redis_clock_not_the_dispatchers(
+    store: CallStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dispatcher's clock an hour behind or ahead changes no lease: leases are written, renewed
+    and judged expired by Redis's `TIME` inside the scripts. (With the dispatcher's clock, a call
+    leased by one an hour behind was expired at once, and one an hour ahead reaped live calls.)"""
+    real = time.time
+    k = store.keys
+    monkeypatch.setattr(time, "time", lambda: real() - 3600)
+    created = await _create(store, await _run(store))  # the short path: running, leased
+    call_id = created.call_id
+    secs, micros = await store._r.time()
+    redis_now = secs + micros / 1e6
+    lease = await store._r.zscore(k.call_leases, call_id)
+    assert lease is not None and redis_now + 29 < lease <= redis_now + 31
+    monkeypatch.setattr(time, "time", lambda: real() + 3600)
+    assert await store.reap() == []  # still leased, by Redis's clock
+    assert await store.renew([call_id]) == []  # still ours
+    renewed = await store._r.zscore(k.call_leases, call_id)
+    assert renewed is not None and lease <= renewed <= redis_now + 32
+    assert (await store.finish(call_id, '{"status":"ok"}', NOW)).status == "done"

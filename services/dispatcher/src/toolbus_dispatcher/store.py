@@ -10,7 +10,6 @@ call's hash names.
 from __future__ import annotations
 
 import hashlib
-import time
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -143,8 +142,10 @@ class CallStore:
         for lua in (self._create, self._finish):
             await self._r.execute_command("SCRIPT", "LOAD", lua.text)  # type: ignore[no-untyped-call]
 
-    def _expiry(self) -> str:
-        return repr(time.time() + self.lease)
+    def _lease(self) -> str:
+        """The lease's length, as the scripts take it: they add it to Redis's clock (`TIME`), so
+        the replicas' clocks need not agree."""
+        return repr(self.lease)
 
     # ---- runs -----------------------------------------------------------------------------------
 
@@ -251,7 +252,7 @@ class CallStore:
                 on_interruption,
                 reply,
                 now,
-                self._expiry(),
+                self._lease(),
                 self.owner,
                 approval_id,
                 digest,
@@ -310,7 +311,7 @@ class CallStore:
                 self.owner,
                 outcome_json,
                 now,
-                self._expiry(),
+                self._lease(),
                 self._call_prefix,
                 RUN_LIMIT,
                 MAX_SCAN,
@@ -335,7 +336,7 @@ class CallStore:
                 server,
                 level,
                 now,
-                self._expiry(),
+                self._lease(),
                 self._call_prefix,
                 RUN_LIMIT,
                 MAX_SCAN,
@@ -370,7 +371,7 @@ class CallStore:
                 outcome_json,
                 self.owner,
                 now,
-                self._expiry(),
+                self._lease(),
                 self._call_prefix,
                 RUN_LIMIT,
                 MAX_SCAN,
@@ -403,7 +404,7 @@ class CallStore:
         if not call_ids:
             return []
         res = await self._renew(
-            keys=[self.keys.call_leases], args=[self.owner, self._expiry(), self._call_prefix, *call_ids]
+            keys=[self.keys.call_leases], args=[self.owner, self._lease(), self._call_prefix, *call_ids]
         )
         return [_s(c) for c in res]
 
@@ -411,7 +412,7 @@ class CallStore:
         """Claim running calls whose lease expired; each had its attempt interrupted."""
         res = await self._reap(
             keys=[self.keys.call_leases, self.outbox],
-            args=[repr(time.time()), self.owner, self._expiry(), self._call_prefix, limit, "", ""],
+            args=["", self.owner, self._lease(), self._call_prefix, limit, "", ""],
         )
         return [CallRecord.from_script(i) for i in res]
 

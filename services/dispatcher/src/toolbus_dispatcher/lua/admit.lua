@@ -6,6 +6,18 @@ local OUTBOX = KEYS[#KEYS]
 local NOW = ARGV[#ARGV - 1]
 local EVENTS = ARGV[#ARGV]
 
+-- Redis's clock, in seconds: leases and claims are written and judged by it, not by each
+-- dispatcher's (the replicas' clocks need not agree).
+local function redis_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+
+-- When a lease of `seconds` (a script's `lease` ARGV) taken now runs out, on Redis's clock.
+local function lease_until(seconds)
+  return redis_now() + tonumber(seconds)
+end
+
 -- Queue the event number `seq` of a call (its `evseq` already counts it: the caller wrote it).
 local function emit_seq(run, cid, seq, typ, extra)
   local body = '{"type":"' .. typ .. '","callId":"' .. cid .. '","runId":"' .. run .. '","at":"' .. NOW .. '"'
@@ -26,7 +38,8 @@ end
 -- Shared by every script that frees a slot or queues a call: admit waiting calls of one run, first
 -- come first served, into free slots. A call blocked only by its tool's `concurrency` is skipped,
 -- so it never blocks calls of other tools behind it. Admitted calls become `running`, owned by
--- `owner`, with their attempt counter raised (the attempt starts now) and a lease until `expiry`.
+-- `owner`, with their attempt counter raised (the attempt starts now) and a lease until `expiry`
+-- (a time on Redis's clock: `lease_until`).
 -- Returns {callId, call_fields} per admitted call.
 local function admit(waiting_key, slots_key, leases_key, call_prefix, owner, expiry, run_limit, max_scan)
   local admitted = {}

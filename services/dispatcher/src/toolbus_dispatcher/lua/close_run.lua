@@ -20,8 +20,7 @@ if not f[1] then return {'notFound'} end
 local ids = redis.call('SMEMBERS', KEYS[2])
 local cancelled = {}
 local hand = true
-local clock = redis.call('TIME')
-local epoch = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
+local epoch = redis_now()
 if f[5] then
   local owner, till = string.match(f[5], '^(.*)|([^|]*)$')
   hand = owner == ARGV[8] or (tonumber(till) or 0) <= epoch  -- unreadable: lapsed

@@ -3,7 +3,7 @@
 -- is not done yet), or `differs` when that call has another tool or input text.
 -- KEYS: run, run_keys, run_calls, call, call_replies, run_waiting, run_slots, leases, cred_version,
 --       outbox
--- ARGV: callId, idemKey, tool, inputJson, toolsetId, conc, onInterruption, reply, now, expiry,
+-- ARGV: callId, idemKey, tool, inputJson, toolsetId, conc, onInterruption, reply, now, lease,
 --       owner, approvalId, digest, callPrefix, toolSlotsKey, runLimit, maxScan, repliesPrefix, runId,
 --       ApprovalNeeded subject, ApprovalNeeded JSON (both '' without approval), now, eventsPrefix
 -- A call that waits for approval has its ApprovalNeeded command put in the outbox here, with the
@@ -31,6 +31,7 @@ if existing then
 end
 local cid = ARGV[1]
 local ck = KEYS[4]
+local expiry = lease_until(ARGV[10])
 if ARGV[12] == '' and redis.call('ZCARD', KEYS[6]) == 0
     and redis.call('ZCARD', KEYS[7]) < tonumber(ARGV[16])
     and (ARGV[15] == '' or redis.call('ZCARD', ARGV[15]) < tonumber(ARGV[6])) then
@@ -46,9 +47,9 @@ if ARGV[12] == '' and redis.call('ZCARD', KEYS[6]) == 0
   redis.call('HSET', KEYS[2], ARGV[2], cid)
   redis.call('SADD', KEYS[3], cid)
   if ARGV[8] ~= '' then redis.call('RPUSH', KEYS[5], ARGV[8]) end
-  redis.call('ZADD', KEYS[7], ARGV[10], cid)
-  if ARGV[15] ~= '' then redis.call('ZADD', ARGV[15], ARGV[10], cid) end
-  redis.call('ZADD', KEYS[8], ARGV[10], cid)
+  redis.call('ZADD', KEYS[7], expiry, cid)
+  if ARGV[15] ~= '' then redis.call('ZADD', ARGV[15], expiry, cid) end
+  redis.call('ZADD', KEYS[8], expiry, cid)
   emit_seq(ARGV[19], cid, 1, 'accepted')
   emit_seq(ARGV[19], cid, 2, 'attemptStarted', ',"attempt":1')
   return {'created', credv, cid, 'running', {{cid, {'self', 1}}}}
@@ -70,7 +71,7 @@ if ARGV[12] ~= '' then
   return {'created', credv, cid, 'awaitingApproval', {}}
 end
 enqueue(ck, cid)
-local admitted = admit(KEYS[6], KEYS[7], KEYS[8], ARGV[14], ARGV[11], ARGV[10], tonumber(ARGV[16]), tonumber(ARGV[17]))
+local admitted = admit(KEYS[6], KEYS[7], KEYS[8], ARGV[14], ARGV[11], expiry, tonumber(ARGV[16]), tonumber(ARGV[17]))
 record_handed(ck, admitted)
 local state = redis.call('HGET', ck, 'state')
 -- The caller knows the call it just created: send back only its attempt number.

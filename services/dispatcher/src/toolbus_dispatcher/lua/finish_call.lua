@@ -2,7 +2,7 @@
 -- them to the next waiting calls of the run. A call no longer ours (reaped, cancelled) is left
 -- alone: the result of an attempt that is no longer current is dropped.
 -- KEYS: call, call_replies, leases, outbox
--- ARGV: callId, owner, outcomeJson, now, expiry, callPrefix, runLimit, maxScan, now, eventsPrefix
+-- ARGV: callId, owner, outcomeJson, now, lease, callPrefix, runLimit, maxScan, now, eventsPrefix
 local ck = KEYS[1]
 local cid = ARGV[1]
 local c = redis.call('HMGET', ck, 'state', 'owner', 'run', 'finisher', 'slots', 'tslots', 'waiting', 'evseq')
@@ -23,6 +23,6 @@ emit_seq(c[3], cid, n, 'completed', ',"outcome":' .. ARGV[3])
 -- Kept a little while (not deleted) so that a retry of this script still finds who waits.
 local replies = redis.call('LRANGE', KEYS[2], 0, -1)
 redis.call('EXPIRE', KEYS[2], 300)
-local admitted = admit(c[7], c[5], KEYS[3], ARGV[6], ARGV[2], ARGV[5], tonumber(ARGV[7]), tonumber(ARGV[8]))
+local admitted = admit(c[7], c[5], KEYS[3], ARGV[6], ARGV[2], lease_until(ARGV[5]), tonumber(ARGV[7]), tonumber(ARGV[8]))
 record_handed(ck, admitted)
 return {'done', replies, admitted}

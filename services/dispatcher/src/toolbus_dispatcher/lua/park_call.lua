@@ -4,7 +4,7 @@
 -- it to the INTERNAL stream, message id `park:<callId>:<n>`): a dispatcher dying right after the
 -- park can no longer leave the call parked with nobody told.
 -- KEYS: call, leases, outbox
--- ARGV: callId, owner, server, level, now, expiry, callPrefix, runLimit, maxScan, CallParked
+-- ARGV: callId, owner, server, level, now, lease, callPrefix, runLimit, maxScan, CallParked
 --       subject, CallParked JSON, now, eventsPrefix (the last two: see admit.lua)
 local ck = KEYS[1]
 local cid = ARGV[1]
@@ -21,6 +21,6 @@ redis.call('HSET', ck, 'state', 'parked', 'server', ARGV[3], 'level', ARGV[4], '
 emit(ck, c[3], cid, 'parked', ',"server":' .. cjson.encode(ARGV[3]) .. ',"level":' .. cjson.encode(ARGV[4]))
 local n = redis.call('HGET', ck, 'evseq')
 redis.call('XADD', KEYS[3], '*', 's', ARGV[10], 'i', 'park:' .. cid .. ':' .. n, 'b', ARGV[11])
-local admitted = admit_for(ck, KEYS[2], ARGV[7], ARGV[2], ARGV[6], tonumber(ARGV[8]), tonumber(ARGV[9]))
+local admitted = admit_for(ck, KEYS[2], ARGV[7], ARGV[2], lease_until(ARGV[6]), tonumber(ARGV[8]), tonumber(ARGV[9]))
 record_handed(ck, admitted)
 return {'parked', admitted}

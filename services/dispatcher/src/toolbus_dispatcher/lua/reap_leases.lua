@@ -2,8 +2,10 @@
 -- becomes their owner, keeps their slots under a fresh lease, and treats their attempt as
 -- interrupted. Atomic, so two replicas never claim the same call.
 -- KEYS: leases
--- ARGV: now, owner, expiry, callPrefix, limit
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[5]))
+-- ARGV: (unused), owner, lease, callPrefix, limit; leases run out and are renewed on Redis's clock
+local now = redis_now()
+local expiry = now + tonumber(ARGV[3])
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[5]))
 local out = {}
 for _, cid in ipairs(ids) do
   local ck = ARGV[4] .. cid
@@ -11,9 +13,9 @@ for _, cid in ipairs(ids) do
   if f[1] ~= 'running' then
     redis.call('ZREM', KEYS[1], cid)
   else
-    redis.call('ZADD', KEYS[1], ARGV[3], cid)
-    redis.call('ZADD', f[2], ARGV[3], cid)
-    if f[3] and f[3] ~= '' then redis.call('ZADD', f[3], ARGV[3], cid) end
+    redis.call('ZADD', KEYS[1], expiry, cid)
+    redis.call('ZADD', f[2], expiry, cid)
+    if f[3] and f[3] ~= '' then redis.call('ZADD', f[3], expiry, cid) end
     redis.call('HSET', ck, 'owner', ARGV[2])
     out[#out + 1] = {cid, call_fields(ck)}
   end

@@ -2,7 +2,7 @@
 -- it there with an outcome. Nothing happens unless the call is still in `fromState` and, for an
 -- approval, the decision is for this very call, tool, toolset and input.
 -- KEYS: call, call_replies, leases, outbox
--- ARGV: callId, fromState, outcomeJson ('' to queue), owner, now, expiry, callPrefix, runLimit,
+-- ARGV: callId, fromState, outcomeJson ('' to queue), owner, now, lease, callPrefix, runLimit,
 --       maxScan, approvalId, tool, toolsetId, digest (these four '' when not an approval),
 --       reason (of a denial), now, eventsPrefix
 local ck = KEYS[1]
@@ -37,6 +37,6 @@ if ARGV[3] ~= '' then
 end
 emit(ck, c[6], cid, ARGV[2] == 'awaitingApproval' and 'approved' or 'resumed', approval)
 enqueue(ck, cid)
-local admitted = admit_for(ck, KEYS[3], ARGV[7], ARGV[4], ARGV[6], tonumber(ARGV[8]), tonumber(ARGV[9]))
+local admitted = admit_for(ck, KEYS[3], ARGV[7], ARGV[4], lease_until(ARGV[6]), tonumber(ARGV[8]), tonumber(ARGV[9]))
 record_handed(ck, admitted)
 return {'queued', {}, admitted, c[6], c[7]}
