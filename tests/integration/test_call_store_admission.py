@@ -183,21 +183,38 @@ async def test_a_call_behind_one_held_by_its_tool_limit_still_runs(store: CallSt
 async def test_leases_run_on_redis_clock_not_the_dispatchers(
     store: CallStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A dispatcher's clock an hour behind or ahead changes no lease: leases are written, renewed
-    and judged expired by Redis's `TIME` inside the scripts. (With the dispatcher's clock, a call
-    leased by one an hour behind was expired at once, and one an hour ahead reaped live calls.)"""
+    """A dispatcher's clock an hour behind or ahead changes no lease: leases are written (by the
+    short path and by `admit`), renewed and judged expired by Redis's `TIME` inside the scripts.
+    (With the dispatcher's clock, a call leased by one an hour behind was expired at once, and one
+    an hour ahead reaped live calls.)"""
     real = time.time
     k = store.keys
+
+    async def redis_now() -> float:
+        secs, micros = await store._r.time()
+        return float(secs + micros / 1e6)
+
+    async def leased(call_id: str, before: float) -> float:
+        """The call's lease, checked to be Redis's clock (between `before` and now) + 30 s."""
+        score = await store._r.zscore(k.call_leases, call_id)
+        assert score is not None and before + 30 <= score <= await redis_now() + 30, (score, before)
+        return float(score)
+
     monkeypatch.setattr(time, "time", lambda: real() - 3600)
-    created = await _create(store, await _run(store))  # the short path: running, leased
-    call_id = created.call_id
-    secs, micros = await store._r.time()
-    redis_now = secs + micros / 1e6
-    lease = await store._r.zscore(k.call_leases, call_id)
-    assert lease is not None and redis_now + 29 < lease <= redis_now + 31
+    run_id = await _run(store)
+    t0 = await redis_now()
+    first = await _create(store, run_id, tool="slow", concurrency=1)  # the short path
+    await leased(first.call_id, t0)
+    second = await _create(store, run_id, tool="slow", concurrency=1)  # waits for the tool's slot
+    assert second.state == "waitingSlot"
     monkeypatch.setattr(time, "time", lambda: real() + 3600)
     assert await store.reap() == []  # still leased, by Redis's clock
-    assert await store.renew([call_id]) == []  # still ours
-    renewed = await store._r.zscore(k.call_leases, call_id)
-    assert renewed is not None and lease <= renewed <= redis_now + 32
-    assert (await store.finish(call_id, '{"status":"ok"}', NOW)).status == "done"
+    t1 = await redis_now()
+    assert await store.renew([first.call_id]) == []  # still ours
+    await leased(first.call_id, t1)
+    t2 = await redis_now()
+    done = await store.finish(first.call_id, '{"status":"ok"}', NOW)  # admits the second
+    assert [c.call_id for c in done.admitted] == [second.call_id]
+    await leased(second.call_id, t2)
+    assert await store.reap() == []
+    assert (await store.finish(second.call_id, '{"status":"ok"}', NOW)).status == "done"

@@ -78,7 +78,9 @@ async def test_a_running_call_keeps_its_lease_across_a_silent_redis_connection(
                 return await expiry() != first
 
             await wait_until(renewed, within=LEASE, what="a renewal of A's lease")
-            last = await expiry() - LEASE  # when that renewal was sent (expiry: its sender's clock + a lease)
+            # When that renewal ran (expiry: Redis's TIME then + a lease; this test's Redis is on this
+            # host, so its clock is time.time()'s, as the comparisons below assume).
+            last = await expiry() - LEASE
             await asyncio.sleep(max(0.0, last + LEASE / 3 - 0.3 - time.time()))
             lowest = math.inf
             silent_until = time.monotonic() + SILENCE

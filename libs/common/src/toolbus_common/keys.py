@@ -39,16 +39,16 @@ class Keys:
         return f"{self.prefix}:run:{{{run_id}}}:waiting"
 
     def run_slots(self, run_id: str) -> str:
-        """ZSET callId -> lease expiry (unix s): the run's slots held by running calls (max 16)."""
+        """ZSET callId -> lease expiry (unix s, Redis's clock): the run's slots held by running calls (max 16)."""
         return f"{self.prefix}:run:{{{run_id}}}:slots"
 
     def run_tool_slots(self, run_id: str, tool: str) -> str:
-        """ZSET callId -> lease expiry: slots of one tool with a `concurrency` policy in one run."""
+        """ZSET callId -> lease expiry (Redis's clock): slots of one tool with a `concurrency` policy in one run."""
         return f"{self.prefix}:run:{{{run_id}}}:tool:{tool}"
 
     @property
     def call_leases(self) -> str:
-        """ZSET callId -> lease expiry of every running call; the dispatchers' reapers watch it."""
+        """ZSET callId -> lease expiry (Redis's clock) of every running call; the dispatchers' reapers watch it."""
         return f"{self.prefix}:calls:leases"
 
     @property
