@@ -141,6 +141,17 @@ async def test_cli_commands_json_and_exit_codes(
     assert nobody.returncode == 3 and json.loads(nobody.stdout)["error"]["code"] == "unavailable"
     usage = await cli(env, "toolsets", "create", "-f", str(tmp_path / "absent.yaml"))
     assert usage.returncode == 2 and usage.stderr.startswith("error: cannot read ")
+    # An unknown field in a spec is invalidRequest naming it, at the top as one level down.
+    for body, field in (
+        ('{"mcp": [], "extra": 1}', "extra"),
+        ('{"mcp": [{"name": "e", "url": "http://127.0.0.1:1/mcp", "x": 1}]}', "mcp[0].x"),
+    ):
+        spec_file = tmp_path / "unknown.json"
+        spec_file.write_text(body)
+        refused = await cli(env, "toolsets", "create", "-f", str(spec_file), "--json")
+        assert refused.returncode == 5, refused.stderr
+        error = json.loads(refused.stdout)["error"]
+        assert error["code"] == "invalidRequest" and error["details"]["field"] == field, error
 
 
 async def test_cli_status_outside_the_repository(tmp_path: Path) -> None:

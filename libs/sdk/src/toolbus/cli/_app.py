@@ -4,10 +4,11 @@ errors as `{"ok": false, "error": {...}}`) and ends with an exit code a script c
 \b
     0  success
     1  a bug (toolbus answered `internal`, or the CLI itself failed)
-    2  usage: a bad option, argument or file
+    2  usage: a bad option or argument, a file that cannot be read or parsed
     3  unavailable: NATS or a service did not answer (`unavailable`, `timeout`)
     4  not found: `notFound`, `unknownTool`
-    5  refused: any other error reply (`invalidRequest`, `invalidInput`, `conflict`, ...)
+    5  refused: any other error (`invalidRequest`, `invalidInput`, `conflict`, ...), a spec's
+       unknown or wrong field included
     6  the call ran and its outcome is an error (`calls invoke`; with `--json` the call's own
        reply, `{"callId", "idempotencyKey", "outcome": {"status": "error", "error"}}`)
 """
@@ -33,7 +34,7 @@ from toolbus_contracts import check_prefix
 from toolbus_contracts.base import unfit_number
 
 from toolbus._client import Toolbus
-from toolbus._errors import ErrorCode, ToolbusError
+from toolbus._errors import ErrorCode, InvalidRequest, ToolbusError
 from toolbus._toolsets import Toolset
 
 EXIT_CODES: dict[str, int] = {
@@ -263,18 +264,23 @@ def toolsets_create(
                 if stage in labels:
                     progress.update(task, description=labels[stage])
 
-            return await tb.toolsets.create(**_spec_kwargs(spec, json_), progress=step)
+            return await tb.toolsets.create(**_spec_kwargs(spec), progress=step)
 
     toolset = _run(json_, work)
     data = {"id": toolset.id, "tools": toolset.tools, "declarations": toolset.declarations}
     _emit(json_, data, lambda: _toolset_table(toolset))
 
 
-def _spec_kwargs(spec: dict[str, Any], json_out: bool) -> dict[str, Any]:
+def _spec_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
+    """The spec as `toolsets.create`'s arguments. An unknown field is `invalidRequest` naming it,
+    as the SDK and the service answer one nested deeper (exit 5, not a usage error)."""
     known = {"mcp", "host", "http", "workflows", "base", "credentials"}
     unknown = sorted(set(spec) - known)
     if unknown:
-        _usage(json_out, f"unknown field '{unknown[0]}' in the spec (known: {', '.join(sorted(known))})")
+        raise InvalidRequest(
+            f"Unknown field '{unknown[0]}': remove it (a spec has {', '.join(sorted(known))}).",
+            details={"field": unknown[0]},
+        )
     return {k: v for k, v in spec.items() if v is not None}
 
 
