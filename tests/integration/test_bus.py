@@ -336,3 +336,49 @@ async def test_each_running_service_serves_its_asyncapi_document(service_env: di
         assert doc["asyncapi"] == "3.0.0"
         assert doc["channels"][subject]["address"] == f"{prefix}.{subject}"
         assert "reply" in doc["operations"][subject]
+
+
+def noting_routes(fast: bool) -> Routes[Sink]:
+    routes: Routes[Sink] = Routes("bustest")
+
+    @routes.request(lambda s: s._s("bus.note.fast" if fast else "bus.note"), fast=fast)
+    async def handle_note_request(sink: Sink, note: Note) -> Pong:
+        sink.applied.append(note.id)
+        return Pong(text=note.id)
+
+    return routes
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["faststream", "raw"])
+async def test_a_consumers_deliveries_aimed_at_a_request_subject_are_dropped(
+    env: tuple[Settings, Any], fast: bool
+) -> None:
+    """Anyone allowed to create a consumer on a stream can aim its deliveries at any subject and
+    queue group (nats-server checks no deliver subject against the creator's permissions), and a
+    stream's messages can be a caller's own bytes (a tool output stored by reference): such a
+    delivery is no request, and is dropped unread; a request on the subject is still served."""
+    from nats.js.api import AckPolicy, ConsumerConfig
+
+    settings, client = env
+    js = client.jetstream()
+    prefix = settings.subject_prefix
+    stream = js_name(prefix, "STORED")
+    await ensure_stream(js, stream, [f"{prefix}.stored.>"])
+    bus, sink = await started(settings, noting_routes(fast))
+    subject = settings.subjects._s("bus.note.fast" if fast else "bus.note")
+    try:
+        await js.publish(f"{prefix}.stored.x", json.dumps({"id": "forged"}).encode())
+        await js.add_consumer(
+            stream,
+            config=ConsumerConfig(
+                deliver_subject=subject, deliver_group="toolbus-bustest", ack_policy=AckPolicy.NONE
+            ),
+        )
+        info = await js.stream_info(stream)
+        await asyncio.sleep(1.0)  # delivered at once, if it were taken
+        assert info.state.messages == 1 and sink.applied == []
+        assert await request(client, subject, {"id": "real"}) == {"ok": True, "data": {"text": "real"}}
+        assert sink.applied == ["real"]
+    finally:
+        await stopped(bus)
+        await js.delete_stream(stream)

@@ -272,3 +272,67 @@ async def test_fields_a_newer_dispatcher_adds_are_ignored_and_nan_is_no_output(t
                     assert result["error"]["message"].startswith("output is not JSON: NaN"), result
     finally:
         await sub.unsubscribe()
+
+
+async def test_a_consumers_delivery_aimed_at_the_workers_is_never_run(tb: Toolbus) -> None:
+    """A harness may create consumers on the streams it reads, and nats-server does not check
+    where their deliveries go: a stored message (here a task written into a stream of the test's
+    own; in the attack, a stored output's chunk) aimed at a tool's subject and the workers' queue
+    group is dropped by the worker, while the dispatcher's own task on that subject is served."""
+    from nats.js.api import AckPolicy, ConsumerConfig
+    from toolbus_contracts import WORKER_QUEUE
+
+    ran: list[str] = []
+
+    @host_tool(name="odd.sink")
+    async def sink(tag: str) -> str:
+        ran.append(tag)
+        return tag
+
+    s = tb.subjects
+    stream = tb.stream("STORED")
+    js = tb.js
+    await js.add_stream(name=stream, subjects=[s._s("stored.>")])
+    seen: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def on_result(msg: Any) -> None:
+        seen.put_nowait(msg.data)
+
+    sub = await tb.nc.subscribe(s.host_result("*"), cb=on_result)
+
+    def task(call_id: str, tag: str) -> bytes:
+        return orjson.dumps(
+            {
+                "callId": call_id,
+                "attempt": 1,
+                "idempotencyKey": "k",
+                "runId": "run_x",
+                "namespace": None,
+                "toolsetId": "ts_x",
+                "tool": "odd.sink",
+                "input": {"tag": tag},
+                "heartbeatTimeout": "60s",
+            }
+        )
+
+    try:
+        async with Worker(tb, tools=[sink]):
+            await js.publish(s._s("stored.x"), task("c_forged", "forged"))
+            await js.add_consumer(
+                stream,
+                config=ConsumerConfig(
+                    deliver_subject=s.host_call("odd.sink"),
+                    deliver_group=WORKER_QUEUE,
+                    ack_policy=AckPolicy.NONE,
+                ),
+            )
+            await asyncio.sleep(1.0)  # delivered at once, if it were taken
+            assert ran == []
+            await tb.nc.publish(
+                s.host_call("odd.sink"), task("c_real", "real"), reply=s.host_result("c_real")
+            )
+            assert orjson.loads(await asyncio.wait_for(seen.get(), 10)) == {"attempt": 1, "output": "real"}
+            assert ran == ["real"]
+    finally:
+        await sub.unsubscribe()
+        await js.delete_stream(stream)

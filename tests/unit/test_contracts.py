@@ -295,3 +295,22 @@ def test_a_huge_key_gets_a_small_error_naming_its_start() -> None:
         parse_body(CallStartRequest, json.dumps({"runId": "r", "tool": "t", "y" * 900_000: 1}))
     assert info.value.details == {"field": "y" * 200 + "…"}
     assert len(str(info.value)) < 300
+
+
+def test_subject_matches_as_nats_delivers_and_consumer_deliveries_are_told_apart() -> None:
+    from toolbus_contracts import consumer_delivery, subject_matches
+
+    assert subject_matches("p.host.call.>", "p.host.call.crm.find")
+    assert subject_matches("p.host.result.*", "p.host.result.call_1")
+    assert not subject_matches("p.host.result.*", "p.host.result.a.b")
+    assert not subject_matches("p.host.call.>", "p.host.call")
+    assert subject_matches("p.calls.invoke", "p.calls.invoke")
+    assert not subject_matches("p.calls.invoke", "p.calls.invoke.x")
+    assert not subject_matches("p.workflows.publish", "$O.p_outputs.C.abc")
+    # A request: its own subject and an inbox to answer. A consumer's delivery: the stored
+    # subject and an ack subject for reply, whatever subject its deliveries were aimed at.
+    assert not consumer_delivery("p.workflows.publish", "p.workflows.publish", "_INBOX.harness.x.1")
+    assert not consumer_delivery("p.host.call.>", "p.host.call.t", "p.host.result.call_1")
+    assert consumer_delivery("p.workflows.publish", "$O.p_outputs.C.abc", "$JS.ACK.OBJ_p_outputs.c.1.2.2.0.0")
+    assert consumer_delivery("p.workflows.publish", "p.workflows.publish", "$JS.ACK.S.c.1.1.1.0.0")
+    assert consumer_delivery("p.host.call.>", "p.events.calls.r.c", None)

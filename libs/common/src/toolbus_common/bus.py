@@ -63,7 +63,7 @@ from nats.js.api import AckPolicy as JsAckPolicy
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from prometheus_client import Counter, Histogram
 from pydantic import BaseModel
-from toolbus_contracts import Subjects, ToolbusError, WireModel, parse_body, reply_error
+from toolbus_contracts import Subjects, ToolbusError, WireModel, consumer_delivery, parse_body, reply_error
 from toolbus_contracts.errors import ErrorCode, Internal, OutputTooLarge, Unavailable
 
 from toolbus_common.connections import flush, nats_options
@@ -106,6 +106,24 @@ def served(subject: str, code: str, seconds: float) -> None:
         timer = _TIMED[subject] = LATENCY.labels(subject)
     counter.inc()
     timer.observe(seconds)
+
+
+DROPPED_LOG_EVERY = 60.0
+"""Seconds between warnings of dropped consumer deliveries on one subject (a flood logs once)."""
+_DROPPED_LOGGED: dict[str, float] = {}
+
+
+def _dropped_delivery(subject: str) -> None:
+    """A message a JetStream consumer delivered to a core subscription (`consumer_delivery`):
+    dropped unanswered; said at most once a minute per subject."""
+    now = time.monotonic()
+    if now - _DROPPED_LOGGED.get(subject, -DROPPED_LOG_EVERY) >= DROPPED_LOG_EVERY:
+        _DROPPED_LOGGED[subject] = now
+        log.warning(
+            "dropped a message a JetStream consumer delivered here: someone aimed a consumer's "
+            "deliveries at this subject (only the first a minute is logged)",
+            extra={"subject": subject},
+        )
 
 
 INTERNAL_STREAM = "INTERNAL"
@@ -488,6 +506,10 @@ class Bus:
         self, entry: Entry, bound: Any, subject: str
     ) -> Callable[[NatsMessage], Awaitable[bytes | None]]:
         async def serve(msg: NatsMessage) -> bytes | None:
+            raw = msg.raw_message
+            if consumer_delivery(subject, getattr(raw, "subject", subject), msg.reply_to):
+                _dropped_delivery(subject)
+                return None
             body = await self._answer(entry, bound, subject, msg.body, msg.reply_to)
             if body is not None and entry.kind == "deferred" and msg.reply_to:
                 await self.reply(msg.reply_to, body)
@@ -502,6 +524,9 @@ class Bus:
         self, entry: Entry, bound: Any, subject: str
     ) -> Callable[[Msg], Coroutine[Any, Any, None]]:
         async def serve(msg: Msg) -> None:
+            if consumer_delivery(subject, msg.subject, msg.reply):
+                _dropped_delivery(subject)
+                return
             body = await self._answer(entry, bound, subject, msg.data, msg.reply)
             if body is not None and msg.reply:
                 await self.reply(msg.reply, body)
@@ -527,8 +552,12 @@ class Bus:
     def _listener(self, entry: Entry, bound: Any) -> Callable[[Msg], Coroutine[Any, Any, None]]:
         assert entry.handler is not None
         handler = entry.handler
+        subscribed = entry.subject(self.subjects)
 
         async def listen(msg: Msg) -> None:
+            if consumer_delivery(subscribed, msg.subject, msg.reply):
+                _dropped_delivery(subscribed)
+                return
             try:
                 await handler(bound, msg)
             except Exception:

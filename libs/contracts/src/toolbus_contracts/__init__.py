@@ -71,7 +71,15 @@ from toolbus_contracts.registry import (
     WorkflowPublishReply,
     WorkflowPublishRequest,
 )
-from toolbus_contracts.subjects import DEFAULT_PREFIX, PREFIX_PATTERN, WORKER_QUEUE, Subjects, check_prefix
+from toolbus_contracts.subjects import (
+    DEFAULT_PREFIX,
+    PREFIX_PATTERN,
+    WORKER_QUEUE,
+    Subjects,
+    check_prefix,
+    consumer_delivery,
+    subject_matches,
+)
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -137,8 +145,10 @@ __all__ = [
     "WorkflowPublishRequest",
     "WorkflowStartRequest",
     "check_prefix",
+    "consumer_delivery",
     "duration_seconds",
     "parse_body",
     "parse_duration",
     "reply_error",
+    "subject_matches",
 ]

@@ -23,6 +23,32 @@ def check_prefix(prefix: str) -> str:
 WORKER_QUEUE = "toolbus-workers"
 """The queue group host-tool workers subscribe in."""
 
+JS_ACK_PREFIX = "$JS.ACK."
+"""The reply subject of every message a JetStream consumer delivers."""
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """Whether `subject` is one that a subscription to `pattern` (`*` one token, `>` the rest)
+    is meant for."""
+    want, have = pattern.split("."), subject.split(".")
+    for i, token in enumerate(want):
+        if token == ">":
+            return len(have) > i
+        if i >= len(have) or (token != "*" and token != have[i]):
+            return False
+    return len(have) == len(want)
+
+
+def consumer_delivery(subscribed: str, subject: str, reply: str | None) -> bool:
+    """Whether a message on a core subscription to `subscribed` was delivered by a JetStream
+    consumer rather than published there: its reply is an ack subject, or it carries a stored
+    subject that is not one of `subscribed`. A user allowed to create a consumer on a stream (a
+    harness: on the events and the outputs, to read them) can aim its deliveries at any subject,
+    whatever it may publish on (nats-server does not check a deliver subject against the
+    creator's permissions), and an output stored by reference is the tool's own bytes: such a
+    message is never a request, a task or a result, and is dropped unread."""
+    return (reply or "").startswith(JS_ACK_PREFIX) or not subject_matches(subscribed, subject)
+
 
 @dataclass(frozen=True, slots=True)
 class Subjects:

@@ -17,7 +17,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import MaxPayloadError
 from pydantic import ValidationError
-from toolbus_contracts import WORKER_QUEUE, HostCallTask, duration_seconds
+from toolbus_contracts import WORKER_QUEUE, HostCallTask, consumer_delivery, duration_seconds
 
 from toolbus._connection import flush
 from toolbus._errors import closed_as_unavailable
@@ -159,6 +159,11 @@ class Worker:
     async def _on_task(self, msg: Msg) -> None:
         # No ack on the reply subject: it is where the result goes, and a worker user may publish
         # there once per call.
+        if consumer_delivery(self._tb.subjects.host_call(">"), msg.subject, msg.reply):
+            # Not the dispatcher's: a JetStream consumer's delivery aimed here (its bytes may be a
+            # tool output stored by reference, anyone's), never run.
+            log.warning("dropped a message a JetStream consumer delivered to the host-call subjects")
+            return
         try:
             task = HostCallTask.from_task(orjson.loads(msg.data))
         except (orjson.JSONDecodeError, ValidationError, TypeError):
