@@ -353,17 +353,18 @@ def noting_routes(fast: bool) -> Routes[Sink]:
 async def test_a_consumers_deliveries_aimed_at_a_request_subject_are_dropped(
     env: tuple[Settings, Any], fast: bool
 ) -> None:
-    """Anyone allowed to create a consumer on a stream can aim its deliveries at any subject and
-    queue group (nats-server checks no deliver subject against the creator's permissions), and a
-    stream's messages can be a caller's own bytes (a tool output stored by reference): such a
-    delivery is no request, and is dropped unread; a request on the subject is still served."""
+    """Anyone allowed to read a stream can have its messages sent to any subject and queue group:
+    a consumer's deliveries (nats-server checks no deliver subject against the creator's
+    permissions) and a direct get's answer (nor a request's reply subject), and a stream's
+    messages can be a caller's own bytes (a tool output stored by reference): such a message is
+    no request, and is dropped unread; a request on the subject is still served."""
     from nats.js.api import AckPolicy, ConsumerConfig
 
     settings, client = env
     js = client.jetstream()
     prefix = settings.subject_prefix
     stream = js_name(prefix, "STORED")
-    await ensure_stream(js, stream, [f"{prefix}.stored.>"])
+    await js.add_stream(name=stream, subjects=[f"{prefix}.stored.>"], allow_direct=True)
     bus, sink = await started(settings, noting_routes(fast))
     subject = settings.subjects._s("bus.note.fast" if fast else "bus.note")
     try:
@@ -374,6 +375,8 @@ async def test_a_consumers_deliveries_aimed_at_a_request_subject_are_dropped(
                 deliver_subject=subject, deliver_group="toolbus-bustest", ack_policy=AckPolicy.NONE
             ),
         )
+        # A direct get's answer goes to whatever reply subject the request named: the same bytes.
+        await client.publish(f"$JS.API.DIRECT.GET.{stream}", b'{"seq": 1}', reply=subject)
         info = await js.stream_info(stream)
         await asyncio.sleep(1.0)  # delivered at once, if it were taken
         assert info.state.messages == 1 and sink.applied == []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -23,7 +24,7 @@ from nats.aio.client import Client
 from toolbus import Toolbus, Worker, host_tool
 from toolbus_common.connections import ensure_object_store, ensure_stream, flush
 from toolbus_common.toolsets import Tool
-from toolbus_contracts import Subjects
+from toolbus_contracts import WORKER_QUEUE, Subjects
 from toolbus_contracts.registry import EffectivePolicy, PolicySpec
 from toolbus_devstack import free_port, start_nats_server
 from toolbus_devstack.nats_conf import dev_nkeys, render_auth_conf
@@ -397,3 +398,35 @@ async def test_nkey_users_get_the_same_permissions(tmp_path: Path) -> None:
             await nc.close()
     finally:
         server.stop()
+
+
+async def test_answers_sent_to_a_heartbeat_subject_keep_no_attempt_alive(nats_url: str) -> None:
+    """Any user can name any reply subject in a request, and nats-server (JetStream's API here)
+    answers there whatever that user may publish on: a harness can have such answers sent to a
+    call's heartbeat subject. They carry no attempt, so they are no heartbeat: the attempt of a
+    worker that went silent is still interrupted."""
+    subjects = Subjects(f"tbhb{uuid.uuid4().hex[:8]}")
+    nc = await nats.connect(nats_url)
+    try:
+        host = HostExecutor(nc, subjects)
+        await nc.subscribe(subjects.host_results, cb=host.on_result)
+        await nc.subscribe(subjects.host_heartbeats, cb=host.on_heartbeat)
+        await nc.subscribe(subjects.host_call("crm.silent"), queue=WORKER_QUEUE, cb=_ignore)
+        await flush(nc)
+        call = asyncio.create_task(host.execute(_attempt("call_hb1", _host_tool("crm.silent", "500ms"))))
+        answers = 0
+        for _ in range(40):  # 4 s of answers, far past the 500 ms heartbeat timeout
+            if call.done():
+                break
+            await nc.publish("$JS.API.INFO", b"", reply=subjects.host_heartbeat("call_hb1"))
+            answers += 1
+            await asyncio.sleep(0.1)
+        assert call.done() and answers < 30, answers  # interrupted while the answers kept coming
+        with pytest.raises(Interrupted):
+            await call
+    finally:
+        await nc.close()
+
+
+async def _ignore(msg: Any) -> None:
+    """A worker that takes the task and goes silent."""

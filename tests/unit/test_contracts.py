@@ -314,3 +314,6 @@ def test_subject_matches_as_nats_delivers_and_consumer_deliveries_are_told_apart
     assert consumer_delivery("p.workflows.publish", "$O.p_outputs.C.abc", "$JS.ACK.OBJ_p_outputs.c.1.2.2.0.0")
     assert consumer_delivery("p.workflows.publish", "p.workflows.publish", "$JS.ACK.S.c.1.1.1.0.0")
     assert consumer_delivery("p.host.call.>", "p.events.calls.r.c", None)
+    # A direct get's answer, sent to the reply subject its request named: the stored headers.
+    assert consumer_delivery("p.host.call.>", "p.host.call.t", "", {"Nats-Stream": "S", "Nats-Sequence": "2"})
+    assert not consumer_delivery("p.host.call.>", "p.host.call.t", "p.host.result.c", {"traceparent": "x"})

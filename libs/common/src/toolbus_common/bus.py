@@ -507,7 +507,9 @@ class Bus:
     ) -> Callable[[NatsMessage], Awaitable[bytes | None]]:
         async def serve(msg: NatsMessage) -> bytes | None:
             raw = msg.raw_message
-            if consumer_delivery(subject, getattr(raw, "subject", subject), msg.reply_to):
+            if consumer_delivery(
+                subject, getattr(raw, "subject", subject), msg.reply_to, getattr(raw, "headers", None)
+            ):
                 _dropped_delivery(subject)
                 return None
             body = await self._answer(entry, bound, subject, msg.body, msg.reply_to)
@@ -524,7 +526,7 @@ class Bus:
         self, entry: Entry, bound: Any, subject: str
     ) -> Callable[[Msg], Coroutine[Any, Any, None]]:
         async def serve(msg: Msg) -> None:
-            if consumer_delivery(subject, msg.subject, msg.reply):
+            if consumer_delivery(subject, msg.subject, msg.reply, msg.headers):
                 _dropped_delivery(subject)
                 return
             body = await self._answer(entry, bound, subject, msg.data, msg.reply)
@@ -555,7 +557,7 @@ class Bus:
         subscribed = entry.subject(self.subjects)
 
         async def listen(msg: Msg) -> None:
-            if consumer_delivery(subscribed, msg.subject, msg.reply):
+            if consumer_delivery(subscribed, msg.subject, msg.reply, msg.headers):
                 _dropped_delivery(subscribed)
                 return
             try:

@@ -168,7 +168,8 @@ class HostResult(WireModel):
 
 
 class HostHeartbeat(WireModel):
-    """Optional body of `host.heartbeat.<callId>`; an empty body is a heartbeat too."""
+    """Body of `host.heartbeat.<callId>`: the attempt the worker runs. An empty body is a heartbeat too;
+    any other body is not (answers anyone can have sent there carry no attempt)."""
 
     attempt: int | None = None
 

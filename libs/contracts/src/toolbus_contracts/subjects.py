@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 DEFAULT_PREFIX = "toolbus"
@@ -26,6 +27,10 @@ WORKER_QUEUE = "toolbus-workers"
 JS_ACK_PREFIX = "$JS.ACK."
 """The reply subject of every message a JetStream consumer delivers."""
 
+STORED_HEADERS = ("Nats-Stream", "Nats-Sequence", "Nats-Subject")
+"""Headers nats-server puts on a stored message it hands out by a direct get (to whatever reply
+subject the request named)."""
+
 
 def subject_matches(pattern: str, subject: str) -> bool:
     """Whether `subject` is one that a subscription to `pattern` (`*` one token, `>` the rest)
@@ -39,15 +44,20 @@ def subject_matches(pattern: str, subject: str) -> bool:
     return len(have) == len(want)
 
 
-def consumer_delivery(subscribed: str, subject: str, reply: str | None) -> bool:
-    """Whether a message on a core subscription to `subscribed` was delivered by a JetStream
-    consumer rather than published there: its reply is an ack subject, or it carries a stored
-    subject that is not one of `subscribed`. A user allowed to create a consumer on a stream (a
-    harness: on the events and the outputs, to read them) can aim its deliveries at any subject,
-    whatever it may publish on (nats-server does not check a deliver subject against the
-    creator's permissions), and an output stored by reference is the tool's own bytes: such a
-    message is never a request, a task or a result, and is dropped unread."""
-    return (reply or "").startswith(JS_ACK_PREFIX) or not subject_matches(subscribed, subject)
+def consumer_delivery(
+    subscribed: str, subject: str, reply: str | None, headers: Mapping[str, str] | None = None
+) -> bool:
+    """Whether a message on a core subscription to `subscribed` is a stored message JetStream
+    handed out rather than one published there: a consumer's delivery (its reply is an ack
+    subject, or it carries a stored subject that is not one of `subscribed`) or a direct get's
+    answer (`STORED_HEADERS`). A user allowed to read a stream (a harness: the events and the
+    outputs) can have them sent to any subject and queue group, whatever it may publish on
+    (nats-server checks neither a consumer's deliver subject nor a request's reply subject
+    against the user's permissions), and an output stored by reference is the tool's own bytes:
+    such a message is never a request, a task or a result, and is dropped unread."""
+    if (reply or "").startswith(JS_ACK_PREFIX) or not subject_matches(subscribed, subject):
+        return True
+    return bool(headers) and any(name in headers for name in STORED_HEADERS)  # type: ignore[operator]
 
 
 @dataclass(frozen=True, slots=True)

@@ -159,7 +159,7 @@ class Worker:
     async def _on_task(self, msg: Msg) -> None:
         # No ack on the reply subject: it is where the result goes, and a worker user may publish
         # there once per call.
-        if consumer_delivery(self._tb.subjects.host_call(">"), msg.subject, msg.reply):
+        if consumer_delivery(self._tb.subjects.host_call(">"), msg.subject, msg.reply, msg.headers):
             # Not the dispatcher's: a JetStream consumer's delivery aimed here (its bytes may be a
             # tool output stored by reference, anyone's), never run.
             log.warning("dropped a message a JetStream consumer delivered to the host-call subjects")

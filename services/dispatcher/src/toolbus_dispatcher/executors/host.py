@@ -67,11 +67,18 @@ class HostExecutor:
         waiter = self._waiters.get(msg.subject[self._beat_at :])
         if waiter is None:
             return
+        if msg.headers and "Status" in msg.headers:  # the server's, not a worker's
+            return
         if msg.data:
-            with contextlib.suppress(ValueError, TypeError, AttributeError):
-                attempt = orjson.loads(msg.data).get("attempt")
-                if attempt is not None and attempt != waiter.attempt:
-                    return
+            # Only the running attempt's: any user can have JetStream's or a service's answers
+            # sent here (a request's reply subject is not checked against its permissions), and
+            # those never carry it. An empty body is a heartbeat too (older workers send one).
+            try:
+                body = orjson.loads(msg.data)
+            except orjson.JSONDecodeError:
+                return
+            if not isinstance(body, dict) or body.get("attempt") != waiter.attempt:
+                return
         waiter.last_beat = time.monotonic()
 
     async def on_result(self, msg: Msg) -> None:
