@@ -113,17 +113,20 @@ DROPPED_LOG_EVERY = 60.0
 _DROPPED_LOGGED: dict[str, float] = {}
 
 
-def _dropped_delivery(subject: str) -> None:
-    """A message a JetStream consumer delivered to a core subscription (`consumer_delivery`):
-    dropped unanswered; said at most once a minute per subject."""
+def _handed_out(subscribed: str, subject: str, reply: str | None, headers: Any) -> bool:
+    """Whether a message on a core subscription is a stored one JetStream handed out
+    (`consumer_delivery`), to be dropped unanswered; said at most once a minute per subject."""
+    if not consumer_delivery(subscribed, subject, reply, headers):
+        return False
     now = time.monotonic()
-    if now - _DROPPED_LOGGED.get(subject, -DROPPED_LOG_EVERY) >= DROPPED_LOG_EVERY:
-        _DROPPED_LOGGED[subject] = now
+    if now - _DROPPED_LOGGED.get(subscribed, -DROPPED_LOG_EVERY) >= DROPPED_LOG_EVERY:
+        _DROPPED_LOGGED[subscribed] = now
         log.warning(
             "dropped a message a JetStream consumer delivered here: someone aimed a consumer's "
             "deliveries at this subject (only the first a minute is logged)",
-            extra={"subject": subject},
+            extra={"subject": subscribed},
         )
+    return True
 
 
 INTERNAL_STREAM = "INTERNAL"
@@ -507,10 +510,9 @@ class Bus:
     ) -> Callable[[NatsMessage], Awaitable[bytes | None]]:
         async def serve(msg: NatsMessage) -> bytes | None:
             raw = msg.raw_message
-            if consumer_delivery(
+            if _handed_out(
                 subject, getattr(raw, "subject", subject), msg.reply_to, getattr(raw, "headers", None)
             ):
-                _dropped_delivery(subject)
                 return None
             body = await self._answer(entry, bound, subject, msg.body, msg.reply_to)
             if body is not None and entry.kind == "deferred" and msg.reply_to:
@@ -526,8 +528,7 @@ class Bus:
         self, entry: Entry, bound: Any, subject: str
     ) -> Callable[[Msg], Coroutine[Any, Any, None]]:
         async def serve(msg: Msg) -> None:
-            if consumer_delivery(subject, msg.subject, msg.reply, msg.headers):
-                _dropped_delivery(subject)
+            if _handed_out(subject, msg.subject, msg.reply, msg.headers):
                 return
             body = await self._answer(entry, bound, subject, msg.data, msg.reply)
             if body is not None and msg.reply:
@@ -557,8 +558,7 @@ class Bus:
         subscribed = entry.subject(self.subjects)
 
         async def listen(msg: Msg) -> None:
-            if consumer_delivery(subscribed, msg.subject, msg.reply, msg.headers):
-                _dropped_delivery(subscribed)
+            if _handed_out(subscribed, msg.subject, msg.reply, msg.headers):
                 return
             try:
                 await handler(bound, msg)

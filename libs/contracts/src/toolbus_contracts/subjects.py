@@ -57,7 +57,7 @@ def consumer_delivery(
     such a message is never a request, a task or a result, and is dropped unread."""
     if (reply or "").startswith(JS_ACK_PREFIX) or not subject_matches(subscribed, subject):
         return True
-    return bool(headers) and any(name in headers for name in STORED_HEADERS)  # type: ignore[operator]
+    return headers is not None and any(name in headers for name in STORED_HEADERS)
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,21 +47,20 @@ class Feed(Generic[E]):
     """Events of one subject as they are published from now on: `await feed.next(timeout)`,
     `async for event in feed`, `await feed.close()` (or `async with`)."""
 
-    def __init__(self, model: type[E], keep: Callable[[E], bool]) -> None:
+    def __init__(self, model: type[E], keep: Callable[[E], bool], nc: NatsClient, subject: str) -> None:
         self._model = model
         self._keep = keep
         self._queue: asyncio.Queue[E] = asyncio.Queue()
         self._sub: Subscription | None = None
-        self._nc: NatsClient | None = None
-        self._subject = ""
+        self._nc = nc
+        self._subject = subject
 
     @classmethod
     async def open(cls, tb: Toolbus, subject: str, model: type[E], keep: Callable[[E], bool]) -> Feed[E]:
-        feed = cls(model, keep)
+        feed = cls(model, keep, tb.nc, subject)
         with closed_as_unavailable(subject):
             feed._sub = await tb.nc.subscribe(subject, cb=feed._on_msg)
             await flush(tb.nc)
-        feed._nc, feed._subject = tb.nc, subject
         return feed
 
     async def _on_msg(self, msg: Msg) -> None:
@@ -74,8 +73,6 @@ class Feed(Generic[E]):
         """The next event; `Timeout` when none comes within `timeout` seconds."""
         try:
             async with asyncio.timeout(timeout):
-                if self._nc is None:  # not opened: nothing will come
-                    return await self._queue.get()
                 return await next_unless_closed(self._queue, self._nc, self._subject)
         except TimeoutError:
             raise Timeout(f"No {self._model.__name__} event within {timeout:g}s.") from None

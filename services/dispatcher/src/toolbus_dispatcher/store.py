@@ -131,7 +131,7 @@ class CallStore:
         self._park: AsyncScript = redis.register_script(_load("park_call.lua"))
         self._release: AsyncScript = redis.register_script(_load("release_waiting.lua"))
         self._next: AsyncScript = redis.register_script(_load("next_attempt.lua"))
-        self._renew: AsyncScript = redis.register_script(_load("renew_leases.lua", with_admit=False))
+        self._renew: AsyncScript = redis.register_script(_load("renew_leases.lua"))
         self._reap: AsyncScript = redis.register_script(_load("reap_leases.lua"))
         self._open: AsyncScript = redis.register_script(_load("open_run.lua", with_admit=False))
         self._close: AsyncScript = redis.register_script(_load("close_run.lua"))
@@ -412,7 +412,7 @@ class CallStore:
         """Claim running calls whose lease expired; each had its attempt interrupted."""
         res = await self._reap(
             keys=[self.keys.call_leases, self.outbox],
-            args=["", self.owner, self._lease(), self._call_prefix, limit, "", ""],
+            args=[self.owner, self._lease(), self._call_prefix, limit, "", ""],
         )
         return [CallRecord.from_script(i) for i in res]
 

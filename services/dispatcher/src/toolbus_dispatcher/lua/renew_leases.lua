@@ -2,8 +2,7 @@
 -- Returns the ids of calls that are no longer ours (reaped by another replica, cancelled, done).
 -- KEYS: leases
 -- ARGV: owner, lease (seconds from now on Redis's clock), callPrefix, callId...
-local t = redis.call('TIME')
-local expiry = tonumber(t[1]) + tonumber(t[2]) / 1000000 + tonumber(ARGV[2])
+local expiry = lease_until(ARGV[2])
 local lost = {}
 for i = 4, #ARGV do
   local cid = ARGV[i]
