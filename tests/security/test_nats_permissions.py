@@ -428,5 +428,61 @@ async def test_answers_sent_to_a_heartbeat_subject_keep_no_attempt_alive(nats_ur
         await nc.close()
 
 
+async def test_answers_sent_to_a_result_subject_end_no_attempt(nats_url: str) -> None:
+    """A harness can have JetStream's or a service's answers sent to a call's bare
+    `host.result.<callId>` (call ids are in the events it reads), and a no-responders status too
+    where the server sends one there (here on the dispatcher's own connection, the worst case).
+    None of them is the worker's: the attempt goes on, and the worker's answer on its reply
+    subject, `host.result.<callId>.<token>`, ends it. The next attempt has a token of its own, so
+    a garbled late answer of the first one ends nothing either. (On the contract's one subject
+    per call, each of these ended the attempt `upstreamError` or as never sent.)"""
+    subjects = Subjects(f"tbres{uuid.uuid4().hex[:8]}")
+    nc = await nats.connect(nats_url)
+    tasks: list[Any] = []
+    got = asyncio.Event()
+
+    async def worker(msg: Any) -> None:
+        tasks.append(msg)
+        got.set()
+
+    try:
+        host = HostExecutor(nc, subjects)
+        await nc.subscribe(subjects.host_results, cb=host.on_result)
+        await nc.subscribe(subjects.host_heartbeats, cb=host.on_heartbeat)
+        await nc.subscribe(subjects.host_call("crm.slow"), queue=WORKER_QUEUE, cb=worker)
+        await flush(nc)
+        bare = subjects.host_result("call_r1")
+
+        first = asyncio.create_task(host.execute(_attempt("call_r1", _host_tool("crm.slow", "700ms"))))
+        await asyncio.wait_for(got.wait(), 10)
+        reply1 = tasks[0].reply
+        assert reply1.startswith(bare + ".") and len(reply1) == len(bare) + 33
+        await nc.publish("$JS.API.INFO", b"", reply=bare)  # JetStream's JSON answer
+        await nc.publish(f"{subjects.prefix}.nobody.listens", b"", reply=bare)  # Status: 503
+        for body in (b"not json", b"[1]", b'{"output": 1}', b'{"attempt": "1"}'):
+            await nc.publish(bare, body)
+        await flush(nc)
+        await asyncio.sleep(0.3)
+        assert not first.done()
+        with pytest.raises(Interrupted) as missed:  # the worker never heartbeat: interrupted
+            await asyncio.wait_for(first, 10)
+        assert missed.value.error.code == "timeout"
+
+        got.clear()
+        second = asyncio.create_task(host.execute(_attempt("call_r1", _host_tool("crm.slow"), 2)))
+        await asyncio.wait_for(got.wait(), 10)
+        reply2 = tasks[1].reply
+        assert reply2 != reply1 and reply2.startswith(bare + ".")
+        await nc.publish(reply1, b"garbled, from the first attempt's worker")
+        await nc.publish(reply1, json.dumps({"attempt": 2, "output": "not its own"}).encode())
+        await flush(nc)
+        await asyncio.sleep(0.3)
+        assert not second.done()
+        await nc.publish(reply2, json.dumps({"attempt": 2, "output": {"name": "ok"}}).encode())
+        assert await asyncio.wait_for(second, 10) == {"name": "ok"}
+    finally:
+        await nc.close()
+
+
 async def _ignore(msg: Any) -> None:
     """A worker that takes the task and goes silent."""

@@ -112,10 +112,10 @@ async def _run_through(prefix: str, secure_dir: Path) -> None:
         # The worker serves a host tool in the workers' queue group.
         async def serve(msg: Any) -> None:
             task = json.loads(msg.data)
-            # The reply subject is host.result.<callId>: the worker may publish there once.
-            assert msg.reply == f"{p}.host.result.{task['callId']}"
+            # The reply subject is host.result.<callId>.<token>: the worker may publish there once.
+            assert msg.reply.startswith(f"{p}.host.result.{task['callId']}.")
             out = {"attempt": task["attempt"], "output": {"name": f"customer {task['input']['id']}"}}
-            await worker.publish(f"{p}.host.result.{task['callId']}", json.dumps(out).encode())
+            await worker.publish(msg.reply, json.dumps(out).encode())
 
         await worker.subscribe(f"{p}.host.call.crm.lookup", queue="toolbus-workers", cb=serve)
         # The approver approves whatever is requested.

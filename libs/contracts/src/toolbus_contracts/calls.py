@@ -160,7 +160,7 @@ class HostResultError(WireModel):
 
 
 class HostResult(WireModel):
-    """A worker's result on `host.result.<callId>`: output or error, for one attempt."""
+    """A worker's result on `host.result.<callId>.<token>`: output or error, for one attempt."""
 
     attempt: int
     output: Any = None

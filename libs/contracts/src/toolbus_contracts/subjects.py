@@ -167,8 +167,11 @@ class Subjects:
     def host_heartbeat(self, call_id: str) -> str:
         return self._s(f"host.heartbeat.{call_id}")
 
-    def host_result(self, call_id: str) -> str:
-        return self._s(f"host.result.{call_id}")
+    def host_result(self, call_id: str, token: str | None = None) -> str:
+        """Where a host call's result goes: the task's reply subject, `host.result.<callId>.<token>`
+        with the attempt's own token (nobody but the worker the task went to learns it), or the
+        bare `host.result.<callId>` of the contract, for workers that publish there themselves."""
+        return self._s(f"host.result.{call_id}" if token is None else f"host.result.{call_id}.{token}")
 
     @property
     def host_heartbeats(self) -> str:
@@ -176,7 +179,7 @@ class Subjects:
 
     @property
     def host_results(self) -> str:
-        return self._s("host.result.*")
+        return self._s("host.result.>")
 
     # Internal: service to service. Captured by the INTERNAL JetStream stream so that a command
     # sent while its consumer is down is delivered when it is back.

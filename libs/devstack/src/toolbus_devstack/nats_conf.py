@@ -127,8 +127,8 @@ def roles(prefix: str = "toolbus") -> list[Role]:
             "worker",
             f"serve host tools in the queue group {WORKER_QUEUE}; heartbeats; one result per call "
             "it was sent (the call's reply subject)",
-            # No `host.result.*` here: each host call comes with reply subject
-            # `host.result.<callId>`, which allow_responses lets this connection publish once.
+            # No `host.result.>` here: each host call comes with reply subject
+            # `host.result.<callId>.<token>`, which allow_responses lets this connection publish once.
             publish=[s.host_heartbeats],
             subscribe=[f"{s.host_call('>')} {WORKER_QUEUE}"],
             allow_responses=True,

@@ -38,10 +38,11 @@ class Worker:
     Each attempt gets heartbeats on `host.heartbeat.<callId>` every quarter of its
     `heartbeatTimeout` from the moment it arrives (also while it waits for one of the
     `concurrency` slots), and one result: the output, or the exception's message as the error. The
-    result goes to the task's reply subject, which the dispatcher sets to `host.result.<callId>`
-    (a worker whose NATS user has `allow_responses` and no other permission on `host.result.>`, as
-    in deploy/nats/, can publish there once, and only for calls it was sent); with no such reply
-    subject, to `host.result.<callId>` itself.
+    result goes to the task's reply subject, which the dispatcher sets to
+    `host.result.<callId>.<token>`, a token per attempt (a worker whose NATS user has
+    `allow_responses` and no other permission on `host.result.>`, as in deploy/nats/, can publish
+    there once, and only for calls it was sent); with no such reply subject, to
+    `host.result.<callId>` itself.
 
     On `stop()` (SIGTERM under `run()`) the worker unsubscribes, so new calls go to other workers,
     and waits up to `grace` seconds for the calls it holds; any still running then are cancelled

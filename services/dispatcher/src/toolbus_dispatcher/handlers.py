@@ -108,7 +108,8 @@ routes.event(
     lambda s: s.host_call("{tool}"),
     HostCallTask,
     "One attempt of a host-tool call, a request to the workers' queue group `toolbus-workers` "
-    "with reply subject `host.result.<callId>`: the worker's result is its reply.",
+    "with reply subject `host.result.<callId>.<token>` (a token per attempt): the worker's result "
+    "is its reply.",
 )
 routes.event(
     lambda s: s.workflows_start("{name}"),

@@ -1,17 +1,26 @@
 """Host tools: each attempt is a `HostCallTask` for the workers of the queue group
-`toolbus-workers`; the worker heartbeats on `host.heartbeat.<callId>` and answers on
-`host.result.<callId>`.
+`toolbus-workers`; the worker heartbeats on `host.heartbeat.<callId>` and answers on the task's
+reply subject, `host.result.<callId>.<token>`.
 
 One wildcard subscription per process for heartbeats and one for results route messages to the
 attempt waiting here; a message for an attempt that is not current is dropped. A heartbeat missing
 for `heartbeatTimeout` interrupts the attempt.
 
-The task is published with reply subject `host.result.<callId>`: the worker's result is its reply.
-That is what lets the NATS `worker` user (deploy/nats/) answer only the calls it was sent, once
-each (`allow_responses`, no publish permission on `host.result.>`). It also keeps "no responders"
-known at once: with no worker subscribed the server sends a status 503 to the reply subject, on
-this connection's own `host.result.*` subscription only (`subForReply` in nats-server), and the
-attempt was never sent.
+The task is published with reply subject `host.result.<callId>.<token>`, a token of its own for
+each attempt: the worker's result is its reply. That is what lets the NATS `worker` user
+(deploy/nats/) answer only the calls it was sent, once each (`allow_responses`, no publish
+permission on `host.result.>`). It also keeps "no responders" known at once: with no worker
+subscribed the server sends a status 503 to the reply subject, on this connection's own
+`host.result.>` subscription only (`subForReply` in nats-server), and the attempt was never sent.
+
+The token is what tells the worker's answer from anyone else's. Any user can have a service's or
+JetStream's answer published on any subject by naming it as a request's reply subject, and call ids
+are in the events every harness reads, but only the worker the task went to learns the token. So
+what arrives on the token subject is the worker's: a result that is not one ends the attempt
+`upstreamError`, a 503 means it was never sent. On the bare `host.result.<callId>` of the contract
+(a worker that publishes there itself, on a NATS without the permissions) only a well-formed result
+of the running attempt counts; anything else there is dropped. A late answer of an earlier attempt,
+on that attempt's token, is dropped too.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +58,8 @@ class _Malformed:
 @dataclass(slots=True)
 class _Waiter:
     attempt: int
+    token: str
+    """This attempt's part of its reply subject: `host.result.<callId>.<token>`."""
     result: asyncio.Future[dict[str, Any] | _Malformed | None]
     """The worker's result; None: no worker was subscribed (the task never left)."""
     last_beat: float = field(default_factory=time.monotonic)
@@ -82,20 +94,27 @@ class HostExecutor:
         waiter.last_beat = time.monotonic()
 
     async def on_result(self, msg: Msg) -> None:
-        waiter = self._waiters.get(msg.subject[self._result_at :])
+        call_id, _, token = msg.subject[self._result_at :].partition(".")
+        waiter = self._waiters.get(call_id)
         if waiter is None or waiter.result.done():
             return
+        if token and token != waiter.token:  # an earlier attempt's, come late (or a guess)
+            return
+        ours = bool(token)  # on the reply subject only the worker the task went to knows
         if msg.headers and msg.headers.get("Status") == NO_RESPONDERS:
-            waiter.result.set_result(None)
+            if ours:
+                waiter.result.set_result(None)
             return
         try:
             body = orjson.loads(msg.data)
         except orjson.JSONDecodeError:  # NaN and 1e400 too: JSON has no such numbers
-            waiter.result.set_result(_Malformed("JSON"))
+            if ours:
+                waiter.result.set_result(_Malformed("JSON"))
             return
         attempt = body.get("attempt") if isinstance(body, dict) else None
         if type(attempt) is not int:
-            waiter.result.set_result(_Malformed('a JSON object with an integer "attempt"'))
+            if ours:
+                waiter.result.set_result(_Malformed('a JSON object with an integer "attempt"'))
         elif attempt == waiter.attempt:
             waiter.result.set_result(body)
         # else: the result of an earlier attempt, come late: dropped
@@ -116,13 +135,14 @@ class HostExecutor:
         }
         if attempt.tool.policy.timeout is not None:  # left out when none: older workers forbid it
             task["timeout"] = attempt.tool.policy.timeout
-        waiter = _Waiter(attempt.number, asyncio.get_running_loop().create_future())
+        token = os.urandom(16).hex()
+        waiter = _Waiter(attempt.number, token, asyncio.get_running_loop().create_future())
         self._waiters[call.call_id] = waiter
         try:
             await self._nc.publish(
                 self._subjects.host_call(attempt.tool.name),
                 orjson.dumps(task),
-                reply=self._subjects.host_result(call.call_id),
+                reply=self._subjects.host_result(call.call_id, token),
             )
             while True:
                 remaining = waiter.last_beat + hb - time.monotonic()
