@@ -367,6 +367,12 @@ async def test_a_consumers_deliveries_aimed_at_a_request_subject_are_dropped(
     await js.add_stream(name=stream, subjects=[f"{prefix}.stored.>"], allow_direct=True)
     bus, sink = await started(settings, noting_routes(fast))
     subject = settings.subjects._s("bus.note.fast" if fast else "bus.note")
+    acks: list[str] = []
+
+    async def on_ack(msg: Any) -> None:
+        acks.append(msg.subject)
+
+    acked = await client.subscribe("$JS.ACK.>", cb=on_ack)
     try:
         await js.publish(f"{prefix}.stored.x", json.dumps({"id": "forged"}).encode())
         await js.add_consumer(
@@ -380,8 +386,12 @@ async def test_a_consumers_deliveries_aimed_at_a_request_subject_are_dropped(
         info = await js.stream_info(stream)
         await asyncio.sleep(1.0)  # delivered at once, if it were taken
         assert info.state.messages == 1 and sink.applied == []
+        # Nothing answered either: an empty reply to the $JS.ACK. subject is refused under the
+        # secured configuration (a permissions warning each time in the service's log).
+        assert [a for a in acks if f".{stream}." in a] == []
         assert await request(client, subject, {"id": "real"}) == {"ok": True, "data": {"text": "real"}}
         assert sink.applied == ["real"]
     finally:
+        await acked.unsubscribe()
         await stopped(bus)
         await js.delete_stream(stream)

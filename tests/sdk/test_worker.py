@@ -274,11 +274,14 @@ async def test_fields_a_newer_dispatcher_adds_are_ignored_and_nan_is_no_output(t
         await sub.unsubscribe()
 
 
-async def test_a_consumers_delivery_aimed_at_the_workers_is_never_run(tb: Toolbus) -> None:
+async def test_a_consumers_delivery_aimed_at_the_workers_is_never_run(
+    tb: Toolbus, caplog: pytest.LogCaptureFixture
+) -> None:
     """A harness may create consumers on the streams it reads, and nats-server does not check
     where their deliveries go: a stored message (here a task written into a stream of the test's
     own; in the attack, a stored output's chunk) aimed at a tool's subject and the workers' queue
-    group is dropped by the worker, while the dispatcher's own task on that subject is served."""
+    group is dropped by the worker, while the dispatcher's own task on that subject is served.
+    A flood of them is logged once (a minute)."""
     from nats.js.api import AckPolicy, ConsumerConfig
     from toolbus_contracts import WORKER_QUEUE
 
@@ -317,7 +320,8 @@ async def test_a_consumers_delivery_aimed_at_the_workers_is_never_run(tb: Toolbu
 
     try:
         async with Worker(tb, tools=[sink]):
-            await js.publish(s._s("stored.x"), task("c_forged", "forged"))
+            for n in range(3):
+                await js.publish(s._s("stored.x"), task(f"c_forged{n}", "forged"))
             await js.add_consumer(
                 stream,
                 config=ConsumerConfig(
@@ -328,6 +332,8 @@ async def test_a_consumers_delivery_aimed_at_the_workers_is_never_run(tb: Toolbu
             )
             await asyncio.sleep(1.0)  # delivered at once, if it were taken
             assert ran == []
+            dropped = [r for r in caplog.records if "JetStream consumer delivered" in r.getMessage()]
+            assert len(dropped) == 1, dropped
             await tb.nc.publish(
                 s.host_call("odd.sink"), task("c_real", "real"), reply=s.host_result("c_real")
             )

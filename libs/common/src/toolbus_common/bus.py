@@ -513,6 +513,10 @@ class Bus:
             if _handed_out(
                 subject, getattr(raw, "subject", subject), msg.reply_to, getattr(raw, "headers", None)
             ):
+                # FastStream answers a None result with an empty message to the reply subject,
+                # here a `$JS.ACK.` one (refused under the secured configuration, a warning each):
+                # with no reply subject it sends nothing.
+                msg.reply_to = ""
                 return None
             body = await self._answer(entry, bound, subject, msg.body, msg.reply_to)
             if body is not None and entry.kind == "deferred" and msg.reply_to:

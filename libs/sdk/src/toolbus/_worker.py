@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
 from collections.abc import Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,9 @@ if TYPE_CHECKING:
     from toolbus._client import Toolbus
 
 log = logging.getLogger("toolbus.worker")
+
+DROPPED_LOG_EVERY = 60.0
+"""Seconds between warnings of dropped consumer deliveries (a flood logs once)."""
 
 
 class Worker:
@@ -71,6 +75,7 @@ class Worker:
         self._slots = asyncio.Semaphore(concurrency)
         self._subs: list[Subscription] = []
         self._tasks: set[asyncio.Task[None]] = set()
+        self._dropped_logged = -DROPPED_LOG_EVERY
         self._stopped = asyncio.Event()
         self.ready = asyncio.Event()
         """Set once the server holds every subscription (`start()` returned)."""
@@ -162,8 +167,14 @@ class Worker:
         # there once per call.
         if consumer_delivery(self._tb.subjects.host_call(">"), msg.subject, msg.reply, msg.headers):
             # Not the dispatcher's: a JetStream consumer's delivery aimed here (its bytes may be a
-            # tool output stored by reference, anyone's), never run.
-            log.warning("dropped a message a JetStream consumer delivered to the host-call subjects")
+            # tool output stored by reference, anyone's), never run; a flood logs once a minute.
+            now = time.monotonic()
+            if now - self._dropped_logged >= DROPPED_LOG_EVERY:
+                self._dropped_logged = now
+                log.warning(
+                    "dropped a message a JetStream consumer delivered to the host-call subjects "
+                    "(only the first a minute is logged)"
+                )
             return
         try:
             task = HostCallTask.from_task(orjson.loads(msg.data))
