@@ -274,6 +274,55 @@ async def test_fields_a_newer_dispatcher_adds_are_ignored_and_nan_is_no_output(t
         await sub.unsubscribe()
 
 
+async def test_a_call_given_up_by_the_dispatcher_is_stopped_on_the_worker(tb: Toolbus) -> None:
+    """`runs.close` ends a running host call `cancelled`; the dispatcher then says so on the
+    attempt's `host.cancel.<callId>.<token>` and the worker stops the tool and sends nothing (it
+    used to run on to the end, holding a slot, its result dropped). A cancel with another token
+    or another attempt number stops nothing."""
+    started = asyncio.Event()
+    seen: list[str] = []
+
+    @host_tool(name="cancel.wait")
+    async def wait_forever() -> str:
+        started.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+        return "never"
+
+    s = tb.subjects
+    tasks: asyncio.Queue[Any] = asyncio.Queue()
+
+    async def copy(msg: Any) -> None:  # not in the queue group: a copy of each task
+        tasks.put_nowait(msg)
+
+    watch = await tb.nc.subscribe(s.host_call("cancel.wait"), cb=copy)
+    toolset = await tb.toolsets.create(host=[wait_forever])
+    try:
+        async with Worker(tb, tools=[wait_forever]) as worker:
+            run = await tb.runs.open(toolset)
+            handle = await run.start("cancel.wait", {})
+            await asyncio.wait_for(started.wait(), 10)
+            task = await asyncio.wait_for(tasks.get(), 10)
+            token = task.reply.rsplit(".", 1)[1]
+            await tb.nc.publish(s.host_cancel(handle.call_id, "0" * 32), b'{"attempt": 1}')
+            await tb.nc.publish(s.host_cancel(handle.call_id, token), b'{"attempt": 2}')
+            await tb.nc.publish(s.host_cancel(handle.call_id, token), b"not json")
+            await tb.nc.flush()
+            await asyncio.sleep(0.3)
+            assert seen == [] and worker.in_flight == 1
+            assert await run.close() == 1
+            await until(lambda: worker.cancelled == 1, "the worker stopped the call")
+            assert seen == ["cancelled"] and worker.in_flight == 0 and worker.completed == 0
+            status = await handle.status()
+            assert status.state == "done" and status.result is not None
+            assert status.result.error is not None and status.result.error.code == "cancelled"
+    finally:
+        await watch.unsubscribe()
+
+
 async def test_a_consumers_delivery_aimed_at_the_workers_is_never_run(
     tb: Toolbus, caplog: pytest.LogCaptureFixture
 ) -> None:

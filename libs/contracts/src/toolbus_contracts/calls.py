@@ -167,6 +167,13 @@ class HostResult(WireModel):
     error: HostResultError | None = None
 
 
+class HostCancel(WireModel):
+    """Body of `host.cancel.<callId>.<token>`: the attempt the dispatcher gave up (the run was
+    closed, the call moved or timed out, its heartbeats stopped); its result would be dropped."""
+
+    attempt: int
+
+
 class HostHeartbeat(WireModel):
     """Body of `host.heartbeat.<callId>`: the attempt the worker runs. An empty body is a heartbeat too;
     any other body is not (answers anyone can have sent there carry no attempt)."""

@@ -130,7 +130,7 @@ def roles(prefix: str = "toolbus") -> list[Role]:
             # No `host.result.>` here: each host call comes with reply subject
             # `host.result.<callId>.<token>`, which allow_responses lets this connection publish once.
             publish=[s.host_heartbeats],
-            subscribe=[f"{s.host_call('>')} {WORKER_QUEUE}"],
+            subscribe=[f"{s.host_call('>')} {WORKER_QUEUE}", s.host_cancels],
             allow_responses=True,
         ),
         Role(
@@ -175,6 +175,7 @@ def roles(prefix: str = "toolbus") -> list[Role]:
                 s.internal_runs_closed,
                 s.internal_dead_letters,
                 s.host_call(">"),
+                s.host_cancels,
                 s.workflows_start(">"),
                 *js_own(events),
                 *js_own(internal),

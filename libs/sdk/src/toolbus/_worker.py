@@ -18,7 +18,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import MaxPayloadError
 from pydantic import ValidationError
-from toolbus_contracts import WORKER_QUEUE, HostCallTask, consumer_delivery, duration_seconds
+from toolbus_contracts import WORKER_QUEUE, HostCallTask, HostCancel, consumer_delivery, duration_seconds
 
 from toolbus._connection import flush
 from toolbus._errors import closed_as_unavailable
@@ -75,6 +75,11 @@ class Worker:
         self._slots = asyncio.Semaphore(concurrency)
         self._subs: list[Subscription] = []
         self._tasks: set[asyncio.Task[None]] = set()
+        self._running: dict[str, tuple[int, asyncio.Task[None]]] = {}
+        """Attempts by their cancel subject (`host.cancel.<callId>.<token>`): number and task."""
+        self._given_up: set[str] = set()
+        """Cancel subjects of attempts being stopped because the dispatcher gave them up."""
+        self._cancel_sub: Subscription | None = None
         self._dropped_logged = -DROPPED_LOG_EVERY
         self._stopped = asyncio.Event()
         self.ready = asyncio.Event()
@@ -83,6 +88,8 @@ class Worker:
         """Attempts answered since start (results published)."""
         self.handed_back = 0
         """Attempts given up at the last stop (still running after `grace`)."""
+        self.cancelled = 0
+        """Attempts stopped because the dispatcher gave them up (`host.cancel`): no result sent."""
 
     @property
     def in_flight(self) -> int:
@@ -91,6 +98,9 @@ class Worker:
 
     async def start(self) -> None:
         """Subscribe to every tool's subject; returns once the server has the subscriptions."""
+        cancels = self._tb.subjects.host_cancels
+        with closed_as_unavailable(cancels):
+            self._cancel_sub = await self._tb.nc.subscribe(cancels, cb=self._on_cancel)
         for name in self.tools:
             subject = self._tb.subjects.host_call(name)
             with closed_as_unavailable(subject):
@@ -117,6 +127,10 @@ class Worker:
                 task.cancel()
             if pending:
                 await asyncio.wait(pending)
+        if self._cancel_sub is not None:  # kept through the grace: attempts held may be given up
+            with contextlib.suppress(Exception):
+                await self._cancel_sub.unsubscribe()
+            self._cancel_sub = None
         with contextlib.suppress(Exception):
             await flush(self._tb.nc)
         self._stopped.set()
@@ -185,11 +199,40 @@ class Worker:
         # An older dispatcher sends the task as a request with an inbox reply subject: answer on
         # host.result.<callId> then, as the contract says.
         reply = msg.reply if msg.reply.startswith(result_prefix) else result_prefix + task.call_id
-        job = asyncio.create_task(self._serve(task, reply))
+        # The attempt's token (in a current dispatcher's reply subject) names where it is cancelled.
+        token = reply[len(result_prefix) + len(task.call_id) + 1 :]
+        own = reply.startswith(result_prefix + task.call_id + ".") and token.isalnum()
+        cancel = self._tb.subjects.host_cancel(task.call_id, token) if own else None
+        job = asyncio.create_task(self._serve(task, reply, cancel))
         self._tasks.add(job)
         job.add_done_callback(self._tasks.discard)
+        if cancel is not None:
+            self._running[cancel] = (task.attempt, job)
+            job.add_done_callback(lambda _: self._forget(cancel, job))
 
-    async def _serve(self, task: HostCallTask, reply: str) -> None:
+    def _forget(self, cancel: str, job: asyncio.Task[None]) -> None:
+        if self._running.get(cancel, (0, None))[1] is job:
+            del self._running[cancel]
+        self._given_up.discard(cancel)
+
+    async def _on_cancel(self, msg: Msg) -> None:
+        """The dispatcher gave an attempt up (run closed, call moved, heartbeats missed, its
+        timeout): stop running it, send nothing."""
+        running = self._running.get(msg.subject)
+        if running is None or consumer_delivery(
+            self._tb.subjects.host_cancels, msg.subject, msg.reply, msg.headers
+        ):
+            return
+        try:
+            attempt = HostCancel.model_validate_json(msg.data).attempt
+        except ValidationError:
+            return
+        number, job = running
+        if attempt == number and not job.done():
+            self._given_up.add(msg.subject)
+            job.cancel()
+
+    async def _serve(self, task: HostCallTask, reply: str, cancel: str | None = None) -> None:
         limit = duration_seconds(task.timeout) if task.timeout is not None else None
         deadline = None if limit is None else asyncio.get_running_loop().time() + limit
         beat = asyncio.create_task(self._heartbeat(task))
@@ -197,8 +240,12 @@ class Worker:
         try:
             async with asyncio.timeout_at(deadline) as budget:
                 result = await self._attempt(task)
-        except asyncio.CancelledError:  # stop(): handed back, its heartbeats stop
-            log.info("handed back call %s attempt %d", task.call_id, task.attempt)
+        except asyncio.CancelledError:
+            if cancel is not None and cancel in self._given_up:  # host.cancel: nothing to answer
+                self.cancelled += 1
+                log.info("stopped call %s attempt %d: the dispatcher gave it up", task.call_id, task.attempt)
+                return
+            log.info("handed back call %s attempt %d", task.call_id, task.attempt)  # stop()
             raise
         except TimeoutError:
             if not budget.expired():

@@ -16,6 +16,7 @@ from toolbus_contracts import (
     CallStartReply,
     CallStartRequest,
     HostCallTask,
+    HostCancel,
     HostHeartbeat,
     HostResult,
     RunCloseReply,
@@ -110,6 +111,13 @@ routes.event(
     "One attempt of a host-tool call, a request to the workers' queue group `toolbus-workers` "
     "with reply subject `host.result.<callId>.<token>` (a token per attempt): the worker's result "
     "is its reply.",
+)
+routes.event(
+    lambda s: s.host_cancel("{callId}", "{token}"),
+    HostCancel,
+    "An attempt the dispatcher gave up without its result (the run closed, the call moved, its "
+    "heartbeats or its timeout ran out): its worker should stop it; the token is the one of the "
+    "attempt's reply subject.",
 )
 routes.event(
     lambda s: s.workflows_start("{name}"),

@@ -21,6 +21,11 @@ what arrives on the token subject is the worker's: a result that is not one ends
 (a worker that publishes there itself, on a NATS without the permissions) only a well-formed result
 of the running attempt counts; anything else there is dropped. A late answer of an earlier attempt,
 on that attempt's token, is dropped too.
+
+An attempt given up here without its result (the run was closed, the call moved to another
+replica, its heartbeats stopped, its timeout passed, the dispatcher stops) is announced on
+`host.cancel.<callId>.<token>`, so that its worker stops running a call whose result would be
+dropped; a worker that does not listen there runs it to the end, as before.
 """
 
 from __future__ import annotations
@@ -119,6 +124,13 @@ class HostExecutor:
             waiter.result.set_result(body)
         # else: the result of an earlier attempt, come late: dropped
 
+    async def _cancel(self, call_id: str, token: str, attempt: int) -> None:
+        """Tell the worker of an attempt given up here to stop it (at most once, no answer)."""
+        try:
+            await self._nc.publish(self._subjects.host_cancel(call_id, token), b'{"attempt":%d}' % attempt)
+        except Exception as exc:  # closed or draining: the worker's result is dropped all the same
+            log.debug("could not announce a given-up host attempt", extra={"error": type(exc).__name__})
+
     async def execute(self, attempt: Attempt) -> Any:
         call = attempt.call
         hb = duration_seconds(attempt.tool.policy.heartbeat_timeout)
@@ -138,6 +150,7 @@ class HostExecutor:
         token = os.urandom(16).hex()
         waiter = _Waiter(attempt.number, token, asyncio.get_running_loop().create_future())
         self._waiters[call.call_id] = waiter
+        answered = False
         try:
             await self._nc.publish(
                 self._subjects.host_call(attempt.tool.name),
@@ -156,9 +169,12 @@ class HostExecutor:
                 with contextlib.suppress(TimeoutError):
                     body = await asyncio.wait_for(asyncio.shield(waiter.result), remaining)
                     break
+            answered = True
         finally:
             if self._waiters.get(call.call_id) is waiter:
                 del self._waiters[call.call_id]
+            if not answered:
+                await self._cancel(call.call_id, token, attempt.number)
         if body is None:
             raise Interrupted(
                 UpstreamUnreachable(f"No worker is subscribed for host tool '{attempt.tool.name}'."),
