@@ -145,3 +145,27 @@ def test_service_process_waits_for_readyz_and_stops_the_process(tmp_path: Path) 
         assert svc.env["TOOLBUS_HTTP_PORT"] == str(svc.port)  # bound here, served by the child
         assert http_status(svc.ready_url) == 200
     assert svc.proc.returncode is not None
+
+
+def test_a_nats_server_at_least_a_version_is_preferred(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The secured stack asks for nats-server 2.9.15 or newer when it has a choice: on PATH an old
+    one (a stand-in printing 2.9.10), in the venv a newer one (2.15.1): the newer is taken, and
+    without the bound the one on PATH, as before."""
+    from toolbus_devstack import servers
+
+    def fake(directory: Path, version: str) -> Path:
+        directory.mkdir()
+        binary = directory / "nats-server"
+        binary.write_text(f"#!/bin/sh\necho 'nats-server: v{version}'\n")
+        binary.chmod(0o755)
+        return binary
+
+    old, new = fake(tmp_path / "path", "2.9.10"), fake(tmp_path / "venv", "2.15.1")
+    monkeypatch.setenv("PATH", str(old.parent))
+    monkeypatch.setattr(servers, "_wheel_nats_servers", lambda: [str(new)])
+    assert servers.nats_server_version(str(old)) == (2, 9, 10)
+    assert servers.find_nats_server() == str(old)
+    assert servers.find_nats_server(at_least=(2, 9, 15)) == str(new)
+    assert servers.find_nats_server(at_least=(3, 0, 0)) == str(old)  # none is: the first, as before

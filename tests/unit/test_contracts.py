@@ -316,4 +316,7 @@ def test_subject_matches_as_nats_delivers_and_consumer_deliveries_are_told_apart
     assert consumer_delivery("p.host.call.>", "p.events.calls.r.c", None)
     # A direct get's answer, sent to the reply subject its request named: the stored headers.
     assert consumer_delivery("p.host.call.>", "p.host.call.t", "", {"Nats-Stream": "S", "Nats-Sequence": "2"})
+    # nats-server 2.10+'s no-responders status names the subject nobody serves: not a stored message
+    no_responders = {"Status": "503", "Nats-Subject": "p.host.call.t"}
+    assert not consumer_delivery("p.host.result.>", "p.host.result.c.t", None, no_responders)
     assert not consumer_delivery("p.host.call.>", "p.host.call.t", "p.host.result.c", {"traceparent": "x"})

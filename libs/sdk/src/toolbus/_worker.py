@@ -39,7 +39,7 @@ class Worker:
         async with await Toolbus.connect() as tb:
             await Worker(tb, tools=[find_customer]).run()     # until SIGTERM / SIGINT
 
-    Each attempt gets heartbeats on `host.heartbeat.<callId>` every quarter of its
+    Each attempt gets heartbeats on `host.heartbeat.<callId>.<token>` every quarter of its
     `heartbeatTimeout` from the moment it arrives (also while it waits for one of the
     `concurrency` slots), and one result: the output, or the exception's message as the error. The
     result goes to the task's reply subject, which the dispatcher sets to
@@ -200,10 +200,11 @@ class Worker:
         # host.result.<callId> then, as the contract says.
         reply = msg.reply if msg.reply.startswith(result_prefix) else result_prefix + task.call_id
         # The attempt's token (in a current dispatcher's reply subject) names where it is cancelled.
-        token = reply[len(result_prefix) + len(task.call_id) + 1 :]
-        own = reply.startswith(result_prefix + task.call_id + ".") and token.isalnum()
-        cancel = self._tb.subjects.host_cancel(task.call_id, token) if own else None
-        job = asyncio.create_task(self._serve(task, reply, cancel))
+        token: str | None = reply[len(result_prefix) + len(task.call_id) + 1 :]
+        if not (reply.startswith(result_prefix + task.call_id + ".") and token and token.isalnum()):
+            token = None
+        cancel = self._tb.subjects.host_cancel(task.call_id, token) if token else None
+        job = asyncio.create_task(self._serve(task, reply, token))
         self._tasks.add(job)
         job.add_done_callback(self._tasks.discard)
         if cancel is not None:
@@ -232,10 +233,11 @@ class Worker:
             self._given_up.add(msg.subject)
             job.cancel()
 
-    async def _serve(self, task: HostCallTask, reply: str, cancel: str | None = None) -> None:
+    async def _serve(self, task: HostCallTask, reply: str, token: str | None = None) -> None:
+        cancel = self._tb.subjects.host_cancel(task.call_id, token) if token else None
         limit = duration_seconds(task.timeout) if task.timeout is not None else None
         deadline = None if limit is None else asyncio.get_running_loop().time() + limit
-        beat = asyncio.create_task(self._heartbeat(task))
+        beat = asyncio.create_task(self._heartbeat(task, token))
         result: dict[str, Any]
         try:
             async with asyncio.timeout_at(deadline) as budget:
@@ -297,9 +299,11 @@ class Worker:
                 log.info("host tool %s failed on call %s: %s", task.tool, task.call_id, type(exc).__name__)
                 return {"attempt": task.attempt, "error": {"message": str(exc) or type(exc).__name__}}
 
-    async def _heartbeat(self, task: HostCallTask) -> None:
+    async def _heartbeat(self, task: HostCallTask, token: str | None) -> None:
+        """On the attempt's own `host.heartbeat.<callId>.<token>` (an older dispatcher, which sent
+        no token: the bare subject), with the attempt in the body either way."""
         every = max(0.05, duration_seconds(task.heartbeat_timeout) / 4)
-        subject = self._tb.subjects.host_heartbeat(task.call_id)
+        subject = self._tb.subjects.host_heartbeat(task.call_id, token)
         body = orjson.dumps({"attempt": task.attempt})
         while True:
             with contextlib.suppress(Exception):

@@ -1,6 +1,6 @@
 """Host tools: each attempt is a `HostCallTask` for the workers of the queue group
-`toolbus-workers`; the worker heartbeats on `host.heartbeat.<callId>` and answers on the task's
-reply subject, `host.result.<callId>.<token>`.
+`toolbus-workers`; the worker heartbeats on `host.heartbeat.<callId>.<token>` and answers on the
+task's reply subject, `host.result.<callId>.<token>`.
 
 One wildcard subscription per process for heartbeats and one for results route messages to the
 attempt waiting here; a message for an attempt that is not current is dropped. A heartbeat missing
@@ -20,7 +20,9 @@ what arrives on the token subject is the worker's: a result that is not one ends
 `upstreamError`, a 503 means it was never sent. On the bare `host.result.<callId>` of the contract
 (a worker that publishes there itself, on a NATS without the permissions) only a well-formed result
 of the running attempt counts; anything else there is dropped. A late answer of an earlier attempt,
-on that attempt's token, is dropped too.
+on that attempt's token, is dropped too. Heartbeats the same way: on `host.heartbeat.<callId>.<token>`
+an empty body or the running attempt, on the bare `host.heartbeat.<callId>` only the running
+attempt (JetStream answers an ack sent with a reply subject with an empty, header-less message).
 
 An attempt given up here without its result (the run was closed, the call moved to another
 replica, its heartbeats stopped, its timeout passed, the dispatcher stops) is announced on
@@ -53,6 +55,10 @@ NO_RESPONDERS = "503"
 publish that reached no subscriber."""
 
 
+BARE_LOG_EVERY = 60.0
+"""Seconds between warnings of messages on the bare result subject that are not results."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Malformed:
     """A result the worker sent that is not one: what is wrong with it."""
@@ -79,17 +85,22 @@ class HostExecutor:
         self._waiters: dict[str, _Waiter] = {}
         self._result_at = len(subjects.host_result(""))
         self._beat_at = len(subjects.host_heartbeat(""))
+        self._bare_logged = -BARE_LOG_EVERY
 
     async def on_heartbeat(self, msg: Msg) -> None:
-        waiter = self._waiters.get(msg.subject[self._beat_at :])
+        call_id, _, token = msg.subject[self._beat_at :].partition(".")
+        waiter = self._waiters.get(call_id)
         if waiter is None:
             return
         if msg.headers and "Status" in msg.headers:  # the server's, not a worker's
             return
-        if msg.data:
+        if token and token != waiter.token:
+            return
+        if msg.data or not token:
             # Only the running attempt's: any user can have JetStream's or a service's answers
             # sent here (a request's reply subject is not checked against its permissions), and
-            # those never carry it. An empty body is a heartbeat too (older workers send one).
+            # those never carry it; JetStream answers some with an empty body, so on the bare
+            # subject an empty body is no heartbeat. On the attempt's token subject it is.
             try:
                 body = orjson.loads(msg.data)
             except orjson.JSONDecodeError:
@@ -113,16 +124,29 @@ class HostExecutor:
         try:
             body = orjson.loads(msg.data)
         except orjson.JSONDecodeError:  # NaN and 1e400 too: JSON has no such numbers
-            if ours:
-                waiter.result.set_result(_Malformed("JSON"))
+            self._malformed(waiter, ours, "JSON", call_id)
             return
         attempt = body.get("attempt") if isinstance(body, dict) else None
         if type(attempt) is not int:
-            if ours:
-                waiter.result.set_result(_Malformed('a JSON object with an integer "attempt"'))
+            self._malformed(waiter, ours, 'a JSON object with an integer "attempt"', call_id)
         elif attempt == waiter.attempt:
             waiter.result.set_result(body)
         # else: the result of an earlier attempt, come late: dropped
+
+    def _malformed(self, waiter: _Waiter, ours: bool, expected: str, call_id: str) -> None:
+        """A result that is not one: the worker's bug on its reply subject (ends the attempt);
+        on the bare subject anyone's answer, dropped, said at most once a minute."""
+        if ours:
+            waiter.result.set_result(_Malformed(expected))
+            return
+        now = time.monotonic()
+        if now - self._bare_logged >= BARE_LOG_EVERY:
+            self._bare_logged = now
+            log.warning(
+                "dropped a message on a host call's bare result subject that is not a result "
+                "(a worker should answer on the task's reply subject; only the first a minute is logged)",
+                extra={"callId": call_id, "expected": expected},
+            )
 
     async def _cancel(self, call_id: str, token: str, attempt: int) -> None:
         """Tell the worker of an attempt given up here to stop it (at most once, no answer)."""
