@@ -608,8 +608,8 @@ def test_fuzzed_host_results_and_heartbeats_change_no_other_call(deployment: Dep
     )
     def one(kind: str, target: str, body: Any) -> None:
         if kind == "result" and target in held and not _a_stale_result(body):
-            # a result that is not one ends the attempt it reaches `upstreamError` (the worker's
-            # bug; tests/integration/test_dispatcher_host_http.py): sent where no call waits
+            # a well-formed result of the running attempt is one, even on the bare subject (where
+            # anything else is dropped): sent where no call waits
             target = "call_nope"
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         subject = subjects.host_result(target) if kind == "result" else subjects.host_heartbeat(target)

@@ -158,7 +158,7 @@ async def test_sigterm_mid_call_finishes_the_calls_in_flight(tb: Toolbus, stack:
 
 
 async def test_the_result_goes_to_the_reply_subject_and_to_host_result_without_one(tb: Toolbus) -> None:
-    """The dispatcher sends each task with reply subject `host.result.<callId>`: the worker's
+    """The dispatcher sends each task with reply subject `host.result.<callId>.<token>`: the worker's
     result is its reply, nothing else is sent there first. A task with no reply subject, or an
     inbox one (an older dispatcher's request), is answered on `host.result.<callId>` all the same."""
 
@@ -276,7 +276,7 @@ async def test_fields_a_newer_dispatcher_adds_are_ignored_and_nan_is_no_output(t
 
 async def test_a_call_given_up_by_the_dispatcher_is_stopped_on_the_worker(tb: Toolbus) -> None:
     """`runs.close` ends a running host call `cancelled`; the dispatcher then says so on the
-    attempt's `host.cancel.<callId>.<token>` and the worker stops the tool and sends nothing (it
+    attempt's `host.cancel.<token>` and the worker stops the tool and sends nothing (it
     used to run on to the end, holding a slot, its result dropped). A cancel with another token
     or another attempt number stops nothing."""
     started = asyncio.Event()
@@ -307,9 +307,9 @@ async def test_a_call_given_up_by_the_dispatcher_is_stopped_on_the_worker(tb: To
             await asyncio.wait_for(started.wait(), 10)
             task = await asyncio.wait_for(tasks.get(), 10)
             token = task.reply.rsplit(".", 1)[1]
-            await tb.nc.publish(s.host_cancel(handle.call_id, "0" * 32), b'{"attempt": 1}')
-            await tb.nc.publish(s.host_cancel(handle.call_id, token), b'{"attempt": 2}')
-            await tb.nc.publish(s.host_cancel(handle.call_id, token), b"not json")
+            await tb.nc.publish(s.host_cancel("0" * 32), b'{"attempt": 1}')
+            await tb.nc.publish(s.host_cancel(token), b'{"attempt": 2}')
+            await tb.nc.publish(s.host_cancel(token), b"not json")
             await tb.nc.flush()
             await asyncio.sleep(0.3)
             assert seen == [] and worker.in_flight == 1

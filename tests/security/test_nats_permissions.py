@@ -27,6 +27,7 @@ from toolbus import Toolbus, Worker, host_tool
 from toolbus_common.connections import ensure_object_store, ensure_stream, flush
 from toolbus_common.toolsets import Tool
 from toolbus_contracts import WORKER_QUEUE, Subjects, consumer_delivery
+from toolbus_contracts.errors import UpstreamError
 from toolbus_contracts.registry import EffectivePolicy, PolicySpec
 from toolbus_devstack import free_port, start_nats_server
 from toolbus_devstack.nats_conf import dev_nkeys, js_name, render_auth_conf
@@ -121,8 +122,8 @@ MATRIX: list[tuple[str, str, str, bool]] = [
     ("harness", "pub", f"{P}.credentials.changed", False),
     ("harness", "pub", f"{P}.events.calls.run1.call1", False),
     ("harness", "pub", f"{P}.host.result.call1", False),
-    ("harness", "pub", f"{P}.host.cancel.call1.t0", False),
-    ("harness", "sub", f"{P}.host.cancel.>", False),
+    ("harness", "pub", f"{P}.host.cancel.t0", False),
+    ("harness", "sub", f"{P}.host.cancel.*", False),
     ("harness", "pub", f"{P}.workflows.publish", False),
     ("harness", "pub", f"$JS.API.STREAM.INFO.OBJ_{P}_toolsets", False),
     ("harness", "pub", f"$JS.API.CONSUMER.CREATE.{P}_INTERNAL", False),
@@ -140,8 +141,8 @@ MATRIX: list[tuple[str, str, str, bool]] = [
     ("worker", "qsub", f"{P}.host.call.crm.find_customer", True),
     ("worker", "pub", f"{P}.host.heartbeat.call1", True),
     ("worker", "pub", f"{P}.host.heartbeat.call1.t0", True),
-    ("worker", "sub", f"{P}.host.cancel.>", True),
-    ("worker", "pub", f"{P}.host.cancel.call1.t0", False),
+    ("worker", "sub", f"{P}.host.cancel.*", True),
+    ("worker", "pub", f"{P}.host.cancel.t0", False),
     # a result only as the reply to a call it was sent (see the host-call tests below)
     ("worker", "pub", f"{P}.host.result.call1", False),
     ("worker", "sub", f"{P}.host.call.>", False),
@@ -178,7 +179,7 @@ MATRIX: list[tuple[str, str, str, bool]] = [
     ("registry", "pub", f"{P}.internal.approvals.decided", False),
     ("registry", "pub", f"$JS.API.STREAM.INFO.{P}_INTERNAL", False),
     ("dispatcher", "pub", f"{P}.host.call.crm.find_customer", True),
-    ("dispatcher", "pub", f"{P}.host.cancel.call1.t0", True),
+    ("dispatcher", "pub", f"{P}.host.cancel.t0", True),
     ("dispatcher", "pub", f"{P}.events.calls.run1.call1", True),
     ("dispatcher", "pub", f"{P}.internal.approvals.needed", True),
     ("dispatcher", "sub", f"{P}.host.result.>", True),
@@ -329,6 +330,7 @@ async def test_a_worker_may_answer_only_a_call_it_was_sent_and_only_once(secured
         async with Worker(tb, tools=[lookup]):
             call = asyncio.create_task(host.execute(_attempt("call_x1", _host_tool("crm.lookup"))))
             await asyncio.wait_for(started.wait(), 10)
+            tokens = [host._waiters["call_x1"].token]
             # The other worker connection forges X's result while X runs: refused, X still runs.
             forged = json.dumps({"attempt": 1, "output": {"name": "forged"}}).encode()
             assert await other.refused("pub", subjects.host_result("call_x1"), forged)
@@ -337,8 +339,9 @@ async def test_a_worker_may_answer_only_a_call_it_was_sent_and_only_once(secured
             output = await asyncio.wait_for(call, 10)
             assert output == {"name": "customer 42"}
             assert sent._seen("publish", subjects.host_result("call_x1"), 0) is None
-            # The worker that was sent X: a second result for the same attempt is refused.
-            assert await sent.refused("pub", subjects.host_result("call_x1"), forged)
+            # The worker that was sent X: a second result for the same attempt, on the attempt's
+            # own reply subject (the only one it was granted), is refused.
+            assert await sent.refused("pub", subjects.host_result("call_x1", tokens[0]), forged)
 
         # No worker subscribed: the server's no-responders status comes to the dispatcher's own
         # host.result.> subscription, and the attempt was never sent (on 2.15 the status carries
@@ -479,7 +482,9 @@ async def test_answers_sent_to_a_result_subject_end_no_attempt(nats_url: str) ->
     a garbled late answer of the first one ends nothing either. (On the contract's one subject
     per call, each of these ended the attempt `upstreamError` or as never sent.)"""
     subjects = Subjects(f"tbres{uuid.uuid4().hex[:8]}")
+    stream = js_name(subjects.prefix, "STORED")
     nc = await nats.connect(nats_url)
+    js = nc.jetstream()
     tasks: list[Any] = []
     got = asyncio.Event()
 
@@ -495,7 +500,7 @@ async def test_answers_sent_to_a_result_subject_end_no_attempt(nats_url: str) ->
         await flush(nc)
         bare = subjects.host_result("call_r1")
 
-        first = asyncio.create_task(host.execute(_attempt("call_r1", _host_tool("crm.slow", "700ms"))))
+        first = asyncio.create_task(host.execute(_attempt("call_r1", _host_tool("crm.slow", "1s"))))
         await asyncio.wait_for(got.wait(), 10)
         reply1 = tasks[0].reply
         assert reply1.startswith(bare + ".") and len(reply1) == len(bare) + 33
@@ -503,6 +508,11 @@ async def test_answers_sent_to_a_result_subject_end_no_attempt(nats_url: str) ->
         await nc.publish(f"{subjects.prefix}.nobody.listens", b"", reply=bare)  # Status: 503
         for body in (b"not json", b"[1]", b'{"output": 1}', b'{"attempt": "1"}'):
             await nc.publish(bare, body)
+        # A call's own attemptStarted event is a well-formed result of the running attempt: a
+        # direct get of it (a harness may read EVENTS) is dropped as a stored message.
+        await js.add_stream(name=stream, subjects=[f"{subjects.prefix}.stored.>"], allow_direct=True)
+        await js.publish(f"{subjects.prefix}.stored.e", b'{"type": "attemptStarted", "attempt": 1}')
+        await nc.publish(f"$JS.API.DIRECT.GET.{stream}", b'{"seq": 1}', reply=bare)
         await flush(nc)
         await asyncio.sleep(0.3)
         assert not first.done()
@@ -522,7 +532,17 @@ async def test_answers_sent_to_a_result_subject_end_no_attempt(nats_url: str) ->
         assert not second.done()
         await nc.publish(reply2, json.dumps({"attempt": 2, "output": {"name": "ok"}}).encode())
         assert await asyncio.wait_for(second, 10) == {"name": "ok"}
+
+        # On its own reply subject, a result for another attempt is the worker's bug.
+        got.clear()
+        third = asyncio.create_task(host.execute(_attempt("call_r1", _host_tool("crm.slow"), 3)))
+        await asyncio.wait_for(got.wait(), 10)
+        await nc.publish(tasks[2].reply, json.dumps({"attempt": 2, "output": "stale"}).encode())
+        with pytest.raises(UpstreamError):
+            await asyncio.wait_for(third, 10)
     finally:
+        with contextlib.suppress(Exception):
+            await js.delete_stream(stream)
         await nc.close()
 
 

@@ -168,7 +168,7 @@ class HostResult(WireModel):
 
 
 class HostCancel(WireModel):
-    """Body of `host.cancel.<callId>.<token>`: the attempt the dispatcher gave up (the run was
+    """Body of `host.cancel.<token>`: the attempt the dispatcher gave up (the run was
     closed, the call moved or timed out, its heartbeats stopped); its result would be dropped."""
 
     attempt: int

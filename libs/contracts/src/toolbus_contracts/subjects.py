@@ -178,14 +178,14 @@ class Subjects:
         bare `host.result.<callId>` of the contract, for workers that publish there themselves."""
         return self._s(f"host.result.{call_id}" if token is None else f"host.result.{call_id}.{token}")
 
-    def host_cancel(self, call_id: str, token: str) -> str:
+    def host_cancel(self, token: str) -> str:
         """Where the dispatcher tells the worker to stop an attempt it gave up: the attempt's token,
-        as in its reply subject, so only the dispatcher and that worker know it."""
-        return self._s(f"host.cancel.{call_id}.{token}")
+        as in its reply subject (no call id: every worker hears every cancel)."""
+        return self._s(f"host.cancel.{token}")
 
     @property
     def host_cancels(self) -> str:
-        return self._s("host.cancel.>")
+        return self._s("host.cancel.*")
 
     @property
     def host_heartbeats(self) -> str:

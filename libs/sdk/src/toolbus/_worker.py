@@ -76,7 +76,7 @@ class Worker:
         self._subs: list[Subscription] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._running: dict[str, tuple[int, asyncio.Task[None]]] = {}
-        """Attempts by their cancel subject (`host.cancel.<callId>.<token>`): number and task."""
+        """Attempts by their cancel subject (`host.cancel.<token>`): number and task."""
         self._given_up: set[str] = set()
         """Cancel subjects of attempts being stopped because the dispatcher gave them up."""
         self._cancel_sub: Subscription | None = None
@@ -203,7 +203,7 @@ class Worker:
         token: str | None = reply[len(result_prefix) + len(task.call_id) + 1 :]
         if not (reply.startswith(result_prefix + task.call_id + ".") and token and token.isalnum()):
             token = None
-        cancel = self._tb.subjects.host_cancel(task.call_id, token) if token else None
+        cancel = self._tb.subjects.host_cancel(token) if token else None
         job = asyncio.create_task(self._serve(task, reply, token))
         self._tasks.add(job)
         job.add_done_callback(self._tasks.discard)
@@ -234,7 +234,7 @@ class Worker:
             job.cancel()
 
     async def _serve(self, task: HostCallTask, reply: str, token: str | None = None) -> None:
-        cancel = self._tb.subjects.host_cancel(task.call_id, token) if token else None
+        cancel = self._tb.subjects.host_cancel(token) if token else None
         limit = duration_seconds(task.timeout) if task.timeout is not None else None
         deadline = None if limit is None else asyncio.get_running_loop().time() + limit
         beat = asyncio.create_task(self._heartbeat(task, token))

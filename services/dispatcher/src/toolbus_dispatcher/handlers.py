@@ -113,7 +113,7 @@ routes.event(
     "is its reply.",
 )
 routes.event(
-    lambda s: s.host_cancel("{callId}", "{token}"),
+    lambda s: s.host_cancel("{token}"),
     HostCancel,
     "An attempt the dispatcher gave up without its result (the run closed, the call moved, its "
     "heartbeats or its timeout ran out): its worker should stop it; the token is the one of the "

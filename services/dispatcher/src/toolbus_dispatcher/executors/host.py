@@ -19,14 +19,16 @@ are in the events every harness reads, but only the worker the task went to lear
 what arrives on the token subject is the worker's: a result that is not one ends the attempt
 `upstreamError`, a 503 means it was never sent. On the bare `host.result.<callId>` of the contract
 (a worker that publishes there itself, on a NATS without the permissions) only a well-formed result
-of the running attempt counts; anything else there is dropped. A late answer of an earlier attempt,
+of the running attempt counts, and not from a stored message JetStream handed out (a call's own
+`attemptStarted` event is one: the bus's check and `consumer_delivery` here drop it); anything else
+there is dropped. A late answer of an earlier attempt,
 on that attempt's token, is dropped too. Heartbeats the same way: on `host.heartbeat.<callId>.<token>`
 an empty body or the running attempt, on the bare `host.heartbeat.<callId>` only the running
 attempt (JetStream answers an ack sent with a reply subject with an empty, header-less message).
 
 An attempt given up here without its result (the run was closed, the call moved to another
 replica, its heartbeats stopped, its timeout passed, the dispatcher stops) is announced on
-`host.cancel.<callId>.<token>`, so that its worker stops running a call whose result would be
+`host.cancel.<token>`, so that its worker stops running a call whose result would be
 dropped; a worker that does not listen there runs it to the end, as before.
 """
 
@@ -43,7 +45,7 @@ from typing import Any
 import orjson
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
-from toolbus_contracts import Subjects, duration_seconds
+from toolbus_contracts import Subjects, consumer_delivery, duration_seconds
 from toolbus_contracts.errors import Timeout, ToolError, UpstreamError, UpstreamUnreachable
 
 from toolbus_dispatcher.executors.base import Attempt, Interrupted
@@ -96,6 +98,10 @@ class HostExecutor:
             return
         if token and token != waiter.token:
             return
+        if not token and consumer_delivery(
+            self._subjects.host_heartbeats, msg.subject, msg.reply, msg.headers
+        ):
+            return
         if msg.data or not token:
             # Only the running attempt's: any user can have JetStream's or a service's answers
             # sent here (a request's reply subject is not checked against its permissions), and
@@ -117,6 +123,8 @@ class HostExecutor:
         if token and token != waiter.token:  # an earlier attempt's, come late (or a guess)
             return
         ours = bool(token)  # on the reply subject only the worker the task went to knows
+        if not ours and consumer_delivery(self._subjects.host_results, msg.subject, msg.reply, msg.headers):
+            return  # a stored message JetStream handed out (the bus drops those first, too)
         if msg.headers and msg.headers.get("Status") == NO_RESPONDERS:
             if ours:
                 waiter.result.set_result(None)
@@ -131,6 +139,8 @@ class HostExecutor:
             self._malformed(waiter, ours, 'a JSON object with an integer "attempt"', call_id)
         elif attempt == waiter.attempt:
             waiter.result.set_result(body)
+        elif ours:  # only this attempt's worker knows the token: its bug
+            waiter.result.set_result(_Malformed(f"a result of the attempt it was sent ({waiter.attempt})"))
         # else: the result of an earlier attempt, come late: dropped
 
     def _malformed(self, waiter: _Waiter, ours: bool, expected: str, call_id: str) -> None:
@@ -148,10 +158,10 @@ class HostExecutor:
                 extra={"callId": call_id, "expected": expected},
             )
 
-    async def _cancel(self, call_id: str, token: str, attempt: int) -> None:
+    async def _cancel(self, token: str, attempt: int) -> None:
         """Tell the worker of an attempt given up here to stop it (at most once, no answer)."""
         try:
-            await self._nc.publish(self._subjects.host_cancel(call_id, token), b'{"attempt":%d}' % attempt)
+            await self._nc.publish(self._subjects.host_cancel(token), b'{"attempt":%d}' % attempt)
         except Exception as exc:  # closed or draining: the worker's result is dropped all the same
             log.debug("could not announce a given-up host attempt", extra={"error": type(exc).__name__})
 
@@ -198,7 +208,7 @@ class HostExecutor:
             if self._waiters.get(call.call_id) is waiter:
                 del self._waiters[call.call_id]
             if not answered:
-                await self._cancel(call.call_id, token, attempt.number)
+                await self._cancel(token, attempt.number)
         if body is None:
             raise Interrupted(
                 UpstreamUnreachable(f"No worker is subscribed for host tool '{attempt.tool.name}'."),
