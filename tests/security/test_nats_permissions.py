@@ -448,8 +448,10 @@ async def test_answers_sent_to_a_heartbeat_subject_keep_no_attempt_alive(nats_ur
         await js.add_stream(name=stream, subjects=[f"{subjects.prefix}.hbstored.>"])
         await js.add_consumer(stream, config=ConsumerConfig(durable_name="forger"))
         host = HostExecutor(nc, subjects)
-        await nc.subscribe(subjects.host_results, cb=host.on_result)
-        await nc.subscribe(subjects.host_heartbeats, cb=host.on_heartbeat)
+        await nc.subscribe(subjects.host_results, cb=_as_the_bus(subjects.host_results, host.on_result))
+        await nc.subscribe(
+            subjects.host_heartbeats, cb=_as_the_bus(subjects.host_heartbeats, host.on_heartbeat)
+        )
         await nc.subscribe(subjects.host_heartbeat("call_hb1"), cb=watch)
         await nc.subscribe(subjects.host_call("crm.silent"), queue=WORKER_QUEUE, cb=_ignore)
         await flush(nc)
@@ -494,8 +496,10 @@ async def test_answers_sent_to_a_result_subject_end_no_attempt(nats_url: str) ->
 
     try:
         host = HostExecutor(nc, subjects)
-        await nc.subscribe(subjects.host_results, cb=host.on_result)
-        await nc.subscribe(subjects.host_heartbeats, cb=host.on_heartbeat)
+        await nc.subscribe(subjects.host_results, cb=_as_the_bus(subjects.host_results, host.on_result))
+        await nc.subscribe(
+            subjects.host_heartbeats, cb=_as_the_bus(subjects.host_heartbeats, host.on_heartbeat)
+        )
         await nc.subscribe(subjects.host_call("crm.slow"), queue=WORKER_QUEUE, cb=worker)
         await flush(nc)
         bare = subjects.host_result("call_r1")
@@ -509,7 +513,8 @@ async def test_answers_sent_to_a_result_subject_end_no_attempt(nats_url: str) ->
         for body in (b"not json", b"[1]", b'{"output": 1}', b'{"attempt": "1"}'):
             await nc.publish(bare, body)
         # A call's own attemptStarted event is a well-formed result of the running attempt: a
-        # direct get of it (a harness may read EVENTS) is dropped as a stored message.
+        # direct get of it (a harness may read EVENTS) is dropped as a stored message, by the
+        # check every listening subscription of the bus makes (`_as_the_bus`).
         await js.add_stream(name=stream, subjects=[f"{subjects.prefix}.stored.>"], allow_direct=True)
         await js.publish(f"{subjects.prefix}.stored.e", b'{"type": "attemptStarted", "attempt": 1}')
         await nc.publish(f"$JS.API.DIRECT.GET.{stream}", b'{"seq": 1}', reply=bare)

@@ -69,6 +69,7 @@ from toolbus_contracts.errors import ErrorCode, Internal, OutputTooLarge, Unavai
 from toolbus_common.connections import flush, nats_options
 from toolbus_common.direct_sub import spawner, subscribe_direct
 from toolbus_common.faults import is_backing_store_fault, unavailable
+from toolbus_common.logging import Every
 from toolbus_common.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ def served(subject: str, code: str, seconds: float) -> None:
 
 DROPPED_LOG_EVERY = 60.0
 """Seconds between warnings of dropped consumer deliveries on one subject (a flood logs once)."""
-_DROPPED_LOGGED: dict[str, float] = {}
+_DROPPED_LOGGED = Every(DROPPED_LOG_EVERY)
 
 
 def _handed_out(subscribed: str, subject: str, reply: str | None, headers: Any) -> bool:
@@ -118,9 +119,7 @@ def _handed_out(subscribed: str, subject: str, reply: str | None, headers: Any) 
     (`consumer_delivery`), to be dropped unanswered; said at most once a minute per subject."""
     if not consumer_delivery(subscribed, subject, reply, headers):
         return False
-    now = time.monotonic()
-    if now - _DROPPED_LOGGED.get(subscribed, -DROPPED_LOG_EVERY) >= DROPPED_LOG_EVERY:
-        _DROPPED_LOGGED[subscribed] = now
+    if _DROPPED_LOGGED.due(subscribed):
         log.warning(
             "dropped a message a JetStream consumer delivered here: someone aimed a consumer's "
             "deliveries at this subject (only the first a minute is logged)",

@@ -12,6 +12,7 @@ import logging
 import re
 import sys
 import threading
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -88,3 +89,18 @@ def configure(level: str = "INFO", fmt: str = "auto") -> None:
 
 def get_logger(name: str) -> logging.Logger:
     return logging.getLogger(name)
+
+
+class Every:
+    """Says whether a warning is due: once per `seconds` per key, so a flood logs one line."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._last: dict[str, float] = {}
+
+    def due(self, key: str = "") -> bool:
+        now = time.monotonic()
+        if now - self._last.get(key, -self.seconds) < self.seconds:
+            return False
+        self._last[key] = now
+        return True

@@ -4,6 +4,7 @@ ones started on a port with no Docker and no root."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -121,6 +122,7 @@ def _wheel_nats_servers() -> list[str]:
     ]
 
 
+@functools.cache
 def nats_server_version(binary: str) -> tuple[int, int, int] | None:
     """`nats-server --version` as (major, minor, patch), None if it cannot be read."""
     try:

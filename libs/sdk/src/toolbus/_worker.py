@@ -77,8 +77,8 @@ class Worker:
         self._tasks: set[asyncio.Task[None]] = set()
         self._running: dict[str, tuple[int, asyncio.Task[None]]] = {}
         """Attempts by their cancel subject (`host.cancel.<token>`): number and task."""
-        self._given_up: set[str] = set()
-        """Cancel subjects of attempts being stopped because the dispatcher gave them up."""
+        self._given_up: set[asyncio.Task[None]] = set()
+        """Attempts being stopped because the dispatcher gave them up."""
         self._cancel_sub: Subscription | None = None
         self._dropped_logged = -DROPPED_LOG_EVERY
         self._stopped = asyncio.Event()
@@ -199,22 +199,22 @@ class Worker:
         # An older dispatcher sends the task as a request with an inbox reply subject: answer on
         # host.result.<callId> then, as the contract says.
         reply = msg.reply if msg.reply.startswith(result_prefix) else result_prefix + task.call_id
-        # The attempt's token (in a current dispatcher's reply subject) names where it is cancelled.
-        token: str | None = reply[len(result_prefix) + len(task.call_id) + 1 :]
-        if not (reply.startswith(result_prefix + task.call_id + ".") and token and token.isalnum()):
-            token = None
-        cancel = self._tb.subjects.host_cancel(token) if token else None
-        job = asyncio.create_task(self._serve(task, reply, token))
+        # The attempt's token (in a current dispatcher's reply subject) names its heartbeats and
+        # where it is cancelled; an older dispatcher's reply subject has none.
+        own = self._tb.subjects.host_result(task.call_id) + "."
+        token = reply.removeprefix(own) if reply.startswith(own) else ""
+        job = asyncio.create_task(self._serve(task, reply, token if token.isalnum() else None))
         self._tasks.add(job)
         job.add_done_callback(self._tasks.discard)
-        if cancel is not None:
+        if token.isalnum():
+            cancel = self._tb.subjects.host_cancel(token)
             self._running[cancel] = (task.attempt, job)
             job.add_done_callback(lambda _: self._forget(cancel, job))
 
     def _forget(self, cancel: str, job: asyncio.Task[None]) -> None:
         if self._running.get(cancel, (0, None))[1] is job:
             del self._running[cancel]
-        self._given_up.discard(cancel)
+        self._given_up.discard(job)
 
     async def _on_cancel(self, msg: Msg) -> None:
         """The dispatcher gave an attempt up (run closed, call moved, heartbeats missed, its
@@ -230,11 +230,10 @@ class Worker:
             return
         number, job = running
         if attempt == number and not job.done():
-            self._given_up.add(msg.subject)
+            self._given_up.add(job)
             job.cancel()
 
     async def _serve(self, task: HostCallTask, reply: str, token: str | None = None) -> None:
-        cancel = self._tb.subjects.host_cancel(token) if token else None
         limit = duration_seconds(task.timeout) if task.timeout is not None else None
         deadline = None if limit is None else asyncio.get_running_loop().time() + limit
         beat = asyncio.create_task(self._heartbeat(task, token))
@@ -243,7 +242,7 @@ class Worker:
             async with asyncio.timeout_at(deadline) as budget:
                 result = await self._attempt(task)
         except asyncio.CancelledError:
-            if cancel is not None and cancel in self._given_up:  # host.cancel: nothing to answer
+            if asyncio.current_task() in self._given_up:  # host.cancel: nothing to answer
                 self.cancelled += 1
                 log.info("stopped call %s attempt %d: the dispatcher gave it up", task.call_id, task.attempt)
                 return

@@ -19,10 +19,10 @@ are in the events every harness reads, but only the worker the task went to lear
 what arrives on the token subject is the worker's: a result that is not one ends the attempt
 `upstreamError`, a 503 means it was never sent. On the bare `host.result.<callId>` of the contract
 (a worker that publishes there itself, on a NATS without the permissions) only a well-formed result
-of the running attempt counts, and not from a stored message JetStream handed out (a call's own
-`attemptStarted` event is one: the bus's check and `consumer_delivery` here drop it); anything else
-there is dropped. A late answer of an earlier attempt,
-on that attempt's token, is dropped too. Heartbeats the same way: on `host.heartbeat.<callId>.<token>`
+of the running attempt counts; anything else there is dropped. A stored message can be one (a
+call's own `attemptStarted` event): the bus's listener drops every stored message JetStream hands
+out before it reaches `on_result` (`consumer_delivery`), so subscribe these handlers through the
+bus. A late answer of an earlier attempt, on that attempt's token, is dropped too. Heartbeats the same way: on `host.heartbeat.<callId>.<token>`
 an empty body or the running attempt, on the bare `host.heartbeat.<callId>` only the running
 attempt (JetStream answers an ack sent with a reply subject with an empty, header-less message).
 
@@ -45,7 +45,8 @@ from typing import Any
 import orjson
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
-from toolbus_contracts import Subjects, consumer_delivery, duration_seconds
+from toolbus_common.logging import Every
+from toolbus_contracts import Subjects, duration_seconds
 from toolbus_contracts.errors import Timeout, ToolError, UpstreamError, UpstreamUnreachable
 
 from toolbus_dispatcher.executors.base import Attempt, Interrupted
@@ -87,7 +88,7 @@ class HostExecutor:
         self._waiters: dict[str, _Waiter] = {}
         self._result_at = len(subjects.host_result(""))
         self._beat_at = len(subjects.host_heartbeat(""))
-        self._bare_logged = -BARE_LOG_EVERY
+        self._bare_logged = Every(BARE_LOG_EVERY)
 
     async def on_heartbeat(self, msg: Msg) -> None:
         call_id, _, token = msg.subject[self._beat_at :].partition(".")
@@ -97,10 +98,6 @@ class HostExecutor:
         if msg.headers and "Status" in msg.headers:  # the server's, not a worker's
             return
         if token and token != waiter.token:
-            return
-        if not token and consumer_delivery(
-            self._subjects.host_heartbeats, msg.subject, msg.reply, msg.headers
-        ):
             return
         if msg.data or not token:
             # Only the running attempt's: any user can have JetStream's or a service's answers
@@ -123,8 +120,6 @@ class HostExecutor:
         if token and token != waiter.token:  # an earlier attempt's, come late (or a guess)
             return
         ours = bool(token)  # on the reply subject only the worker the task went to knows
-        if not ours and consumer_delivery(self._subjects.host_results, msg.subject, msg.reply, msg.headers):
-            return  # a stored message JetStream handed out (the bus drops those first, too)
         if msg.headers and msg.headers.get("Status") == NO_RESPONDERS:
             if ours:
                 waiter.result.set_result(None)
@@ -149,9 +144,7 @@ class HostExecutor:
         if ours:
             waiter.result.set_result(_Malformed(expected))
             return
-        now = time.monotonic()
-        if now - self._bare_logged >= BARE_LOG_EVERY:
-            self._bare_logged = now
+        if self._bare_logged.due():
             log.warning(
                 "dropped a message on a host call's bare result subject that is not a result "
                 "(a worker should answer on the task's reply subject; only the first a minute is logged)",
