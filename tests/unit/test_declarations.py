@@ -164,3 +164,37 @@ def test_the_size_floor_never_exceeds_the_rendered_size() -> None:
     for tools in (edge_tools(), synthetic, [_tool("a", description="  x \n\n y */ z  ")], [_tool("b")]):
         size = len(orjson.dumps({"prompt": render_prompt(tools), "dts": render_dts(tools, "m")}))
         assert 0 < declarations_floor((t.name, t.description) for t in tools) <= size
+
+
+def test_a_scalar_type_beside_a_shaping_keyword_is_rendered_by_that_keyword() -> None:
+    """Plain scalars take a shortcut in both renderers; `const`, `enum`, `nullable`, `$ref` and
+    the combinators beside a scalar `type` must still shape the type as the full walk does (the
+    compact prompt reads a combinator only where no type is named)."""
+    properties: dict[str, Any] = {
+        "plain": {"type": "integer", "description": "A count.", "format": "int32", "minimum": 0},
+        "nullable": {"type": "string", "nullable": True},
+        "not_nullable": {"type": "string", "nullable": False},
+        "const": {"type": "string", "const": "x"},
+        "enum": {"type": "string", "enum": ["a", "b", 3]},
+        "any_of": {"type": "string", "anyOf": [{"maxLength": 3}, {"const": "long"}]},
+        "all_of": {"type": "number", "allOf": [{"const": 1}]},
+        "ref": {"type": "string", "$ref": "#/$defs/Mode"},
+    }
+    schema = {"type": "object", "properties": properties, "$defs": {"Mode": {"enum": ["on", "off"]}}}
+    line = tool_prompt_line(_tool("s.t", schema))
+    assert line.startswith(
+        's.t(plain?: integer, nullable?: string|null, not_nullable?: string, "const"?: "x", '
+        '"enum"?: "a"|"b"|3, any_of?: string, all_of?: number, ref?: "on"|"off")'
+    )
+    dts = render_dts([_tool("s.t", schema)], "rewind:tools")
+    for member in (
+        "plain?: number;",
+        "nullable?: string | null;",
+        "not_nullable?: string;",
+        '"const"?: "x";',
+        '"enum"?: "a" | "b";',
+        'any_of?: string & (string | "long");',
+        "all_of?: number & 1;",
+        "ref?: $s.t.Mode & string;",
+    ):
+        assert member in dts, member

@@ -3,6 +3,7 @@ never collide and are never reserved words."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterable
@@ -117,6 +118,7 @@ def is_plain_identifier(name: str) -> bool:
     return bool(_PLAIN_IDENT.fullmatch(name)) and name not in RESERVED
 
 
+@functools.lru_cache(maxsize=8192)
 def member_key(name: str) -> str:
     """A property or method name: bare where it is a plain identifier, else a quoted string."""
     return name if is_plain_identifier(name) else ts_string(name)

@@ -40,6 +40,11 @@ def first_sentence(description: str | None) -> str:
     return text
 
 
+_SCALARS = frozenset(("string", "number", "integer", "boolean", "null"))
+_SHAPING = frozenset(("$ref", "const", "enum", "anyOf", "oneOf", "allOf", "nullable"))
+"""Keywords that change what a schema with a scalar `type` renders to; the rest only document it."""
+
+
 class _Compact:
     """Compact, lossy type text for one schema document."""
 
@@ -52,6 +57,9 @@ class _Compact:
             return "never"
         if not isinstance(schema, dict) or depth > 6:
             return "json"
+        declared = schema.get("type")
+        if isinstance(declared, str) and declared in _SCALARS and _SHAPING.isdisjoint(schema.keys()):
+            return declared  # what the walk below gives a plain scalar, cheaply
         ref = schema.get("$ref")
         if isinstance(ref, str):
             name = ref.rstrip("/").rsplit("/", 1)[-1] or "json"

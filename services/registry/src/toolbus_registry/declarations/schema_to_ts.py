@@ -149,6 +149,8 @@ def resolve_pointer(root: Any, ref: str) -> Any:
 
 def jsdoc(lines: Sequence[str], indent: str) -> str:
     """A JSDoc comment (ending in a newline and `indent`) for the given lines, or "" for none."""
+    if not lines:
+        return ""
     clean = [line.rstrip().replace("*/", "*\\/") for line in lines]
     while clean and not clean[-1].strip():
         clean.pop()
@@ -183,6 +185,20 @@ def schema_doc_lines(schema: Any, with_description: bool = True) -> list[str]:
     return lines
 
 
+_SCALAR_TS = {
+    "string": "string",
+    "number": "number",
+    "integer": "number",
+    "boolean": "boolean",
+    "null": "null",
+}
+"""The TypeScript of each scalar JSON type."""
+_SHAPING = frozenset(("$ref", "const", "enum", "anyOf", "oneOf", "allOf", "nullable"))
+"""Keywords that change what a schema with a scalar `type` renders to; the rest only document it."""
+_SPECIAL = frozenset((NEVER, JSON_VALUE))
+"""Texts `union` and `intersection` treat apart (always atoms)."""
+
+
 def _paren(item: Rendered, at_least: int) -> str:
     text, prec = item
     return text if prec >= at_least else f"({text})"
@@ -190,6 +206,8 @@ def _paren(item: Rendered, at_least: int) -> str:
 
 def union(items: Sequence[Rendered]) -> Rendered:
     """`A | B`, with duplicates dropped; `never` when empty, `JsonValue` when any part is."""
+    if len(items) == 1 and items[0][0] not in _SPECIAL:
+        return items[0]  # what the general case gives for one part (most schema nodes), cheaply
     texts = list(dict.fromkeys(_paren(i, INTERSECTION) for i in items if i[0] != NEVER))
     if not texts:
         return NEVER, ATOM
@@ -203,6 +221,8 @@ def union(items: Sequence[Rendered]) -> Rendered:
 
 def intersection(items: Sequence[Rendered]) -> Rendered:
     """`A & B`, with duplicates and `JsonValue` parts dropped (they add no constraint)."""
+    if len(items) == 1 and items[0][0] not in _SPECIAL:
+        return items[0]
     kept = [i for i in items if i[0] != JSON_VALUE]
     if not kept:
         return JSON_VALUE, ATOM
@@ -253,6 +273,9 @@ class TypeRenderer:
             return NEVER, ATOM
         if not isinstance(schema, dict) or depth > MAX_DEPTH:
             return JSON_VALUE, ATOM
+        declared = schema.get("type")
+        if isinstance(declared, str) and declared in _SCALAR_TS and _SHAPING.isdisjoint(schema.keys()):
+            return _SCALAR_TS[declared], ATOM  # what the walk below gives a plain scalar, cheaply
         ref = schema.get("$ref")
         if isinstance(ref, str):
             target = self._ref(ref, doc, depth, deferred)
