@@ -202,11 +202,12 @@ class Worker:
         # The attempt's token (in a current dispatcher's reply subject) names its heartbeats and
         # where it is cancelled; an older dispatcher's reply subject has none.
         own = self._tb.subjects.host_result(task.call_id) + "."
-        token = reply.removeprefix(own) if reply.startswith(own) else ""
-        job = asyncio.create_task(self._serve(task, reply, token if token.isalnum() else None))
+        tail = reply.removeprefix(own) if reply.startswith(own) else ""
+        token = tail if tail.isalnum() else None
+        job = asyncio.create_task(self._serve(task, reply, token))
         self._tasks.add(job)
         job.add_done_callback(self._tasks.discard)
-        if token.isalnum():
+        if token is not None:
             cancel = self._tb.subjects.host_cancel(token)
             self._running[cancel] = (task.attempt, job)
             job.add_done_callback(lambda _: self._forget(cancel, job))

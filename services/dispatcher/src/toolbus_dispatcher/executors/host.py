@@ -22,9 +22,10 @@ what arrives on the token subject is the worker's: a result that is not one ends
 of the running attempt counts; anything else there is dropped. A stored message can be one (a
 call's own `attemptStarted` event): the bus's listener drops every stored message JetStream hands
 out before it reaches `on_result` (`consumer_delivery`), so subscribe these handlers through the
-bus. A late answer of an earlier attempt, on that attempt's token, is dropped too. Heartbeats the same way: on `host.heartbeat.<callId>.<token>`
-an empty body or the running attempt, on the bare `host.heartbeat.<callId>` only the running
-attempt (JetStream answers an ack sent with a reply subject with an empty, header-less message).
+bus. A late answer of an earlier attempt, on that attempt's token, is dropped too. Heartbeats the
+same way: on `host.heartbeat.<callId>.<token>` an empty body or the running attempt, on the bare
+`host.heartbeat.<callId>` only the running attempt (JetStream answers an ack sent with a reply
+subject with an empty, header-less message).
 
 An attempt given up here without its result (the run was closed, the call moved to another
 replica, its heartbeats stopped, its timeout passed, the dispatcher stops) is announced on

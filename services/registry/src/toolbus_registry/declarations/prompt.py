@@ -15,7 +15,7 @@ from typing import Any
 from toolbus_contracts import ToolInfo
 
 from toolbus_registry.declarations.names import member_key
-from toolbus_registry.declarations.schema_to_ts import literal, resolve_pointer, schema_types
+from toolbus_registry.declarations.schema_to_ts import literal, plain_scalar, resolve_pointer, schema_types
 
 MAX_ENUM = 6
 MAX_PROPS = 6
@@ -40,11 +40,6 @@ def first_sentence(description: str | None) -> str:
     return text
 
 
-_SCALARS = frozenset(("string", "number", "integer", "boolean", "null"))
-_SHAPING = frozenset(("$ref", "const", "enum", "anyOf", "oneOf", "allOf", "nullable"))
-"""Keywords that change what a schema with a scalar `type` renders to; the rest only document it."""
-
-
 class _Compact:
     """Compact, lossy type text for one schema document."""
 
@@ -57,9 +52,9 @@ class _Compact:
             return "never"
         if not isinstance(schema, dict) or depth > 6:
             return "json"
-        declared = schema.get("type")
-        if isinstance(declared, str) and declared in _SCALARS and _SHAPING.isdisjoint(schema.keys()):
-            return declared  # what the walk below gives a plain scalar, cheaply
+        scalar = plain_scalar(schema)
+        if scalar is not None:
+            return scalar
         ref = schema.get("$ref")
         if isinstance(ref, str):
             name = ref.rstrip("/").rsplit("/", 1)[-1] or "json"

@@ -195,6 +195,18 @@ _SCALAR_TS = {
 """The TypeScript of each scalar JSON type."""
 _SHAPING = frozenset(("$ref", "const", "enum", "anyOf", "oneOf", "allOf", "nullable"))
 """Keywords that change what a schema with a scalar `type` renders to; the rest only document it."""
+
+
+def plain_scalar(schema: dict[str, Any]) -> str | None:
+    """The scalar JSON type (`string`, `integer`, ...) a schema names with none of the keywords
+    that shape it (`_SHAPING`), else None: what both renderers answer before their walk (most
+    schema nodes are such, and the walk gives the same for them)."""
+    declared = schema.get("type")
+    if isinstance(declared, str) and declared in _SCALAR_TS and _SHAPING.isdisjoint(schema.keys()):
+        return declared
+    return None
+
+
 _SPECIAL = frozenset((NEVER, JSON_VALUE))
 """Texts `union` and `intersection` treat apart (always atoms)."""
 
@@ -273,9 +285,9 @@ class TypeRenderer:
             return NEVER, ATOM
         if not isinstance(schema, dict) or depth > MAX_DEPTH:
             return JSON_VALUE, ATOM
-        declared = schema.get("type")
-        if isinstance(declared, str) and declared in _SCALAR_TS and _SHAPING.isdisjoint(schema.keys()):
-            return _SCALAR_TS[declared], ATOM  # what the walk below gives a plain scalar, cheaply
+        scalar = plain_scalar(schema)
+        if scalar is not None:
+            return _SCALAR_TS[scalar], ATOM
         ref = schema.get("$ref")
         if isinstance(ref, str):
             target = self._ref(ref, doc, depth, deferred)
