@@ -7,6 +7,11 @@ client: the baseline), and (c) through `calls.invoke`, sequentially and with 16 
 one dispatcher process and then with two; the dispatcher's own CPU per call (from /proc); and how
 long after its invoke reply a call's `completed` event arrives (events leave through the outbox
 relay since v1.1: what that costs a harness that follows events).
+Beside them, the floor under what a sequential call adds in this design (the call stored before it
+starts, its outcome before the reply): one bare NATS request/reply (a raw nats-py responder on the
+same server) plus the call's two Redis scripts (`create_call.lua` then `finish_call.lua`,
+`bench/semaphore.py`'s `ScriptStack`, on the same Redis), alternated with the calls in the same
+rounds.
 Bounded loops; cleans up its streams and keys; stops by itself.
 
     uv run python bench/dispatch.py [--calls 1000] [--rounds 2]
@@ -22,11 +27,14 @@ import uuid
 from pathlib import Path
 from typing import Any, cast
 
+import nats
 import orjson
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp_types import RequestParamsMeta
+from redis.asyncio import Redis
+from toolbus_common.script_pipe import ScriptPipe
 from toolbus_mcp_client import IDEMPOTENCY_META_KEY, McpConnection
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,11 +52,13 @@ from bench.harness import (
     print_table,
     sequential,
 )
+from bench.semaphore import ScriptStack
 from bench.stack import BenchStack
 
 SECTION = "call through the dispatcher"
 SDK = "direct bare mcp.Client"
 OURS = "direct McpConnection"
+FLOOR = "floor: bare NATS round trip + the call's 2 Redis scripts"
 
 
 async def measure(stack: BenchStack, calls: int, rounds: int, *, warmup: int = 200) -> list[Figure]:
@@ -58,7 +68,22 @@ async def measure(stack: BenchStack, calls: int, rounds: int, *, warmup: int = 2
     bare = Client(streamable_http_client(stack.url, http_client=http), mode="auto")
     await http.__aenter__()
     await bare.__aenter__()
+    responder = await nats.connect(stack.nats_url)
+    redis: Redis[bytes] = Redis.from_url(stack.redis_url)
+    pipe = ScriptPipe(stack.redis_url)
+    scripts = ScriptStack(pipe, redis)
     try:
+        await scripts.open()
+        floor_subject = f"{stack.prefix}.bench.floor"
+
+        async def respond(msg: Any) -> None:
+            await msg.respond(b"{}")
+
+        await responder.subscribe(floor_subject, cb=respond)
+        await responder.flush()
+
+        async def bare_nats() -> object:
+            return await stack.nc.request(floor_subject, stack.invoke_body, timeout=30)
 
         async def direct() -> object:
             result = await conn.call_tool(
@@ -97,7 +122,15 @@ async def measure(stack: BenchStack, calls: int, rounds: int, *, warmup: int = 2
                     got.setdefault((name, "16 in flight"), []).append(row)
             return {k: merge(v) for k, v in got.items()}, sorted(cpu)[len(cpu) // 2]
 
-        one, cpu_one = await rounds_of({SDK: sdk, OURS: direct, "invoke": stack.invoke})
+        one, cpu_one = await rounds_of(
+            {
+                SDK: sdk,
+                OURS: direct,
+                "invoke": stack.invoke,
+                "nats": bare_nats,
+                "scripts": scripts.acquire_release,
+            }
+        )
         dispatchers.append((await stack.add_dispatcher()).proc.pid)
         two, cpu_two = await rounds_of({OURS: direct, "invoke": stack.invoke})
 
@@ -126,6 +159,7 @@ async def measure(stack: BenchStack, calls: int, rounds: int, *, warmup: int = 2
                     got[(OURS, "16 in flight")][2] * 1e3,
                 )
             )
+        figures.append(floor_figure(one))
         lags = await event_lag(stack, min(calls, 500))
         invoke_p50 = percentile(one[("invoke", "sequential")][0], 0.5) * 1e3
         for q in (0.5, 0.99):
@@ -142,9 +176,32 @@ async def measure(stack: BenchStack, calls: int, rounds: int, *, warmup: int = 2
             )
         return figures
     finally:
+        await scripts.close()
+        await pipe.aclose()
+        await redis.aclose()  # type: ignore[attr-defined]  # redis>=5; stubs lag
+        await responder.close()
         await bare.__aexit__(None, None, None)
         await http.__aexit__(None, None, None)
         await conn.aclose()
+
+
+def floor_figure(one: dict[tuple[str, str], Row]) -> Figure:
+    """What a sequential `calls.invoke` adds over the direct call (p50 less p50), beside the floor
+    under it: a bare NATS request/reply and the call's two scripts, each a p50 of the same rounds."""
+
+    def p50(path: str) -> float:
+        return percentile(one[(path, "sequential")][0], 0.5) * 1e3
+
+    nats_p50, scripts_p50 = p50("nats"), p50("scripts")
+    return Figure(
+        SECTION,
+        f"calls.invoke, 1 dispatcher, sequential: p50 less {OURS}'s",
+        p50("invoke") - p50(OURS),
+        "ms",
+        f"{FLOOR} (p50s)",
+        nats_p50 + scripts_p50,
+        f"NATS {nats_p50:.3f} + scripts {scripts_p50:.3f} ms",
+    )
 
 
 async def event_lag(stack: BenchStack, n: int) -> list[float]:

@@ -79,6 +79,15 @@ def test_the_dispatcher_rows_cover_both_modes_and_one_and_two_processes(short_ru
     assert all(f["value"] is not None and f["baseline"] for f in measured if "calls.invoke" in f["name"])
 
 
+def test_the_added_time_of_a_call_is_shown_beside_its_floor(short_run: tuple[str, Any]) -> None:
+    _, data = short_run
+    (row,) = [f for f in data["figures"] if "sequential: p50 less direct McpConnection" in f["name"]]
+    assert row["baseline_name"].startswith("floor: bare NATS round trip + the call's 2 Redis scripts")
+    nats_ms, scripts_ms = (float(x) for x in re.findall(r"[\d.]+(?= ms| \+)", row["note"]))
+    assert nats_ms > 0 and scripts_ms > 0
+    assert row["baseline"] == pytest.approx(nats_ms + scripts_ms, abs=0.002)
+
+
 def test_memory_rows_give_each_service_idle_and_after_calls(short_run: tuple[str, Any]) -> None:
     _, data = short_run
     rows = {f["name"]: f for f in data["figures"] if f["section"] == "memory (RSS)"}
