@@ -21,7 +21,9 @@ from toolbus_approval.app import ApprovalApp
 from toolbus_approval.settings import ApprovalSettings
 from toolbus_common.script_pipe import ScriptPipe
 from toolbus_common.settings import Settings
+from toolbus_dispatcher import events
 from toolbus_dispatcher.events import EventRelay, order_key
+from toolbus_dispatcher.in_flight import InvokesInFlight
 
 from tests.integration.test_dispatcher_helpers import Harness, host_tool
 from tests.support.infra import js_name, until
@@ -52,7 +54,7 @@ class Outbox:
             StreamConfig(name=self.stream, subjects=[f"{self.subject}.>"], **config)
         )
 
-    def relay(self) -> EventRelay:
+    def relay(self, invokes: InvokesInFlight | None = None) -> EventRelay:
         pipe = ScriptPipe(self.redis_url)  # each relay its own, as DispatcherApp does
         self.pipes.append(pipe)
         relay = EventRelay(
@@ -63,6 +65,7 @@ class Outbox:
             lock=f"{self.key}:relay",
             lock_ttl=TTL,
             pipe=pipe,
+            invokes=invokes,
         )
         self.relays.append(relay)
         self.tasks[id(relay)] = asyncio.create_task(relay.run())
@@ -236,6 +239,30 @@ async def test_many_calls_relayed_in_order_per_call(box: Outbox) -> None:
     assert relay.relayed == 1200
     calls = per_call(await box.stored())
     assert len(calls) == 300 and all(ns == [1, 2, 3, 4] for ns in calls.values())
+
+
+async def test_a_calls_first_events_wait_for_the_invokes_in_flight_never_for_ever(
+    box: Outbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A small batch waits until this process's calls.invoke requests are answered (so that the
+    # relay's publishing does not share the event loop with them), at most DEFER seconds.
+    await box.open()
+    invokes = InvokesInFlight()
+    monkeypatch.setattr(events, "DEFER", 30.0)
+    box.relay(invokes)
+    invokes.enter()
+    await box.add("w1", 1)
+    await asyncio.sleep(0.5)
+    assert await box.pending() == ["w1:1"]  # read, held back while the invoke is in flight
+    invokes.leave()
+    await until(lambda: _empty(box), "relayed once the invoke was answered", limit=10)
+    # An invoke that never ends holds nothing back for longer than DEFER.
+    monkeypatch.setattr(events, "DEFER", 0.05)
+    invokes.enter()
+    for n in (1, 2, 3):
+        await box.add("w2", n)
+    await until(lambda: _empty(box), "relayed with an invoke still in flight", limit=10)
+    assert per_call(await box.stored()) == {"w1": [1], "w2": [1, 2, 3]}
 
 
 async def _empty(box: Outbox) -> bool:

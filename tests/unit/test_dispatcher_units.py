@@ -3,11 +3,14 @@ interruption policy, body encoding."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from toolbus_contracts.errors import HostNotAllowed, InvalidInput, UpstreamError, UpstreamUnreachable
 from toolbus_dispatcher.allowlist import AllowList, normalize_host
 from toolbus_dispatcher.executors.base import Interrupted
 from toolbus_dispatcher.executors.http import encode_body
+from toolbus_dispatcher.in_flight import InvokesInFlight
 from toolbus_dispatcher.outcomes import after_interruption, backoff
 from toolbus_dispatcher.outputs import ENVELOPE_ROOM, MIN_INLINE, inline_limit
 from toolbus_dispatcher.validation import SchemaCache
@@ -212,3 +215,25 @@ def test_the_inline_output_limit_is_clamped_to_what_fits_in_one_nats_message() -
     assert inline_limit(100_000, mib) == (100_000, False)
     assert inline_limit(None, 8 * mib) == (8 * mib - ENVELOPE_ROOM, False)
     assert inline_limit(None, 1000) == (MIN_INLINE, False)
+
+
+# ---- the invokes in flight (the event relay waits for them) --------------------------------------
+
+
+async def test_invokes_in_flight_idle_returns_when_the_last_one_leaves_or_the_wait_ends() -> None:
+    loop = asyncio.get_running_loop()
+    invokes = InvokesInFlight()
+    await asyncio.wait_for(invokes.idle(60, loop), 1)  # none in flight: at once
+    invokes.enter()
+    invokes.enter()
+    waiter = asyncio.create_task(invokes.idle(60, loop))
+    await asyncio.sleep(0)
+    invokes.leave()
+    await asyncio.sleep(0)
+    assert not waiter.done() and invokes.busy  # one is still in flight
+    invokes.leave()
+    await asyncio.wait_for(waiter, 1)
+    assert not invokes.busy
+    invokes.enter()  # one that never ends: the wait ends after `within`
+    await asyncio.wait_for(invokes.idle(0.01, loop), 1)
+    assert invokes.busy

@@ -40,6 +40,7 @@ from toolbus_dispatcher.executors.http import HttpExecutor
 from toolbus_dispatcher.executors.mcp import McpExecutor, McpPoolLike
 from toolbus_dispatcher.executors.workflow import WorkflowExecutor
 from toolbus_dispatcher.handlers import QUEUE, host_routes, routes
+from toolbus_dispatcher.in_flight import InvokesInFlight
 from toolbus_dispatcher.outputs import OutputStore, inline_limit
 from toolbus_dispatcher.service import DispatcherService
 from toolbus_dispatcher.settings import DispatcherSettings
@@ -102,6 +103,8 @@ class DispatcherApp:
         self._pipe: ScriptPipe | None = None
         self._relay_pipe: ScriptPipe | None = None
         self._owns_pool = mcp_pool is None
+        self.invokes = InvokesInFlight()
+        """The `calls.invoke` requests being served (the service counts, the relay waits on them)."""
 
     def ready(self) -> bool:
         return self._ready and self.bus.ready()
@@ -159,6 +162,7 @@ class DispatcherApp:
             lock=keys.call_events_relay_lock,
             lock_ttl=s.dispatcher_relay_lock_ttl,
             pipe=self._relay_pipe,
+            invokes=self.invokes,
         )
         inline, clamped = inline_limit(s.dispatcher_inline_output_bytes, nc.max_payload)
         if clamped:
@@ -200,6 +204,7 @@ class DispatcherApp:
             run_retention=s.dispatcher_run_retention,
             message_limit=inline_limit(None, nc.max_payload)[0],  # what fits with its fields
             publish_reply=self.bus.reply,
+            invokes=self.invokes,
         )
         self.bus.include(routes, self.service, durable_prefix=f"{s.dispatcher_consumer}-")
         # Every replica hears every heartbeat and result; each routes only to attempts it waits on.

@@ -69,6 +69,8 @@ from toolbus_common.raw_pub import Batch, fits
 from toolbus_common.script_pipe import ScriptPipe, ScriptReplyError
 from toolbus_common.settings import REDIS_LONGEST_BLOCK
 
+from toolbus_dispatcher.in_flight import DEFER, InvokesInFlight
+
 log = logging.getLogger(__name__)
 
 BATCH = 512
@@ -164,6 +166,7 @@ class EventRelay:
         block_ms: int = int(REDIS_LONGEST_BLOCK * 1000),  # within the pipe's reply timeout
         retry_pause: float = 0.2,
         linger: float = LINGER,
+        invokes: InvokesInFlight | None = None,
     ) -> None:
         self._r = redis
         self._pipe = pipe  # the relay's own connection: XREAD BLOCK holds it (see the module)
@@ -189,6 +192,8 @@ class EventRelay:
         self._block = max(1, min(block_ms, int(REDIS_LONGEST_BLOCK * 1000), int(lock_ttl * 1000 / 3)))
         self._pause = retry_pause
         self._linger = linger
+        self._invokes = invokes
+        """This process's `calls.invoke` requests: a small batch waits for them (`in_flight`)."""
         self._held: dict[str, float] = {}  # order key -> loop time its entry may be tried again
         self._backoff: dict[str, float] = {}  # order key -> its last pause
         self._acked: list[bytes] = []  # entries JetStream acked, deleted with the next read
@@ -319,6 +324,8 @@ class EventRelay:
             if not entries:
                 continue
             cursor = entries[-1][0]
+            if self._invokes is not None and self._invokes.busy and len(entries) < LINGER_FROM:
+                await self._invokes.idle(DEFER, loop)  # after the call that woke us replied
             sent, failed = await self._publish(entries)
             if failed and not sent:  # nothing went through: NATS or the stream is down, likely
                 await asyncio.sleep(min(pause, self._ttl / 3))  # never so long that the lock lapses

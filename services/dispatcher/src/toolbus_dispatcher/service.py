@@ -31,6 +31,7 @@ from toolbus_contracts.internal import ApprovalDecided, ApprovalNeeded, CallsRes
 
 from toolbus_dispatcher.calls import CallRunner, reply_body
 from toolbus_dispatcher.credentials import CredentialResolver
+from toolbus_dispatcher.in_flight import InvokesInFlight
 from toolbus_dispatcher.outcomes import failed
 from toolbus_dispatcher.store import CallStore, Created
 from toolbus_dispatcher.validation import SchemaCache
@@ -86,8 +87,11 @@ class DispatcherService:
         run_retention: float,
         publish_reply: PublishReply,
         message_limit: int,
+        invokes: InvokesInFlight | None = None,
     ) -> None:
         self._store = store
+        self.invokes = invokes or InvokesInFlight()
+        """The `calls.invoke` requests being served here (the event relay publishes after them)."""
         # The approval command and event, a host tool's task and a workflow's start request carry
         # the input: it must fit in one NATS message with their other fields (the server's
         # max_payload less `outputs.ENVELOPE_ROOM`).
@@ -180,8 +184,18 @@ class DispatcherService:
     async def start_call(self, req: CallStartRequest, reply: str = "", *, run_here: bool = False) -> Started:
         """Check and store a call (`calls.start`, `calls.invoke`); `reply` gets the outcome later.
 
-        With `run_here`, a call admitted at once runs in the caller's task before this returns.
+        With `run_here` (`calls.invoke`), a call admitted at once runs in the caller's task before
+        this returns, counted in `invokes` meanwhile.
         """
+        if not run_here:
+            return await self._start_call(req, reply, run_here=False)
+        self.invokes.enter()
+        try:
+            return await self._start_call(req, reply, run_here=True)
+        finally:
+            self.invokes.leave()
+
+    async def _start_call(self, req: CallStartRequest, reply: str, *, run_here: bool) -> Started:
         toolset_id, namespace = await self._run(req.run_id)
         stored = await self._toolsets.get(toolset_id)
         tool = stored.table.get(req.tool) if stored is not None else None
