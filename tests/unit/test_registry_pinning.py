@@ -14,6 +14,7 @@ from toolbus_contracts import (
     HostToolSpec,
     HttpSpec,
     McpServerSpec,
+    PinnedServer,
     PinnedToolset,
     PolicySpec,
     ToolInfo,
@@ -164,3 +165,30 @@ async def test_a_server_listing_the_same_tools_again_is_pinned_once() -> None:
     )
     with pytest.raises(InvalidRequest):
         await pinner.pin(bad)
+
+
+async def test_each_server_pinned_afresh_is_handed_over_as_soon_as_it_is() -> None:
+    # The registry prepares a server's search terms while the others are still listed: each
+    # server pinned afresh is handed over, one remembered from the same listing before is not.
+    listings = {"a": synthetic_tools(3), "b": synthetic_tools(2)}
+    pinner = Pinner(_lister(listings), _nothing, _nothing, page_bytes=PAGE)
+    spec = ToolsetCreateRequest(
+        mcp=[McpServerSpec(name="a", url="http://a/mcp"), McpServerSpec(name="b", url="http://b/mcp")]
+    )
+    handed: list[PinnedServer] = []
+    pinned = await pinner.pin(spec, on_pinned=handed.append)
+    assert sorted(s.name for s in handed) == ["a", "b"]
+    assert {s.name: s for s in handed} == {s.name: s for s in pinned.toolset.servers}
+    handed.clear()
+    listings["b"] = synthetic_tools(4)
+    await pinner.pin(spec, on_pinned=handed.append)
+    assert [s.name for s in handed] == ["b"]  # a listed the same tools: remembered, not handed
+
+
+async def test_a_tools_info_is_its_validated_wire_form() -> None:
+    # `Tool.info` is made from the wire form without validating it again: it must be the model
+    # validation gives, for every kind of tool.
+    table = ToolTable((await _rich_pinned()).toolset)
+    for tool in table.tools:
+        validated = ToolInfo.model_validate({**tool.wire, "policy": tool.policy})
+        assert tool.info == validated and tool.info.wire() == validated.wire() == tool.wire

@@ -16,6 +16,7 @@ from toolbus_registry.search import (
     Embedder,
     Encoder,
     FileVectorStore,
+    PreparedTerms,
     SearchIndex,
     SearchOptions,
     default_encoder,
@@ -253,3 +254,18 @@ def test_the_embedders_memory_holds_float16_copies_not_rows_of_the_arrays_it_ret
     returned = weakref.ref(vectors)
     del vectors
     assert returned() is None
+
+
+def test_an_index_built_from_prepared_terms_is_the_one_built_without() -> None:
+    # A registration prepares its tools' terms while servers are listed (`PreparedTerms.add`),
+    # some of them only (the listing ended first): the build finds those and does the rest.
+    prepared = PreparedTerms()
+    prepared.add([(t.name, t.description, t.input_schema) for t in TOOLS[:5]])
+    assert prepared.known and len(prepared.params_texts) == 5
+    with_terms = SearchIndex.build(TOOLS, prepared=prepared)
+    prepared.add([(t.name, t.description, t.input_schema) for t in TOOLS[5:]])  # closed by the build
+    assert len(prepared.params_texts) == 5
+    plain = SearchIndex.build(TOOLS)
+    for query in ("close an issue", "create a folder", "add two numbers", "open a web page"):
+        a, b = with_terms.search(query, 8), plain.search(query, 8)
+        assert names(a) == names(b) and [r.score for r in a] == [r.score for r in b], query

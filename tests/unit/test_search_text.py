@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from toolbus_registry.search.stemmer import stem
 from toolbus_registry.search.text import (
+    STOP_WORDS,
     SYNONYMS,
     expand,
     request_action,
@@ -112,3 +113,22 @@ def test_tool_action_is_the_verb_its_name_starts_with(name: str, action: str | N
 )
 def test_request_action_reads_the_action_a_request_asks_for(query: str, action: str | None) -> None:
     assert request_action(query) == action
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "getHTTPResponse2x and HTTPServer2, API-get-user",
+        "Retrieve a list of all Calls made to and from your account. The list includes paging.",
+        "naïve café ÉcoleNormale x_y-z.w ABCdef 2x3y İstanbul ﬁle",
+        "The the THE tHe a an",
+        "",
+        "x" * 100,
+    ],
+)
+def test_terms_are_the_stemmed_words_of_split_identifier_less_stop_words(text: str) -> None:
+    # `terms` looks words up run by run (a memo of alphanumeric runs); it must give what the
+    # plain definition gives, whatever the text (and again, from the memo).
+    plain = [stem(w) for w in split_identifier(text) if w not in STOP_WORDS]
+    assert terms(text) == plain
+    assert terms(text) == plain

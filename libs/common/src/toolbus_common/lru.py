@@ -41,6 +41,13 @@ class Lru(Generic[K, V]):
             dropped_key, dropped = self._items.popitem(last=False)
             self._used -= self._weight(dropped_key, dropped)
 
+    def pop(self, key: K) -> V | None:
+        """Remove `key`; its value, or None."""
+        old = self._items.pop(key, None)
+        if old is not None:
+            self._used -= self._weight(key, old)
+        return old
+
     def __contains__(self, key: object) -> bool:
         return key in self._items
 

@@ -80,9 +80,21 @@ class Tool:
 
     @property
     def info(self) -> ToolInfo:
-        """The tool's `ToolInfo`, validated from its wire form on first use."""
+        """The tool's `ToolInfo`, made from its wire form on first use without validating it
+        again: the wire form is written from a toolset validated when it was pinned or read
+        (`_info_wire`; validating 1,350 tools again cost ~9 ms before a first search)."""
         if self._info is None:
-            self._info = ToolInfo.model_validate({**self.wire, "policy": self.policy})
+            wire = self.wire
+            fields: dict[str, Any] = {
+                "name": wire["name"],
+                "kind": wire["kind"],
+                "description": wire["description"],
+                "input_schema": wire["inputSchema"],
+                "policy": self.policy,
+            }
+            if "outputSchema" in wire:
+                fields["output_schema"] = wire["outputSchema"]
+            self._info = ToolInfo.model_construct(**fields)
         return self._info
 
 

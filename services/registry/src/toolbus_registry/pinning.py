@@ -259,16 +259,20 @@ class Pinner:
         self._toolset = toolsets
         self._memo: Lru[bytes, ServerPin] = Lru(SERVER_MEMO_BYTES, weight=lambda _, pin: len(pin.canonical))
 
-    async def pin(self, spec: ToolsetCreateRequest) -> Pinned:
+    async def pin(
+        self, spec: ToolsetCreateRequest, on_pinned: Callable[[PinnedServer], None] | None = None
+    ) -> Pinned:
         """The pinned toolset of a spec. Its wire form is assembled from the listed tools as they
-        are checked, so a 1,000-tool toolset is not serialised again to compute its id."""
+        are checked, so a 1,000-tool toolset is not serialised again to compute its id.
+        `on_pinned` is called with each server pinned afresh (not one remembered from an earlier
+        listing of the same tools), as soon as it is, while others may still be listed."""
         if spec.base is not None:
             derived = await self._derive(spec)
             wire = orjson.loads(derived.wire_json())
             return Pinned(derived, wire, canonical_json(wire))
         self._check_names(spec)
         servers, workflows = await asyncio.gather(
-            self._pin_servers(spec), self._pin_workflows(spec.workflows)
+            self._pin_servers(spec, on_pinned), self._pin_workflows(spec.workflows)
         )
         host = sorted(
             (
@@ -355,7 +359,9 @@ class Pinner:
                         details={"field": f"credentials.servers.{name}", "server": name},
                     )
 
-    async def _pin_servers(self, spec: ToolsetCreateRequest) -> list[ServerPin]:
+    async def _pin_servers(
+        self, spec: ToolsetCreateRequest, on_pinned: Callable[[PinnedServer], None] | None
+    ) -> list[ServerPin]:
         creds = spec.credentials.servers if spec.credentials else {}
 
         async def one(i: int) -> ServerPin:
@@ -375,6 +381,8 @@ class Pinner:
             if hit is None:
                 hit = _pin_server(i, server, listed, self._tool_limit)
                 self._memo.put(key, hit)
+                if on_pinned is not None:
+                    on_pinned(hit.model)
             return hit
 
         pinned = await asyncio.gather(*(one(i) for i in range(len(spec.mcp))))

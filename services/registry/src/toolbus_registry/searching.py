@@ -11,20 +11,29 @@ vectors are attached it answers from the lexical ranking alone.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import ctypes.util
 import logging
+from collections.abc import Callable
 from functools import cache
 
 from nats.js import JetStreamContext
 from prometheus_client import Counter, Gauge
 from toolbus_common.connections import DEFAULT_PLACEMENT, JsPlacement, ensure_kv
 from toolbus_common.lru import Lru
-from toolbus_common.toolsets import StoredToolset
-from toolbus_contracts import ToolsetSearchReply
+from toolbus_common.toolsets import StoredToolset, mcp_tool_name
+from toolbus_contracts import PinnedServer, ToolsetSearchReply
 
 from toolbus_registry.declarations import tool_dts_fragment, tool_prompt_line
-from toolbus_registry.search import Embedder, KvVectorStore, SearchIndex, default_encoder, to_hits
+from toolbus_registry.search import (
+    Embedder,
+    KvVectorStore,
+    PreparedTerms,
+    SearchIndex,
+    default_encoder,
+    to_hits,
+)
 from toolbus_registry.search.encoder import MODEL_ID
 
 log = logging.getLogger("toolbus.registry.search")
@@ -40,6 +49,14 @@ TEXTS_ENCODED = Counter("toolbus_search_texts_encoded_total", "Tool texts run th
 TEXTS_LOADED = Counter(
     "toolbus_search_texts_loaded_total", "Tool texts whose vectors were read from the persisted store."
 )
+PREPARED_TOOLSETS = 8
+"""Registrations whose prepared search terms wait for their index build (normally one, built
+right after its reply)."""
+SEARCHES_FIRST = 0.5
+"""Seconds background work (a toolset's embedding, its declarations' rendering) waits, at most,
+for the searches being answered: on two cores a search right after a registration otherwise
+shares the interpreter with loading the model and rendering (docs/design.md)."""
+
 EMBEDDING = Gauge("toolbus_search_toolsets_embedding", "Toolsets whose tools are being embedded now.")
 
 
@@ -62,6 +79,12 @@ def release_freed_memory() -> None:
         trim(0)
 
 
+def _ignore_result(future: asyncio.Future[None]) -> None:
+    """A terms-preparing job's end: a failure only leaves the build more to do (it is logged)."""
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("preparing search terms failed", exc_info=future.exception())
+
+
 class Searcher:
     """Search indexes by toolset id with their background embedding. Runs on the event loop;
     CPU-bound work goes to worker threads."""
@@ -71,6 +94,33 @@ class Searcher:
         self._indexes: Lru[str, SearchIndex] = Lru(cache_tools, weight=lambda _, index: max(len(index), 1))
         self._building: dict[str, asyncio.Future[SearchIndex]] = {}
         self._embedding: dict[str, asyncio.Task[None]] = {}
+        self._prepared: Lru[str, PreparedTerms] = Lru(PREPARED_TOOLSETS)
+        self._searches = 0
+        self._no_search = asyncio.Event()
+        self._no_search.set()
+
+    def preparing(self, prepared: PreparedTerms) -> Callable[[PinnedServer], None]:
+        """For a registration (`Pinner.pin`'s `on_pinned`): each server pinned afresh has its
+        tools' search terms worked out into `prepared` in a worker thread, while other servers
+        are still being listed; `prepared_for` then hands them to the toolset's index build."""
+        loop = asyncio.get_running_loop()
+
+        def on_pinned(server: PinnedServer) -> None:
+            tools = [
+                (mcp_tool_name(server.name, t.name), t.description or t.title or "", t.input_schema)
+                for t in server.tools
+            ]
+            loop.run_in_executor(None, prepared.add, tools).add_done_callback(_ignore_result)
+
+        return on_pinned
+
+    def prepared_for(self, toolset_id: str, prepared: PreparedTerms) -> None:
+        """The listing is over: what `prepared` holds of this toolset's tools' terms is what its
+        index build (after the reply, or a first search's) starts from. Nothing more is added
+        (`close`): the store write and the reply do not share the interpreter with it."""
+        prepared.close()
+        if toolset_id not in self._indexes and prepared.known:
+            self._prepared.put(toolset_id, prepared)
 
     async def index(self, stored: StoredToolset) -> SearchIndex:
         """The toolset's index, built once (in a thread) however many ask at the same time."""
@@ -79,7 +129,10 @@ class Searcher:
             return index
         pending = self._building.get(stored.id)
         if pending is None:
-            pending = asyncio.ensure_future(asyncio.to_thread(SearchIndex.build, stored.table.infos()))
+            prepared = self._prepared.pop(stored.id)
+            pending = asyncio.ensure_future(
+                asyncio.to_thread(SearchIndex.build, stored.table.infos(), None, prepared)
+            )
             self._building[stored.id] = pending
             try:
                 index = await pending
@@ -100,7 +153,16 @@ class Searcher:
         self._embedding[toolset_id] = task
         task.add_done_callback(lambda _: self._embedding.pop(toolset_id, None))
 
+    async def after_searches(self, within: float = SEARCHES_FIRST) -> None:
+        """Until no search is being answered, at most `within` seconds: background work waits
+        for the searches under way (the first after a registration waits for its index)."""
+        if self._searches:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(within):
+                    await self._no_search.wait()
+
     async def _embed(self, toolset_id: str, index: SearchIndex) -> None:
+        await self.after_searches()
         EMBEDDING.inc()
         encoded, loaded = self.embedder.encoded, self.embedder.loaded
         try:
@@ -138,10 +200,18 @@ class Searcher:
         return index is not None and index.dense
 
     async def search(self, stored: StoredToolset, query: str, limit: int) -> ToolsetSearchReply:
-        index = await self.index(stored)
+        self._searches += 1
+        self._no_search.clear()
+        try:
+            index = await self.index(stored)
+            reply = await asyncio.to_thread(self._search, index, query, limit)
+        finally:
+            self._searches -= 1
+            if not self._searches:
+                self._no_search.set()
         if not index.dense:
             self._start_embedding(stored.id, index)
-        return await asyncio.to_thread(self._search, index, query, limit)
+        return reply
 
     def _search(self, index: SearchIndex, query: str, limit: int) -> ToolsetSearchReply:
         vector = self.embedder.encode_query(query) if index.dense else None

@@ -38,6 +38,7 @@ from toolbus_registry.paging import (
     page_text,
 )
 from toolbus_registry.pinning import Pinner, ToolLister, check_json_schema
+from toolbus_registry.search import PreparedTerms
 from toolbus_registry.searching import Searcher
 from toolbus_registry.workflows import WorkflowStore
 
@@ -116,27 +117,24 @@ class RegistryService:
     # ---- toolsets ---------------------------------------------------------------------------
 
     async def create(self, req: ToolsetCreateRequest) -> RawJson:
-        pinned = await self._pinner.pin(req)
+        prepared = PreparedTerms()
+        pinned = await self._pinner.pin(req, on_pinned=self._searcher.preparing(prepared))
         tid = pinned.id
+        self._searcher.prepared_for(tid, prepared)
         stored = self._toolsets.entry(tid, pinned.toolset)
         cached = self._replies.get(tid)
-        # The store write mostly waits on JetStream: build the reply and the search index meanwhile,
-        # so that a search right after the reply answers at once (lexically until the tools'
-        # vectors are attached: `_warm` starts embedding them). Measured and left out: a reply that
-        # does not wait for the build made the first search wait for what was left of it instead
-        # (0.37-0.52 s for 1,350 tools in a fresh registry on the busy machine, against 46-56 ms
-        # with the build awaited here; docs/design.md).
+        # The reply waits for the store write, not for the search index: the index is built in
+        # the background right after the reply (`_warm`), and a search that comes first waits
+        # for that build (`Searcher.index`), which starts from the terms prepared while the
+        # servers were listed. Built before the reply, the index held the GIL against the store
+        # write and added its whole time to the registration (docs/design.md).
         if cached is None:
-            _, reply, _ = await asyncio.gather(
-                self._toolsets.save(stored, pinned.stored_json),
-                self._create_reply(stored),
-                self._searcher.index(stored),
+            _, reply = await asyncio.gather(
+                self._toolsets.save(stored, pinned.stored_json), self._create_reply(stored)
             )
             self._replies.put(tid, reply)
         else:
-            await asyncio.gather(
-                self._toolsets.save(stored, pinned.stored_json), self._searcher.index(stored)
-            )
+            await self._toolsets.save(stored, pinned.stored_json)
             reply = cached
         if req.credentials is not None and self._credentials is not None:
             await self._credentials.set_toolset(tid, req.credentials)
@@ -167,6 +165,7 @@ class RegistryService:
         async def later() -> None:
             await asyncio.sleep(_WARM_DELAY)
             await self._searcher.warm(stored)  # the lexical index now, the embedding in background
+            await self._searcher.after_searches()  # a first search waiting for the index goes first
             await asyncio.to_thread(self._render, stored)
             self._warmed.put(stored.id, True)
 

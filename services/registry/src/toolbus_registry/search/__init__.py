@@ -16,7 +16,7 @@ query mentions, namespace-level similarity). Vectors are computed in the backgro
 from toolbus_registry.search.embeddings import Embedder
 from toolbus_registry.search.encoder import Encoder, default_encoder
 from toolbus_registry.search.hits import to_hits
-from toolbus_registry.search.index import RerankWeights, ScoredTool, SearchIndex, SearchOptions
+from toolbus_registry.search.index import PreparedTerms, RerankWeights, ScoredTool, SearchIndex, SearchOptions
 from toolbus_registry.search.store import FileVectorStore, KvVectorStore, VectorStore, text_key
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "Encoder",
     "FileVectorStore",
     "KvVectorStore",
+    "PreparedTerms",
     "RerankWeights",
     "ScoredTool",
     "SearchIndex",

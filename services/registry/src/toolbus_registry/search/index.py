@@ -218,6 +218,39 @@ def namespace_terms(namespaces: Sequence[str]) -> dict[str, frozenset[str]]:
     return words
 
 
+class PreparedTerms:
+    """The search terms of tools' texts, worked out before their toolset's index is built: a
+    registration hands each server's tools here as it is listed (`add`, in a worker thread, while
+    other servers are still being listed), and `SearchIndex.build` then finds them done. Tools
+    are named as in the index (qualified names); a tool's texts are its name's and namespace's
+    words, its description and its parameters' text, as `build` reads them. Once the build has
+    started (`close`), what is still to be added is skipped: the build does it itself."""
+
+    def __init__(self, options: SearchOptions | None = None) -> None:
+        self._limit = (options or SearchOptions()).params_text_chars
+        self.known: dict[str, list[str]] = {}
+        """Text -> its terms."""
+        self.params_texts: dict[str, str] = {}
+        """Qualified tool name -> its parameters' text."""
+        self._closed = False
+
+    def add(self, tools: Sequence[tuple[str, str, Mapping[str, Any]]]) -> None:
+        """(qualified name, description, input schema) of tools: their texts' terms."""
+        known = self.known
+        for name, description, schema in tools:
+            if self._closed:
+                return
+            namespace, local = split_qualified_name(name)
+            params = _schema_text(schema, self._limit)
+            self.params_texts[name] = params
+            for text in (local, namespace, description, params):
+                if text not in known:
+                    known[text] = terms(text)
+
+    def close(self) -> None:
+        self._closed = True
+
+
 class SearchIndex:
     """A ranked search over one toolset's tools: lexical from the start, dense once the tools'
     vectors are attached. Safe to share across threads (attaching swaps one reference)."""
@@ -254,12 +287,21 @@ class SearchIndex:
         self._members = [np.flatnonzero(self._namespace_of == k) for k in range(len(namespaces))]
 
     @classmethod
-    def build(cls, tools: Sequence[ToolInfo], options: SearchOptions | None = None) -> SearchIndex:
-        """Index the tools lexically (milliseconds per thousand tools); `attach` adds vectors."""
+    def build(
+        cls,
+        tools: Sequence[ToolInfo],
+        options: SearchOptions | None = None,
+        prepared: PreparedTerms | None = None,
+    ) -> SearchIndex:
+        """Index the tools lexically (milliseconds per thousand tools); `attach` adds vectors.
+        `prepared`: terms of these tools' texts worked out ahead (`PreparedTerms`), used as found."""
         options = options or SearchOptions()
+        if prepared is not None:
+            prepared.close()
         # Terms of each distinct text once: namespaces repeat on every tool of a server, and
         # many tools share their parameters' text (the same schema on every tool of an API).
-        known: dict[str, list[str]] = {}
+        known = prepared.known if prepared is not None else {}
+        params_texts = prepared.params_texts if prepared is not None else {}
 
         def terms_of(text: str) -> list[str]:
             found = known.get(text)
@@ -270,12 +312,15 @@ class SearchIndex:
         docs = []
         for tool in tools:
             namespace, local = split_qualified_name(tool.name)
+            params = params_texts.get(tool.name)
+            if params is None:
+                params = _schema_text(tool.input_schema, options.params_text_chars)
             docs.append(
                 {
                     "name": terms_of(local),
                     "server": terms_of(namespace),
                     "description": terms_of(tool.description),
-                    "params": terms_of(_schema_text(tool.input_schema, options.params_text_chars)),
+                    "params": terms_of(params),
                 }
             )
         lexical = LexicalIndex(docs, options.bm25)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from functools import lru_cache
+from itertools import chain
 
 from toolbus_registry.search.stemmer import stem
 
@@ -47,9 +48,35 @@ def _identifier_words(text: str) -> tuple[str, ...]:
     return tuple(part.lower() for part in _CAMEL.findall(text))
 
 
+_ALNUM = re.compile(r"[A-Za-z0-9]+")
+_CHUNK_TERMS: dict[str, tuple[str, ...]] = {}
+"""An alphanumeric run of text (`"HTTPServer2"`, `"issues"`, `"The"`) -> its terms. `_CAMEL`
+matches within such runs only, so the terms of a text are those of its runs in order: looked up
+with `map` (no Python frame a word), the runs never seen computed once; emptied at `_CHUNKS_MAX`
+(a corpus's whole vocabulary is a few thousand runs)."""
+_CHUNKS_MAX = 200_000
+
+
+def _chunk_terms(chunk: str) -> tuple[str, ...]:
+    if chunk.isalpha() and (chunk.islower() or chunk.istitle()):  # one word: most runs of text
+        word = chunk.lower()
+        return () if word in STOP_WORDS else (stem(word),)
+    words = (part.lower() for part in _CAMEL.findall(chunk))
+    return tuple(stem(w) for w in words if w not in STOP_WORDS)
+
+
 def terms(text: str) -> list[str]:
-    """Stemmed search terms of a text or identifier, stop words removed, in order."""
-    return [stem(w) for w in split_identifier(text) if w not in STOP_WORDS]
+    """Stemmed search terms of a text or identifier, stop words removed, in order (the words of
+    `split_identifier`, each stemmed unless a stop word)."""
+    chunks = _ALNUM.findall(text)
+    found = list(map(_CHUNK_TERMS.get, chunks))
+    if None in found:
+        if len(_CHUNK_TERMS) >= _CHUNKS_MAX:
+            _CHUNK_TERMS.clear()
+        for chunk in set(chunks).difference(_CHUNK_TERMS):
+            _CHUNK_TERMS[chunk] = _chunk_terms(chunk)
+        found = list(map(_CHUNK_TERMS.get, chunks))
+    return list(chain.from_iterable(found))  # type: ignore[arg-type]  # no None left
 
 
 # Groups of words that mean the same thing to someone looking for a tool. Each word of a query
