@@ -248,12 +248,21 @@ async def test_a_calls_first_events_wait_for_the_invokes_in_flight_never_for_eve
     # relay's publishing does not share the event loop with them), at most DEFER seconds.
     await box.open()
     invokes = InvokesInFlight()
+    waiting = asyncio.Event()
+    idle = InvokesInFlight.idle
+
+    async def spied(self: InvokesInFlight, within: float, loop: asyncio.AbstractEventLoop) -> None:
+        waiting.set()
+        await idle(self, within, loop)
+
+    monkeypatch.setattr(InvokesInFlight, "idle", spied)
     monkeypatch.setattr(events, "DEFER", 30.0)
     box.relay(invokes)
     invokes.enter()
     await box.add("w1", 1)
-    await asyncio.sleep(0.5)
-    assert await box.pending() == ["w1:1"]  # read, held back while the invoke is in flight
+    await asyncio.wait_for(waiting.wait(), 10)  # the relay read it and waits for the invoke
+    await asyncio.sleep(0.2)
+    assert await box.pending() == ["w1:1"]  # held back while the invoke is in flight
     invokes.leave()
     await until(lambda: _empty(box), "relayed once the invoke was answered", limit=10)
     # An invoke that never ends holds nothing back for longer than DEFER.

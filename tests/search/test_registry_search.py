@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from toolbus_common import Settings
-from toolbus_contracts import Subjects, ToolsetSearchRequest
+from toolbus_contracts import Subjects, ToolInfo, ToolsetSearchRequest
 from toolbus_registry import searching
 from toolbus_registry.app import RegistryApp
-from toolbus_registry.search import Encoder, default_encoder
+from toolbus_registry.search import Encoder, PreparedTerms, SearchIndex, default_encoder
 from toolbus_registry.search.encoder import Vectors
 
 from tests.support.infra import request, until
@@ -192,5 +192,43 @@ async def test_a_search_during_background_embedding_answers_lexically(
         assert reply["data"]["tools"][0]["name"] == "billing.refund_payment", reply
     finally:
         gate.set()
+        await app.stop()
+        await server.stop()
+
+
+async def test_an_index_is_built_after_the_reply_from_terms_prepared_while_listing(
+    nc: Any, subjects: Subjects, settings: Settings, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The create reply waits for the store write, not for the index: it is built right after,
+    # from the terms worked out while the server was listed; and built again when the toolset is
+    # registered after its index left the searcher's cache.
+    builds: list[tuple[int, int]] = []
+
+    class Counted(SearchIndex):
+        @classmethod
+        def build(
+            cls, tools: Sequence[ToolInfo], options: Any = None, prepared: PreparedTerms | None = None
+        ) -> SearchIndex:
+            builds.append((len(tools), len(prepared.known) if prepared is not None else 0))
+            return SearchIndex.build(tools, options, prepared)
+
+    monkeypatch.setattr(searching, "SearchIndex", Counted)
+    server = McpTestServer(tools(f"prepared {prefix}"), name="billing")
+    await server.start()
+    app = await started(settings)
+    try:
+        toolset_id = await register(nc, subjects, server)
+        await until(lambda: searcher_of(app).holds(toolset_id), "index built after the reply", 30)
+        # (how many terms were prepared before the listing ended depends on the thread's timing)
+        assert len(builds) == 1 and builds[0][0] == len(TASKS), builds
+        reply = await request(
+            nc, subjects.toolsets_search, {"id": toolset_id, "query": "refund a payment", "limit": 1}
+        )
+        assert reply["data"]["tools"][0]["name"] == "billing.refund_payment", reply
+        searcher_of(app)._indexes.pop(toolset_id)  # as the cache drops it under other toolsets
+        assert await register(nc, subjects, server) == toolset_id
+        await until(lambda: searcher_of(app).holds(toolset_id), "index built again", 30)
+        assert len(builds) == 2, builds
+    finally:
         await app.stop()
         await server.stop()

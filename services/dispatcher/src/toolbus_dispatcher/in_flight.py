@@ -53,6 +53,6 @@ class InvokesInFlight:
         idle = self._idle
         timer = loop.call_later(within, _wake, idle)
         try:
-            await idle
+            await asyncio.shield(idle)  # one waiter cancelled leaves the others waiting
         finally:
             timer.cancel()

@@ -16,6 +16,7 @@ import ctypes
 import ctypes.util
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 
 from nats.js import JetStreamContext
@@ -79,7 +80,7 @@ def release_freed_memory() -> None:
         trim(0)
 
 
-def _ignore_result(future: asyncio.Future[None]) -> None:
+def _log_failure(future: asyncio.Future[None]) -> None:
     """A terms-preparing job's end: a failure only leaves the build more to do (it is logged)."""
     if not future.cancelled() and future.exception() is not None:
         log.warning("preparing search terms failed", exc_info=future.exception())
@@ -95,6 +96,8 @@ class Searcher:
         self._building: dict[str, asyncio.Future[SearchIndex]] = {}
         self._embedding: dict[str, asyncio.Task[None]] = {}
         self._prepared: Lru[str, PreparedTerms] = Lru(PREPARED_TOOLSETS)
+        self._preparer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="search-terms")
+        """Its own thread: a registration's prepare jobs never hold up a search or a build."""
         self._searches = 0
         self._no_search = asyncio.Event()
         self._no_search.set()
@@ -110,7 +113,11 @@ class Searcher:
                 (mcp_tool_name(server.name, t.name), t.description or t.title or "", t.input_schema)
                 for t in server.tools
             ]
-            loop.run_in_executor(None, prepared.add, tools).add_done_callback(_ignore_result)
+            try:
+                job = loop.run_in_executor(self._preparer, prepared.add, tools)
+            except RuntimeError:  # the executor is shut down: the build does it all
+                return
+            job.add_done_callback(_log_failure)
 
         return on_pinned
 
@@ -119,8 +126,12 @@ class Searcher:
         index build (after the reply, or a first search's) starts from. Nothing more is added
         (`close`): the store write and the reply do not share the interpreter with it."""
         prepared.close()
-        if toolset_id not in self._indexes and prepared.known:
+        if toolset_id not in self._indexes and toolset_id not in self._building and prepared.known:
             self._prepared.put(toolset_id, prepared)
+
+    def holds(self, toolset_id: str) -> bool:
+        """Whether the toolset's index is in memory (built, and not yet dropped from the cache)."""
+        return toolset_id in self._indexes
 
     async def index(self, stored: StoredToolset) -> SearchIndex:
         """The toolset's index, built once (in a thread) however many ask at the same time."""

@@ -4,6 +4,7 @@ No NATS subjects here; `handlers.py` maps subjects onto these methods."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -42,6 +43,8 @@ from toolbus_registry.search import PreparedTerms
 from toolbus_registry.searching import Searcher
 from toolbus_registry.workflows import WorkflowStore
 
+log = logging.getLogger("toolbus.registry")
+
 
 class ToolsetCredentialSink(Protocol):
     """Where registration's `credentials` land: the toolset level of the credential store."""
@@ -50,8 +53,9 @@ class ToolsetCredentialSink(Protocol):
 
 
 _WARM_DELAY = 0.01
-"""Seconds between a create reply and the background rendering and embedding, so the reply is
-written out before that CPU-bound work competes for the interpreter."""
+"""Seconds between a create reply and the background index build, embedding and rendering, so
+the reply is written out before that CPU-bound work competes for the interpreter (a search that
+comes first starts the index build itself)."""
 WARMED_SIZE = 1024
 """Toolset ids whose declarations and search index were built in the background (both caches
 have their own bounds; this only avoids warming the same toolset again on every create)."""
@@ -118,7 +122,10 @@ class RegistryService:
 
     async def create(self, req: ToolsetCreateRequest) -> RawJson:
         prepared = PreparedTerms()
-        pinned = await self._pinner.pin(req, on_pinned=self._searcher.preparing(prepared))
+        try:
+            pinned = await self._pinner.pin(req, on_pinned=self._searcher.preparing(prepared))
+        finally:
+            prepared.close()  # the listing is over: nothing more is added (see `prepared_for`)
         tid = pinned.id
         self._searcher.prepared_for(tid, prepared)
         stored = self._toolsets.entry(tid, pinned.toolset)
@@ -157,16 +164,21 @@ class RegistryService:
         return truncated if len(reply) > self._budget else RawJson(reply)
 
     def _warm(self, stored: StoredToolset) -> None:
-        """Render a toolset's declarations and embed its tools in the background, once the reply
-        is out: declarations and search are usually asked for next."""
-        if stored.id in self._warming or stored.id in self._warmed:
+        """Build a toolset's search index, embed its tools and render its declarations in the
+        background, once the reply is out: search and declarations are usually asked for next.
+        A toolset warmed before is warmed again when its index has left the searcher's cache."""
+        if stored.id in self._warming or (stored.id in self._warmed and self._searcher.holds(stored.id)):
             return
 
         async def later() -> None:
             await asyncio.sleep(_WARM_DELAY)
-            await self._searcher.warm(stored)  # the lexical index now, the embedding in background
-            await self._searcher.after_searches()  # a first search waiting for the index goes first
-            await asyncio.to_thread(self._render, stored)
+            try:
+                await self._searcher.warm(stored)  # the index now, the embedding in background
+                await self._searcher.after_searches()  # a first search waiting for the index first
+                await asyncio.to_thread(self._render, stored)
+            except Exception:  # a search or a declarations read tries again (and answers the error)
+                log.exception("warming toolset %s failed", stored.id)
+                return
             self._warmed.put(stored.id, True)
 
         task = asyncio.create_task(later())

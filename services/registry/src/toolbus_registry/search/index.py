@@ -227,7 +227,7 @@ class PreparedTerms:
     started (`close`), what is still to be added is skipped: the build does it itself."""
 
     def __init__(self, options: SearchOptions | None = None) -> None:
-        self._limit = (options or SearchOptions()).params_text_chars
+        self.params_text_chars = (options or SearchOptions()).params_text_chars
         self.known: dict[str, list[str]] = {}
         """Text -> its terms."""
         self.params_texts: dict[str, str] = {}
@@ -241,7 +241,7 @@ class PreparedTerms:
             if self._closed:
                 return
             namespace, local = split_qualified_name(name)
-            params = _schema_text(schema, self._limit)
+            params = _schema_text(schema, self.params_text_chars)
             self.params_texts[name] = params
             for text in (local, namespace, description, params):
                 if text not in known:
@@ -301,7 +301,9 @@ class SearchIndex:
         # Terms of each distinct text once: namespaces repeat on every tool of a server, and
         # many tools share their parameters' text (the same schema on every tool of an API).
         known = prepared.known if prepared is not None else {}
-        params_texts = prepared.params_texts if prepared is not None else {}
+        # Parameters' texts prepared with another length limit are not these: made again.
+        same = prepared is not None and prepared.params_text_chars == options.params_text_chars
+        params_texts = prepared.params_texts if prepared is not None and same else {}
 
         def terms_of(text: str) -> list[str]:
             found = known.get(text)

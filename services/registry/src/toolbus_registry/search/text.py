@@ -52,9 +52,11 @@ _ALNUM = re.compile(r"[A-Za-z0-9]+")
 _CHUNK_TERMS: dict[str, tuple[str, ...]] = {}
 """An alphanumeric run of text (`"HTTPServer2"`, `"issues"`, `"The"`) -> its terms. `_CAMEL`
 matches within such runs only, so the terms of a text are those of its runs in order: looked up
-with `map` (no Python frame a word), the runs never seen computed once; emptied at `_CHUNKS_MAX`
-(a corpus's whole vocabulary is a few thousand runs)."""
-_CHUNKS_MAX = 200_000
+with `map` (no Python frame a word), the runs never seen computed once. Only runs of at most
+`_CHUNK_CHARS` characters are kept, and the memo is emptied at `_CHUNKS_MAX` (a corpus's whole
+vocabulary is a few thousand runs; 50,000 short ones are ~10 MiB with their stems)."""
+_CHUNK_CHARS = 32
+_CHUNKS_MAX = 50_000
 
 
 def _chunk_terms(chunk: str) -> tuple[str, ...]:
@@ -71,11 +73,13 @@ def terms(text: str) -> list[str]:
     chunks = _ALNUM.findall(text)
     found = list(map(_CHUNK_TERMS.get, chunks))
     if None in found:
+        # Computed here, and taken from here: another thread may empty the memo meanwhile.
+        missing = {c for hit, c in zip(found, chunks, strict=True) if hit is None}
+        fresh = {chunk: _chunk_terms(chunk) for chunk in missing}
         if len(_CHUNK_TERMS) >= _CHUNKS_MAX:
             _CHUNK_TERMS.clear()
-        for chunk in set(chunks).difference(_CHUNK_TERMS):
-            _CHUNK_TERMS[chunk] = _chunk_terms(chunk)
-        found = list(map(_CHUNK_TERMS.get, chunks))
+        _CHUNK_TERMS.update((c, t) for c, t in fresh.items() if len(c) <= _CHUNK_CHARS)
+        found = [hit if hit is not None else fresh[c] for hit, c in zip(found, chunks, strict=True)]
     return list(chain.from_iterable(found))  # type: ignore[arg-type]  # no None left
 
 
