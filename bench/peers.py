@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -60,6 +61,15 @@ VERSION = "1.0.7"  # the version FACTS.md measured
 SECTION = "peer gateway: IBM ContextForge"
 
 
+def _uv() -> str | None:
+    """uv: the one running this bench (`uv run` names itself in `UV`), on PATH, or the Makefile's
+    own copy (`.cache/uv`, where none is on PATH)."""
+    for candidate in (os.environ.get("UV"), shutil.which("uv"), str(ROOT / ".cache" / "uv" / "bin" / "uv")):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
 def install(version: str) -> str | None:
     """Install ContextForge into its own venv (once); the reason when it cannot be."""
     python = VENV / "bin" / "python"
@@ -68,9 +78,12 @@ def install(version: str) -> str | None:
         got = subprocess.run(check, capture_output=True, text=True, check=False)
         if got.returncode == 0 and got.stdout.strip() == version:
             return None
+    uv = _uv()
+    if uv is None:
+        return "uv is not installed (`make bench-peers` installs it: it runs this bench with `uv run`)"
     steps = [
-        ["uv", "venv", "-q", "--allow-existing", "-p", sys.executable, str(VENV)],
-        ["uv", "pip", "install", "-q", "-p", str(python), f"mcp-contextforge-gateway=={version}"],
+        [uv, "venv", "-q", "--allow-existing", "-p", sys.executable, str(VENV)],
+        [uv, "pip", "install", "-q", "-p", str(python), f"mcp-contextforge-gateway=={version}"],
     ]
     for step in steps:
         done = subprocess.run(step, capture_output=True, text=True, check=False)
