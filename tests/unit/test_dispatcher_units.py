@@ -234,6 +234,10 @@ async def test_invokes_in_flight_idle_returns_when_the_last_one_leaves_or_the_wa
     invokes.leave()
     await asyncio.wait_for(waiter, 1)
     assert not invokes.busy
-    invokes.enter()  # one that never ends: the wait ends after `within`
+    invokes.enter()  # one that never ends: the wait ends `within` after it came in
     await asyncio.wait_for(invokes.idle(0.01, loop), 1)
     assert invokes.busy
+    # an invoke in flight for longer than `within` (a slow tool) is not waited for at all
+    waiter = asyncio.create_task(invokes.idle(0.01, loop))
+    await asyncio.sleep(0)
+    assert waiter.done()

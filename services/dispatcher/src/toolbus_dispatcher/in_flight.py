@@ -12,6 +12,7 @@ lingers instead (`events.LINGER`), so this changes nothing there.
 from __future__ import annotations
 
 import asyncio
+import time
 
 DEFER = 0.002
 """Longest wait of the relay for the invokes in flight (seconds): a quiet call's MCP request, its
@@ -26,14 +27,17 @@ def _wake(future: asyncio.Future[None]) -> None:
 class InvokesInFlight:
     """A count of the `calls.invoke` requests being served, with a wait for it to reach zero."""
 
-    __slots__ = ("_count", "_idle")
+    __slots__ = ("_count", "_entered", "_idle")
 
     def __init__(self) -> None:
         self._count = 0
+        self._entered = 0.0
+        """When the newest invoke came in (`time.monotonic`, the event loop's clock)."""
         self._idle: asyncio.Future[None] | None = None
 
     def enter(self) -> None:
         self._count += 1
+        self._entered = time.monotonic()
 
     def leave(self) -> None:
         self._count -= 1
@@ -45,13 +49,16 @@ class InvokesInFlight:
         return self._count > 0
 
     async def idle(self, within: float, loop: asyncio.AbstractEventLoop) -> None:
-        """Return once no invoke is in flight, or after `within` seconds."""
-        if not self._count:
+        """Return once no invoke is in flight, or `within` seconds after the newest came in: the
+        events that woke the relay are those of a call that just started; one that has run
+        longer (a slow tool) is not waited for."""
+        left = within - (loop.time() - self._entered)
+        if not self._count or left <= 0:
             return
         if self._idle is None or self._idle.done():
             self._idle = loop.create_future()
         idle = self._idle
-        timer = loop.call_later(within, _wake, idle)
+        timer = loop.call_later(left, _wake, idle)
         try:
             await asyncio.shield(idle)  # one waiter cancelled leaves the others waiting
         finally:
