@@ -3,9 +3,9 @@ call's events after its reply rather than during it.
 
 On a quiet dispatcher a call's own `create_call` script wakes the relay (its `XADD`s end the
 relay's blocking read), and the relay's publishing and acks then share the event loop with the
-call's MCP request, its `finish_call` script and its reply. `EventRelay` waits, for a small batch
-and at most `DEFER` seconds, until no invoke is in flight here (`idle`); a call that takes longer
-has its events published meanwhile, as before. Under load the relay's batches are larger and it
+call's MCP request, its `finish_call` script and its reply. `EventRelay` waits, for a small batch,
+until no invoke is in flight here, at most until `DEFER` seconds after the newest came in
+(`idle`); a call that takes longer has its events published meanwhile, as before. Under load the relay's batches are larger and it
 lingers instead (`events.LINGER`), so this changes nothing there.
 """
 

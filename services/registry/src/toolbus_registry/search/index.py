@@ -223,8 +223,9 @@ class PreparedTerms:
     registration hands each server's tools here as it is listed (`add`, in a worker thread, while
     other servers are still being listed), and `SearchIndex.build` then finds them done. Tools
     are named as in the index (qualified names); a tool's texts are its name's and namespace's
-    words, its description and its parameters' text, as `build` reads them. Once the build has
-    started (`close`), what is still to be added is skipped: the build does it itself."""
+    words, its description and its parameters' text, as `build` reads them. Once closed (the
+    listing is over, or the build started), what is still to be added is skipped: the build does
+    it itself."""
 
     def __init__(self, options: SearchOptions | None = None) -> None:
         self.params_text_chars = (options or SearchOptions()).params_text_chars
