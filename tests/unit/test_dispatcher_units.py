@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from toolbus_common.in_flight import InFlight
 from toolbus_contracts.errors import HostNotAllowed, InvalidInput, UpstreamError, UpstreamUnreachable
 from toolbus_dispatcher.allowlist import AllowList, normalize_host
 from toolbus_dispatcher.executors.base import Interrupted
 from toolbus_dispatcher.executors.http import encode_body
-from toolbus_dispatcher.in_flight import InvokesInFlight
 from toolbus_dispatcher.outcomes import after_interruption, backoff
 from toolbus_dispatcher.outputs import ENVELOPE_ROOM, MIN_INLINE, inline_limit
 from toolbus_dispatcher.validation import SchemaCache
@@ -217,12 +217,12 @@ def test_the_inline_output_limit_is_clamped_to_what_fits_in_one_nats_message() -
     assert inline_limit(None, 1000) == (MIN_INLINE, False)
 
 
-# ---- the invokes in flight (the event relay waits for them) --------------------------------------
+# ---- the invokes in flight (the event relay waits for them; toolbus_common.in_flight) ------------
 
 
-async def test_invokes_in_flight_idle_returns_when_the_last_one_leaves_or_the_wait_ends() -> None:
+async def test_in_flight_idle_returns_when_the_last_one_leaves_or_the_wait_ends() -> None:
     loop = asyncio.get_running_loop()
-    invokes = InvokesInFlight()
+    invokes = InFlight()
     await asyncio.wait_for(invokes.idle(60, loop), 1)  # none in flight: at once
     invokes.enter()
     invokes.enter()
@@ -234,10 +234,10 @@ async def test_invokes_in_flight_idle_returns_when_the_last_one_leaves_or_the_wa
     invokes.leave()
     await asyncio.wait_for(waiter, 1)
     assert not invokes.busy
-    invokes.enter()  # one that never ends: the wait ends `within` after it came in
+    invokes.enter()  # one that never ends: the wait ends after `within`
     await asyncio.wait_for(invokes.idle(0.01, loop), 1)
     assert invokes.busy
-    # an invoke in flight for longer than `within` (a slow tool) is not waited for at all
-    waiter = asyncio.create_task(invokes.idle(0.01, loop))
+    # no time left to wait (the relay's DEFER is over since the newest came in): not waited for
+    waiter = asyncio.create_task(invokes.idle(0.0, loop))
     await asyncio.sleep(0)
     assert waiter.done()

@@ -15,7 +15,7 @@ from nats.js import JetStreamContext
 from nats.js.api import ObjectMeta, ObjectMetaOptions
 from nats.js.errors import NotFoundError, ObjectNotFoundError
 from nats.js.object_store import OBJ_DEFAULT_CHUNK_SIZE, ObjectStore
-from toolbus_contracts import EffectivePolicy, PinnedToolset, ToolInfo
+from toolbus_contracts import EffectivePolicy, PinnedTool, PinnedToolset, ToolInfo
 from toolbus_contracts.registry import (
     HTTP_FETCH_DESCRIPTION,
     HTTP_FETCH_INPUT_SCHEMA,
@@ -35,6 +35,11 @@ HTTP_FETCH = "http.fetch"
 def mcp_tool_name(server: str, tool: str) -> str:
     """The qualified name of an MCP server's tool: `server.tool`."""
     return f"{server}.{tool}"
+
+
+def mcp_tool_description(tool: PinnedTool) -> str:
+    """What a pinned MCP tool's `ToolInfo` shows as its description: its own, else its title."""
+    return tool.description or tool.title or ""
 
 
 def workflow_tool_name(workflow: str) -> str:
@@ -129,7 +134,7 @@ class ToolTable:
             for t in server.tools:
                 policy = EffectivePolicy.for_kind("mcp", server.policies.get(t.name))
                 name = mcp_tool_name(server.name, t.name)
-                description = t.description or t.title or ""
+                description = mcp_tool_description(t)
                 wire = _info_wire(name, "mcp", description, t.input_schema, t.output_schema, policy)
                 tools.append(Tool(wire, policy, server.name, t.name, url=server.url))
         for h in pinned.host:

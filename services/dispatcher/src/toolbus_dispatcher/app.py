@@ -24,6 +24,7 @@ from toolbus_common.connections import (
     flush,
     internal_stream_limits,
 )
+from toolbus_common.in_flight import InFlight
 from toolbus_common.keys import Keys
 from toolbus_common.script_pipe import ScriptPipe
 from toolbus_common.tasks import cancel_and_wait
@@ -40,7 +41,6 @@ from toolbus_dispatcher.executors.http import HttpExecutor
 from toolbus_dispatcher.executors.mcp import McpExecutor, McpPoolLike
 from toolbus_dispatcher.executors.workflow import WorkflowExecutor
 from toolbus_dispatcher.handlers import QUEUE, host_routes, routes
-from toolbus_dispatcher.in_flight import InvokesInFlight
 from toolbus_dispatcher.outputs import OutputStore, inline_limit
 from toolbus_dispatcher.service import DispatcherService
 from toolbus_dispatcher.settings import DispatcherSettings
@@ -103,7 +103,7 @@ class DispatcherApp:
         self._pipe: ScriptPipe | None = None
         self._relay_pipe: ScriptPipe | None = None
         self._owns_pool = mcp_pool is None
-        self.invokes = InvokesInFlight()
+        self.invokes = InFlight()
         """The `calls.invoke` requests being served (the service counts, the relay waits on them)."""
 
     def ready(self) -> bool:

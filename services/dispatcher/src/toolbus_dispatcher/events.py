@@ -65,11 +65,10 @@ from nats.errors import MaxPayloadError
 from redis.asyncio import Redis
 from redis.exceptions import LockError, ResponseError
 from toolbus_common.direct_sub import subscribe_direct
+from toolbus_common.in_flight import InFlight
 from toolbus_common.raw_pub import Batch, fits
 from toolbus_common.script_pipe import ScriptPipe, ScriptReplyError
 from toolbus_common.settings import REDIS_LONGEST_BLOCK
-
-from toolbus_dispatcher.in_flight import DEFER, InvokesInFlight
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +80,13 @@ in) and fewer than `BATCH`, the relay waits `LINGER` seconds before reading the 
 entries gather meanwhile and each read, delete and publishing round carries more of them (on two
 cores, fewer and larger batches is CPU for the calls themselves). A quiet outbox is read at once:
 the blocking read returns with the first entry, and a call's own few entries never linger."""
+DEFER = 0.002
+"""On a quiet dispatcher a call's own `create_call` script wakes the relay (its `XADD`s end the
+relay's blocking read), and publishing then shares the event loop with the call's MCP request,
+its `finish_call` script and its reply. So a batch of fewer than `LINGER_FROM` entries waits
+until this process serves no `calls.invoke`, at most until `DEFER` seconds after the newest came
+in: a quiet call's MCP request, second script and reply take ~1-1.5 ms here, and a call running
+longer (a slow tool) is not waited for. Under load batches are larger and linger instead."""
 ACK_WAIT = 5.0
 """Seconds a round waits for JetStream's acks; an entry without one counts as failed (sent again)."""
 RETRY_MAX = 5.0
@@ -166,7 +172,7 @@ class EventRelay:
         block_ms: int = int(REDIS_LONGEST_BLOCK * 1000),  # within the pipe's reply timeout
         retry_pause: float = 0.2,
         linger: float = LINGER,
-        invokes: InvokesInFlight | None = None,
+        invokes: InFlight | None = None,
     ) -> None:
         self._r = redis
         self._pipe = pipe  # the relay's own connection: XREAD BLOCK holds it (see the module)
@@ -193,7 +199,7 @@ class EventRelay:
         self._pause = retry_pause
         self._linger = linger
         self._invokes = invokes
-        """This process's `calls.invoke` requests: a small batch waits for them (`in_flight`)."""
+        """This process's `calls.invoke` requests: a small batch waits for them (`DEFER`)."""
         self._held: dict[str, float] = {}  # order key -> loop time its entry may be tried again
         self._backoff: dict[str, float] = {}  # order key -> its last pause
         self._acked: list[bytes] = []  # entries JetStream acked, deleted with the next read
@@ -325,7 +331,8 @@ class EventRelay:
                 continue
             cursor = entries[-1][0]
             if self._invokes is not None and self._invokes.busy and len(entries) < LINGER_FROM:
-                await self._invokes.idle(DEFER, loop)  # after the call that woke us replied
+                # after the call that woke us replied (see DEFER)
+                await self._invokes.idle(DEFER - (loop.time() - self._invokes.entered), loop)
             sent, failed = await self._publish(entries)
             if failed and not sent:  # nothing went through: NATS or the stream is down, likely
                 await asyncio.sleep(min(pause, self._ttl / 3))  # never so long that the lock lapses

@@ -14,6 +14,7 @@ import orjson
 from nats.js import JetStreamContext
 from toolbus_common.canonical import canonical_json, sha256_hex
 from toolbus_common.clock import now_iso
+from toolbus_common.in_flight import InFlight
 from toolbus_common.toolsets import ToolsetStore
 from toolbus_contracts import (
     CallGetReply,
@@ -31,7 +32,6 @@ from toolbus_contracts.internal import ApprovalDecided, ApprovalNeeded, CallsRes
 
 from toolbus_dispatcher.calls import CallRunner, reply_body
 from toolbus_dispatcher.credentials import CredentialResolver
-from toolbus_dispatcher.in_flight import InvokesInFlight
 from toolbus_dispatcher.outcomes import failed
 from toolbus_dispatcher.store import CallStore, Created
 from toolbus_dispatcher.validation import SchemaCache
@@ -87,10 +87,10 @@ class DispatcherService:
         run_retention: float,
         publish_reply: PublishReply,
         message_limit: int,
-        invokes: InvokesInFlight | None = None,
+        invokes: InFlight | None = None,
     ) -> None:
         self._store = store
-        self.invokes = invokes or InvokesInFlight()
+        self.invokes = invokes or InFlight()
         """The `calls.invoke` requests being served here (the event relay publishes after them)."""
         # The approval command and event, a host tool's task and a workflow's start request carry
         # the input: it must fit in one NATS message with their other fields (the server's

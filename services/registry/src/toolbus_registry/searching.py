@@ -11,7 +11,6 @@ vectors are attached it answers from the lexical ranking alone.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ctypes
 import ctypes.util
 import logging
@@ -22,8 +21,9 @@ from functools import cache
 from nats.js import JetStreamContext
 from prometheus_client import Counter, Gauge
 from toolbus_common.connections import DEFAULT_PLACEMENT, JsPlacement, ensure_kv
+from toolbus_common.in_flight import InFlight
 from toolbus_common.lru import Lru
-from toolbus_common.toolsets import StoredToolset, mcp_tool_name
+from toolbus_common.toolsets import StoredToolset, mcp_tool_description, mcp_tool_name
 from toolbus_contracts import PinnedServer, ToolsetSearchReply
 
 from toolbus_registry.declarations import tool_dts_fragment, tool_prompt_line
@@ -98,9 +98,7 @@ class Searcher:
         self._prepared: Lru[str, PreparedTerms] = Lru(PREPARED_TOOLSETS)
         self._preparer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="search-terms")
         """Its own thread: a registration's prepare jobs never hold up a search or a build."""
-        self._searches = 0
-        self._no_search = asyncio.Event()
-        self._no_search.set()
+        self._searches = InFlight()
 
     def preparing(self, prepared: PreparedTerms) -> Callable[[PinnedServer], None]:
         """For a registration (`Pinner.pin`'s `on_pinned`): each server pinned afresh has its
@@ -110,7 +108,7 @@ class Searcher:
 
         def on_pinned(server: PinnedServer) -> None:
             tools = [
-                (mcp_tool_name(server.name, t.name), t.description or t.title or "", t.input_schema)
+                (mcp_tool_name(server.name, t.name), mcp_tool_description(t), t.input_schema)
                 for t in server.tools
             ]
             try:
@@ -122,10 +120,9 @@ class Searcher:
         return on_pinned
 
     def prepared_for(self, toolset_id: str, prepared: PreparedTerms) -> None:
-        """The listing is over: what `prepared` holds of this toolset's tools' terms is what its
-        index build (after the reply, or a first search's) starts from. Nothing more is added
-        (`close`): the store write and the reply do not share the interpreter with it."""
-        prepared.close()
+        """The listing is over and `prepared` closed (nothing more is added, so the store write and
+        the reply do not share the interpreter with it): what it holds of this toolset's tools'
+        terms is what its index build (after the reply, or a first search's) starts from."""
         if toolset_id not in self._indexes and toolset_id not in self._building and prepared.known:
             self._prepared.put(toolset_id, prepared)
 
@@ -167,10 +164,7 @@ class Searcher:
     async def after_searches(self, within: float = SEARCHES_FIRST) -> None:
         """Until no search is being answered, at most `within` seconds: background work waits
         for the searches under way (the first after a registration waits for its index)."""
-        if self._searches:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(within):
-                    await self._no_search.wait()
+        await self._searches.idle(within, asyncio.get_running_loop())
 
     async def _embed(self, toolset_id: str, index: SearchIndex) -> None:
         await self.after_searches()
@@ -211,15 +205,12 @@ class Searcher:
         return index is not None and index.dense
 
     async def search(self, stored: StoredToolset, query: str, limit: int) -> ToolsetSearchReply:
-        self._searches += 1
-        self._no_search.clear()
+        self._searches.enter()
         try:
             index = await self.index(stored)
             reply = await asyncio.to_thread(self._search, index, query, limit)
         finally:
-            self._searches -= 1
-            if not self._searches:
-                self._no_search.set()
+            self._searches.leave()
         if not index.dense:
             self._start_embedding(stored.id, index)
         return reply

@@ -125,7 +125,7 @@ class RegistryService:
         try:
             pinned = await self._pinner.pin(req, on_pinned=self._searcher.preparing(prepared))
         finally:
-            prepared.close()  # the listing is over: nothing more is added (see `prepared_for`)
+            prepared.close()  # the listing is over (or failed): nothing more is added
         tid = pinned.id
         self._searcher.prepared_for(tid, prepared)
         stored = self._toolsets.entry(tid, pinned.toolset)
