@@ -564,9 +564,10 @@ async def test_approval_requested_webhook_is_signed_and_sent_once(
     url, received = webhook_receiver
     secret = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
     hooked = Settings(**{**settings.model_dump(), "webhook_url": url, "webhook_secret": secret})
-    app = ApprovalApp(hooked, ApprovalSettings(approval_sweep_interval=0.05))
+    app = ApprovalApp(hooked, ApprovalSettings(approval_sweep_interval=0.05, webhook_timeout="7s"))
     await app.start()
     try:
+        assert app._webhooks is not None and app._webhooks.timeout == 7.0  # TOOLBUS_WEBHOOK_TIMEOUT
         command = needed()
         event = await requested(stack, events, command)
         await stack.send(command)  # redelivered: no second webhook

@@ -428,10 +428,55 @@ async def test_workflows_publish_get_and_pin(
         ("mcp", [{"name": "x", "url": "http://x/mcp"}]),
         ("host", [{"name": "t", "inputSchema": {}}]),
         ("http", {"allow": ["a.b"]}),
+        ("http", {"allow": [], "policy": {"timeout": "5s"}}),
     ):
         assert_error(
             await create(nc, subjects, {"base": base["data"]["id"], field: value}), "invalidRequest", field
         )
+    # "absent or empty": empty lists and an `http` that allows nothing derive the same toolset
+    empty = {"mcp": [], "host": [], "http": {"allow": []}}
+    again = await create(nc, subjects, {"base": base["data"]["id"], "workflows": ["triage"], **empty})
+    assert again["ok"] and again["data"]["id"] == derived["data"]["id"], again
+
+
+async def test_credentials_of_a_derived_toolset_name_only_the_bases_servers(
+    nc: Any, subjects: Subjects, registry: RegistryApp, servers: dict[str, McpTestServer]
+) -> None:
+    """Checked before anything is stored, as on a first registration (before, the derived toolset
+    was stored and only then did the credentials service refuse the unknown server)."""
+    base = await create(nc, subjects, {"mcp": [{"name": "echo", "url": servers["echo"].url}]})
+    headers = {"headers": {"Authorization": "Bearer d-e-r-i-v-e-d"}}
+    refused = await create(
+        nc,
+        subjects,
+        {"base": base["data"]["id"], "workflows": [], "credentials": {"servers": {"github": headers}}},
+    )
+    assert_error(refused, "invalidRequest", "github")
+    assert refused["error"]["details"] == {"field": "credentials.servers.github", "server": "github"}
+    assert "d-e-r-i-v-e-d" not in json.dumps(refused)
+    taken = await create(
+        nc, subjects, {"base": base["data"]["id"], "credentials": {"servers": {"echo": headers}}}
+    )
+    assert taken["ok"] and taken["data"]["id"] == base["data"]["id"], taken
+
+
+async def test_credentials_not_stored_for_want_of_the_service_is_retryable_not_internal(
+    nc: Any, subjects: Subjects
+) -> None:
+    """No credentials service answers: `unavailable` (the SDK sends it again; registering again
+    is safe, same id), never `internal`, which means a bug."""
+    from toolbus_contracts import Credentials
+    from toolbus_contracts.errors import Unavailable
+    from toolbus_registry.credentials import CredentialsServiceSink
+
+    nobody = Subjects(prefix=f"{subjects.prefix}-nocredentials")
+    sink = CredentialsServiceSink(nc, nobody, timeout=2.0)
+    creds = Credentials.model_validate({"servers": {"echo": {"headers": {"Authorization": "Bearer n-o-b"}}}})
+    with pytest.raises(Unavailable) as raised:
+        await sink.set_toolset("ts_" + "a" * 64, creds)
+    assert raised.value.retryable
+    assert raised.value.details == {"toolsetId": "ts_" + "a" * 64, "service": "credentials"}
+    assert "n-o-b" not in str(raised.value)
 
 
 async def test_a_workflow_too_large_to_be_read_back_is_refused_not_stored(

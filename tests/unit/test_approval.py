@@ -93,3 +93,26 @@ def test_timeout_setting(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("TOOLBUS_APPROVAL_TIMEOUT", bad)
         with pytest.raises(ValidationError):
             ApprovalSettings()
+
+
+@pytest.mark.parametrize("settings_of", ["approval", "credentials"])
+def test_both_webhook_senders_read_the_webhook_settings(
+    monkeypatch: pytest.MonkeyPatch, settings_of: str
+) -> None:
+    """`TOOLBUS_WEBHOOK_TIMEOUT` and `TOOLBUS_WEBHOOK_RETRY_SCHEDULE` mean the same in both services
+    that send webhooks (the approval service used a fixed 10 s per attempt before)."""
+    from toolbus_credentials.settings import CredentialsSettings
+
+    cls = ApprovalSettings if settings_of == "approval" else CredentialsSettings
+    monkeypatch.delenv("TOOLBUS_WEBHOOK_TIMEOUT", raising=False)
+    monkeypatch.delenv("TOOLBUS_WEBHOOK_RETRY_SCHEDULE", raising=False)
+    assert cls().webhook_timeout_seconds == 10.0
+    monkeypatch.setenv("TOOLBUS_WEBHOOK_TIMEOUT", "2500ms")
+    monkeypatch.setenv("TOOLBUS_WEBHOOK_RETRY_SCHEDULE", "1s,5s")
+    assert cls().webhook_timeout_seconds == 2.5
+    assert cls().webhook_retry_schedule == "1s,5s"
+    for name, bad in (("TOOLBUS_WEBHOOK_TIMEOUT", "0s"), ("TOOLBUS_WEBHOOK_RETRY_SCHEDULE", "soon")):
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(ValidationError):
+            cls()
+        monkeypatch.delenv(name)

@@ -29,7 +29,8 @@ from typing import Any
 import httpx
 import orjson
 from prometheus_client import Counter
-from pydantic import SecretStr
+from pydantic import SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
 from redis.asyncio import Redis
 from standardwebhooks import Webhook
 from toolbus_contracts import parse_duration
@@ -72,6 +73,34 @@ def parse_schedule(text: str) -> tuple[float, ...]:
         return tuple(parse_duration(p).total_seconds() for p in parts)
     except ValueError as exc:
         raise ValueError(f"TOOLBUS_WEBHOOK_RETRY_SCHEDULE: {exc}") from None
+
+
+class WebhookSettings(BaseSettings):
+    """What every service that sends webhooks reads (approval, credentials):
+    `TOOLBUS_WEBHOOK_RETRY_SCHEDULE` (delays between attempts, default `5s,30s,2m,10m,1h`) and
+    `TOOLBUS_WEBHOOK_TIMEOUT` (how long one attempt may take, default 10s)."""
+
+    model_config = SettingsConfigDict(env_prefix="TOOLBUS_", extra="ignore", frozen=True)
+
+    webhook_retry_schedule: str = DEFAULT_SCHEDULE
+    webhook_timeout: str = "10s"
+
+    @field_validator("webhook_retry_schedule")
+    @classmethod
+    def _schedule(cls, value: str) -> str:
+        parse_schedule(value)
+        return value
+
+    @field_validator("webhook_timeout")
+    @classmethod
+    def _timeout(cls, value: str) -> str:
+        if parse_duration(value).total_seconds() <= 0:
+            raise ValueError("TOOLBUS_WEBHOOK_TIMEOUT must be longer than 0s")
+        return value
+
+    @property
+    def webhook_timeout_seconds(self) -> float:
+        return parse_duration(self.webhook_timeout).total_seconds()
 
 
 def signer(secret: str) -> Webhook:

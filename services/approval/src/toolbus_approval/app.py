@@ -98,6 +98,7 @@ class ApprovalApp:
             url=s.webhook_url,
             secret=s.webhook_secret,
             schedule=self.approval_settings.webhook_retry_schedule,
+            timeout=self.approval_settings.webhook_timeout_seconds,
         )
         self.approvals = approvals = Approvals(
             ApprovalStore(redis, keys),

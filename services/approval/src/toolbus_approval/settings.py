@@ -5,21 +5,20 @@ from __future__ import annotations
 from datetime import timedelta
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
-from toolbus_common.webhooks import DEFAULT_SCHEDULE
+from pydantic_settings import SettingsConfigDict
+from toolbus_common.webhooks import WebhookSettings
 from toolbus_contracts.base import Duration, parse_duration
 
 
-class ApprovalSettings(BaseSettings):
+class ApprovalSettings(WebhookSettings):
     """`TOOLBUS_APPROVAL_TIMEOUT` (a duration; unset: approvals never expire),
     `TOOLBUS_APPROVAL_SWEEP_INTERVAL` (seconds between expiry/outbox sweeps),
-    `TOOLBUS_WEBHOOK_RETRY_SCHEDULE` (delays between webhook attempts)."""
+    `TOOLBUS_WEBHOOK_RETRY_SCHEDULE` and `TOOLBUS_WEBHOOK_TIMEOUT` (`WebhookSettings`)."""
 
     model_config = SettingsConfigDict(env_prefix="TOOLBUS_", extra="ignore", frozen=True)
 
     approval_timeout: Duration | None = None
     approval_sweep_interval: float = Field(default=1.0, gt=0, le=60)
-    webhook_retry_schedule: str = DEFAULT_SCHEDULE
 
     @property
     def timeout(self) -> timedelta | None:

@@ -8,7 +8,7 @@ from nats.aio.client import Client as NatsClient
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from toolbus_contracts import Credentials, Subjects, ToolbusError
-from toolbus_contracts.errors import Internal
+from toolbus_contracts.errors import Unavailable
 
 
 class CredentialsServiceSink:
@@ -22,10 +22,12 @@ class CredentialsServiceSink:
         try:
             msg = await self._nc.request(self._subject, body, timeout=self._timeout)
         except (NoRespondersError, NatsTimeout):
-            raise Internal(
+            # Not a bug: a service that did not answer. Registering again is safe (same id) and
+            # stores them, so the reply is the retryable `unavailable` the SDK sends again.
+            raise Unavailable(
                 "The toolset was registered but its credentials were not stored: the credentials "
                 "service did not answer; register again once it runs.",
-                details={"toolsetId": toolset_id},
+                details={"toolsetId": toolset_id, "service": "credentials"},
             ) from None
         reply = orjson.loads(msg.data)
         if not reply.get("ok"):

@@ -317,15 +317,16 @@ class Pinner:
                     f"Field '{field}' must be absent or empty with 'base': a derived toolset keeps the base's.",
                     details={"field": field},
                 )
-        if spec.http is not None:
+        if spec.http is not None and (spec.http.allow or spec.http.policy is not None):
             raise InvalidRequest(
-                "Field 'http' must be absent with 'base': a derived toolset keeps the base's.",
+                "Field 'http' must be absent or empty with 'base': a derived toolset keeps the base's.",
                 details={"field": "http"},
             )
         assert spec.base is not None
         base = await self._toolset(spec.base)
         if base is None:
             raise NotFound(f"Base toolset '{spec.base}' is not registered.", details={"field": "base"})
+        _check_credential_servers(spec, {s.name for s in base.servers})
         added = await self._pin_workflows(spec.workflows)
         merged = {w.name: w for w in base.workflows} | {w.name: w for w in added}
         pinned = base.model_copy(update={"workflows": sorted(merged.values(), key=lambda w: w.name)})
@@ -351,13 +352,7 @@ class Pinner:
             check_json_schema(tool.input_schema, f"host[{i}].inputSchema")
             if tool.output_schema is not None:
                 check_json_schema(tool.output_schema, f"host[{i}].outputSchema")
-        if spec.credentials is not None:
-            for name in spec.credentials.servers:
-                if name not in seen:
-                    raise InvalidRequest(
-                        f"Credentials name server '{name}', which this toolset does not have.",
-                        details={"field": f"credentials.servers.{name}", "server": name},
-                    )
+        _check_credential_servers(spec, seen)
 
     async def _pin_servers(
         self, spec: ToolsetCreateRequest, on_pinned: Callable[[PinnedServer], None] | None
@@ -410,6 +405,17 @@ class Pinner:
                 output_schema=_writable(found.output_schema),
             )
         return sorted(by_name.values(), key=lambda w: w.name)
+
+
+def _check_credential_servers(spec: ToolsetCreateRequest, servers: set[str]) -> None:
+    """Refuse credentials for a server the toolset does not have, before anything is stored."""
+    if spec.credentials is not None:
+        for name in spec.credentials.servers:
+            if name not in servers:
+                raise InvalidRequest(
+                    f"Credentials name server '{name}', which this toolset does not have.",
+                    details={"field": f"credentials.servers.{name}", "server": name},
+                )
 
 
 def _check_unique_tools(pinned: PinnedToolset) -> None:
