@@ -244,6 +244,11 @@ async def test_unreachable_server_is_named(nc: Any, subjects: Subjects, registry
         ({"mcp": [{"name": "port", "url": "http://x:99999/mcp"}]}, "invalidRequest", ["mcp[0].url", "port"]),
         ({"mcp": [{"name": "v6", "url": "http://[::1:3001/mcp"}]}, "invalidRequest", ["mcp[0].url", "IPv6"]),
         (
+            {"mcp": [{"name": "ui", "url": "http://u:pass-w0rd@127.0.0.1:1/mcp"}]},
+            "invalidRequest",
+            ["mcp[0].url", "user info", "credentials"],
+        ),
+        (
             {"mcp": [{"name": "long", "url": "http://x/" + "a" * 900_000}]},
             "invalidRequest",
             ["mcp[0].url", "longer than 2048"],
@@ -307,7 +312,9 @@ async def test_unreachable_server_is_named(nc: Any, subjects: Subjects, registry
 async def test_bad_specs_get_a_clear_error(
     nc: Any, subjects: Subjects, registry: RegistryApp, body: Any, code: str, named: list[str]
 ) -> None:
-    assert_error(await create(nc, subjects, body), code, *named)
+    reply = await create(nc, subjects, body)
+    assert_error(reply, code, *named)
+    assert "pass-w0rd" not in json.dumps(reply)  # a URL's password is never quoted back
 
 
 async def test_malformed_json_gets_invalid_request(
@@ -326,7 +333,13 @@ async def test_duplicate_qualified_name_across_kinds(
         "mcp": [{"name": "echo", "url": servers["echo"].url}],
         "host": [{"name": "echo.echo", "inputSchema": {"type": "object"}}],
     }
-    assert_error(await create(nc, subjects, body), "invalidRequest", "echo.echo")
+    reply = await create(nc, subjects, body)
+    assert_error(reply, "invalidRequest", "echo.echo")
+    assert reply["error"]["details"] == {"field": "host[0].name", "tool": "echo.echo"}
+    twice = {"host": [{"name": n, "inputSchema": {"type": "object"}} for n in ("a.b", "c", "a.b")]}
+    reply = await create(nc, subjects, twice)
+    assert_error(reply, "invalidRequest", "a.b")
+    assert reply["error"]["details"] == {"field": "host[2].name", "tool": "a.b"}
 
 
 async def test_duplicate_server_name(

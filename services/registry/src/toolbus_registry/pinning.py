@@ -228,7 +228,8 @@ _URL_UNSAFE = re.compile(r"[\x00-\x20\x7f]")
 
 def url_problem(url: str) -> str | None:
     """Why `url` cannot be an MCP server's address (None when it can): http or https with a host,
-    a port that is a number, no whitespace or control characters, at most `URL_MAX` characters."""
+    a port that is a number, no user info, no whitespace or control characters, at most `URL_MAX`
+    characters."""
     if len(url) > URL_MAX:
         return f"it is longer than {URL_MAX} characters"
     if _URL_UNSAFE.search(url):
@@ -243,6 +244,9 @@ def url_problem(url: str) -> str | None:
         return "its port is not a number from 0 to 65535"
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return "it must be an http or https URL"
+    if "@" in parts.netloc:
+        # A password there would be pinned, hashed into the id and stored in the clear.
+        return "it holds user info (user:password@); give the server's credentials in 'credentials'"
     return None
 
 
@@ -294,7 +298,7 @@ class Pinner:
                 policy=_normalise_policy("http", spec.http.policy),
             )
         pinned = PinnedToolset(servers=[s.model for s in servers], host=host, http=http, workflows=workflows)
-        _check_unique_tools(pinned)
+        _check_unique_tools(pinned, spec)
         rest: dict[str, Any] = {
             "host": [h.wire() for h in host],
             "workflows": [w.wire() for w in workflows],
@@ -330,7 +334,7 @@ class Pinner:
         added = await self._pin_workflows(spec.workflows)
         merged = {w.name: w for w in base.workflows} | {w.name: w for w in added}
         pinned = base.model_copy(update={"workflows": sorted(merged.values(), key=lambda w: w.name)})
-        _check_unique_tools(pinned)
+        _check_unique_tools(pinned, spec)
         return pinned
 
     @staticmethod
@@ -418,9 +422,26 @@ def _check_credential_servers(spec: ToolsetCreateRequest, servers: set[str]) -> 
                 )
 
 
-def _check_unique_tools(pinned: PinnedToolset) -> None:
+def _check_unique_tools(pinned: PinnedToolset, spec: ToolsetCreateRequest) -> None:
     seen: set[str] = set()
     for name in qualified_names(pinned):
         if name in seen:
-            raise InvalidRequest(f"Two tools have the qualified name '{name}'.", details={"tool": name})
+            raise InvalidRequest(
+                f"Two tools have the qualified name '{name}'.",
+                details={"field": _field_of_tool(spec, name), "tool": name},
+            )
         seen.add(name)
+
+
+def _field_of_tool(spec: ToolsetCreateRequest, name: str) -> str:
+    """The spec's field that gave a tool of this qualified name: the last host tool of that name
+    (a clash always has one: server names are unique, a server lists each name once, `http` and
+    `workflows` are reserved host namespaces), else the server whose tool it is."""
+    for i in range(len(spec.host) - 1, -1, -1):
+        if spec.host[i].name == name:
+            return f"host[{i}].name"
+    server = name.partition(".")[0]
+    for i, given in enumerate(spec.mcp):
+        if given.name == server:
+            return f"mcp[{i}].url"
+    return "base" if spec.base is not None else "workflows"
