@@ -18,6 +18,7 @@ import pytest
 from toolbus import CallContext, Toolbus, Worker, host_tool
 
 from tests.support.bus_modes import Bus
+from tests.support.infra import until
 
 pytestmark = pytest.mark.e2e
 
@@ -74,7 +75,9 @@ async def test_host_tools_served_by_a_worker_one_decided_by_an_approver(
                 assert await approver.approvals.approve(pending.approval_id) == "approved"
                 assert await handle.result(timeout=30) == {"refunded": 5}
                 assert refunds == [("refund-5", 1)]
-                assert worker.completed == 2
+                # The worker counts a call once its result's flush came back, which may be after
+                # the dispatcher passed the result on to us.
+                await until(lambda: worker.completed == 2, "the worker counts both calls")
 
                 # Events are core publishes the stream captures: the last may follow the outcome.
                 kinds: list[str] = []

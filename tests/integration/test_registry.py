@@ -441,14 +441,15 @@ async def test_workflows_publish_get_and_pin(
         ("mcp", [{"name": "x", "url": "http://x/mcp"}]),
         ("host", [{"name": "t", "inputSchema": {}}]),
         ("http", {"allow": ["a.b"]}),
-        ("http", {"allow": [], "policy": {"timeout": "5s"}}),
+        ("http", {"allow": []}),  # not "empty": on a first registration, an http.fetch fetching nothing
     ):
         assert_error(
             await create(nc, subjects, {"base": base["data"]["id"], field: value}), "invalidRequest", field
         )
-    # "absent or empty": empty lists and an `http` that allows nothing derive the same toolset
-    empty = {"mcp": [], "host": [], "http": {"allow": []}}
-    again = await create(nc, subjects, {"base": base["data"]["id"], "workflows": ["triage"], **empty})
+    # "absent or empty": empty lists derive the same toolset
+    again = await create(
+        nc, subjects, {"base": base["data"]["id"], "workflows": ["triage"], "mcp": [], "host": []}
+    )
     assert again["ok"] and again["data"]["id"] == derived["data"]["id"], again
 
 
@@ -457,39 +458,50 @@ async def test_credentials_of_a_derived_toolset_name_only_the_bases_servers(
 ) -> None:
     """Checked before anything is stored, as on a first registration (before, the derived toolset
     was stored and only then did the credentials service refuse the unknown server)."""
-    base = await create(nc, subjects, {"mcp": [{"name": "echo", "url": servers["echo"].url}]})
+    from toolbus_contracts import ToolsetCreateRequest
+
+    base = (await create(nc, subjects, {"mcp": [{"name": "echo", "url": servers["echo"].url}]}))["data"]["id"]
+    published = await request(nc, subjects.workflows_publish, {"name": "derived_creds", "inputSchema": {}})
+    assert published["ok"], published
+    derive = {"base": base, "workflows": ["derived_creds"]}
+    assert registry.service is not None
+    would_be = (await registry.service._pinner.pin(ToolsetCreateRequest.model_validate(derive))).id
     headers = {"headers": {"Authorization": "Bearer d-e-r-i-v-e-d"}}
-    refused = await create(
-        nc,
-        subjects,
-        {"base": base["data"]["id"], "workflows": [], "credentials": {"servers": {"github": headers}}},
-    )
+    refused = await create(nc, subjects, {**derive, "credentials": {"servers": {"github": headers}}})
     assert_error(refused, "invalidRequest", "github")
     assert refused["error"]["details"] == {"field": "credentials.servers.github", "server": "github"}
     assert "d-e-r-i-v-e-d" not in json.dumps(refused)
-    taken = await create(
-        nc, subjects, {"base": base["data"]["id"], "credentials": {"servers": {"echo": headers}}}
-    )
-    assert taken["ok"] and taken["data"]["id"] == base["data"]["id"], taken
+    assert_error(await request(nc, subjects.toolsets_get, {"id": would_be}), "notFound")
+    taken = await create(nc, subjects, {**derive, "credentials": {"servers": {"echo": headers}}})
+    assert taken["ok"] and taken["data"]["id"] == would_be, taken
 
 
-async def test_credentials_not_stored_for_want_of_the_service_is_retryable_not_internal(
-    nc: Any, subjects: Subjects
+async def test_credentials_not_stored_for_want_of_the_service_are_unavailable_not_internal(
+    nc: Any, settings: Settings, servers: dict[str, McpTestServer]
 ) -> None:
-    """No credentials service answers: `unavailable` (the SDK sends it again; registering again
-    is safe, same id), never `internal`, which means a bug."""
-    from toolbus_contracts import Credentials
-    from toolbus_contracts.errors import Unavailable
+    """No credentials service answers: the reply is `unavailable` naming the service (the SDK
+    sends it again; registering again is safe, same id), never `internal`, which means a bug;
+    with none subscribed at all it says so (`noService`: the SDK then gives up after 5 s)."""
     from toolbus_registry.credentials import CredentialsServiceSink
 
-    nobody = Subjects(prefix=f"{subjects.prefix}-nocredentials")
-    sink = CredentialsServiceSink(nc, nobody, timeout=2.0)
-    creds = Credentials.model_validate({"servers": {"echo": {"headers": {"Authorization": "Bearer n-o-b"}}}})
-    with pytest.raises(Unavailable) as raised:
-        await sink.set_toolset("ts_" + "a" * 64, creds)
-    assert raised.value.retryable
-    assert raised.value.details == {"toolsetId": "ts_" + "a" * 64, "service": "credentials"}
-    assert "n-o-b" not in str(raised.value)
+    alone = Settings(**{**settings.model_dump(), "subject_prefix": f"{settings.subject_prefix}.alone"})
+    nobody = CredentialsServiceSink(nc, Subjects(f"{settings.subject_prefix}.nobody"), timeout=2.0)
+    app = RegistryApp(alone, credentials=nobody)  # its buckets are under the session's prefix
+    await app.start()
+    try:
+        body = {
+            "mcp": [{"name": "echo", "url": servers["echo"].url}],
+            "credentials": {"servers": {"echo": {"headers": {"Authorization": "Bearer n-o-b"}}}},
+        }
+        reply = await create(nc, alone.subjects, body)
+        assert_error(reply, "unavailable", "credentials service")
+        details = reply["error"]["details"]
+        assert details["service"] == "credentials" and details["noService"] is True
+        assert "n-o-b" not in json.dumps(reply)
+        # The toolset itself was stored: registering again (once the service runs) stores them.
+        assert (await request(nc, alone.subjects.toolsets_get, {"id": details["toolsetId"]}))["ok"]
+    finally:
+        await app.stop()
 
 
 async def test_a_workflow_too_large_to_be_read_back_is_refused_not_stored(

@@ -29,8 +29,7 @@ from typing import Any
 import httpx
 import orjson
 from prometheus_client import Counter
-from pydantic import SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, SecretStr, field_validator
 from redis.asyncio import Redis
 from standardwebhooks import Webhook
 from toolbus_contracts import parse_duration
@@ -75,12 +74,12 @@ def parse_schedule(text: str) -> tuple[float, ...]:
         raise ValueError(f"TOOLBUS_WEBHOOK_RETRY_SCHEDULE: {exc}") from None
 
 
-class WebhookSettings(BaseSettings):
-    """What every service that sends webhooks reads (approval, credentials):
-    `TOOLBUS_WEBHOOK_RETRY_SCHEDULE` (delays between attempts, default `5s,30s,2m,10m,1h`) and
-    `TOOLBUS_WEBHOOK_TIMEOUT` (how long one attempt may take, default 10s)."""
-
-    model_config = SettingsConfigDict(env_prefix="TOOLBUS_", extra="ignore", frozen=True)
+class WebhookSettings(BaseModel):
+    """What the services that send webhooks (approval, credentials) read, mixed into their own
+    settings (`class ApprovalSettings(WebhookSettings, BaseSettings)`: a `BaseSettings` here would
+    count as read by every service): `TOOLBUS_WEBHOOK_RETRY_SCHEDULE` (delays between attempts,
+    default `5s,30s,2m,10m,1h`) and `TOOLBUS_WEBHOOK_TIMEOUT` (how long one attempt may take,
+    default 10s)."""
 
     webhook_retry_schedule: str = DEFAULT_SCHEDULE
     webhook_timeout: str = "10s"
@@ -94,8 +93,7 @@ class WebhookSettings(BaseSettings):
     @field_validator("webhook_timeout")
     @classmethod
     def _timeout(cls, value: str) -> str:
-        if parse_duration(value).total_seconds() <= 0:
-            raise ValueError("TOOLBUS_WEBHOOK_TIMEOUT must be longer than 0s")
+        parse_duration(value)  # refuses zero, negative and malformed durations
         return value
 
     @property

@@ -5,12 +5,12 @@ from __future__ import annotations
 from datetime import timedelta
 
 from pydantic import Field
-from pydantic_settings import SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict
 from toolbus_common.webhooks import WebhookSettings
 from toolbus_contracts.base import Duration, parse_duration
 
 
-class ApprovalSettings(WebhookSettings):
+class ApprovalSettings(WebhookSettings, BaseSettings):
     """`TOOLBUS_APPROVAL_TIMEOUT` (a duration; unset: approvals never expire),
     `TOOLBUS_APPROVAL_SWEEP_INTERVAL` (seconds between expiry/outbox sweeps),
     `TOOLBUS_WEBHOOK_RETRY_SCHEDULE` and `TOOLBUS_WEBHOOK_TIMEOUT` (`WebhookSettings`)."""

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from pydantic import field_validator
-from pydantic_settings import SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict
 from toolbus_common.webhooks import WebhookSettings
 from toolbus_contracts import parse_duration
 
 
-class CredentialsSettings(WebhookSettings):
+class CredentialsSettings(WebhookSettings, BaseSettings):
     """`TOOLBUS_PARK_TIMEOUT` (default 24h): a call parked longer ends `credentialsRejected`.
     `TOOLBUS_PARK_SWEEP_INTERVAL` (default 30s): how often parked calls are checked for that.
     `TOOLBUS_PARK_NOTIFY_DELAY` (default 1s): how long after the first 401 at a scope its

@@ -3,12 +3,16 @@ one path stores, encrypts and resumes parked calls, whoever sets toolset-level c
 
 from __future__ import annotations
 
+import logging
+
 import orjson
 from nats.aio.client import Client as NatsClient
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from toolbus_contracts import Credentials, Subjects, ToolbusError
 from toolbus_contracts.errors import Unavailable
+
+log = logging.getLogger("toolbus.registry")
 
 
 class CredentialsServiceSink:
@@ -21,13 +25,22 @@ class CredentialsServiceSink:
         body = orjson.dumps({"toolsetId": toolset_id, "credentials": credentials.model_dump(mode="json")})
         try:
             msg = await self._nc.request(self._subject, body, timeout=self._timeout)
-        except (NoRespondersError, NatsTimeout):
+        except (NoRespondersError, NatsTimeout) as exc:
             # Not a bug: a service that did not answer. Registering again is safe (same id) and
-            # stores them, so the reply is the retryable `unavailable` the SDK sends again.
+            # stores them, so the reply is the retryable `unavailable`; with no credentials service
+            # subscribed at all it says so (`noService`), and the SDK stops sending it again soon.
+            none = isinstance(exc, NoRespondersError)
+            log.warning(
+                "registration's credentials not stored: the credentials service did not answer",
+                extra={"toolsetId": toolset_id, "noService": none},
+            )
+            details: dict[str, object] = {"toolsetId": toolset_id, "service": "credentials"}
+            if none:
+                details["noService"] = True
             raise Unavailable(
                 "The toolset was registered but its credentials were not stored: the credentials "
                 "service did not answer; register again once it runs.",
-                details={"toolsetId": toolset_id, "service": "credentials"},
+                details=details,
             ) from None
         reply = orjson.loads(msg.data)
         if not reply.get("ok"):

@@ -321,9 +321,11 @@ class Pinner:
                     f"Field '{field}' must be absent or empty with 'base': a derived toolset keeps the base's.",
                     details={"field": field},
                 )
-        if spec.http is not None and (spec.http.allow or spec.http.policy is not None):
+        if spec.http is not None:
+            # Even one that allows nothing: on a first registration that is an `http.fetch` that
+            # fetches nothing, so taking it as "empty" here would silently keep the base's.
             raise InvalidRequest(
-                "Field 'http' must be absent or empty with 'base': a derived toolset keeps the base's.",
+                "Field 'http' must be absent with 'base': a derived toolset keeps the base's.",
                 details={"field": "http"},
             )
         assert spec.base is not None
