@@ -22,6 +22,7 @@ from toolbus import (
 )
 from toolbus_contracts import ApprovalRequested, CallEvent
 
+from tests.support.infra import until
 from tests.support.mcp_servers import McpTestServer
 
 pytestmark = pytest.mark.e2e
@@ -90,7 +91,15 @@ async def test_run_call_invoke_start_events_close(tb: Toolbus, mcp_server: McpTe
         with pytest.raises(InvalidInput):
             await run.call("everything.echo", {"text": 5})
 
-        events = [e async for e in run.events(follow=False)]
+        # A call's `completed` event is relayed just after its reply: a replay at once may end
+        # before the last one (docs/protocol.md, Events), so replay until it is there.
+        events: list[CallEvent] = []
+
+        async def all_completed() -> bool:
+            events[:] = [e async for e in run.events(follow=False)]
+            return sum(e.type == "completed" for e in events) >= 4
+
+        await until(all_completed, "the four calls' completed events in the stream")
         assert all(isinstance(e, CallEvent) and e.run_id == run.id for e in events)
         completed = [e for e in events if e.type == "completed"]
         assert len(completed) == 4  # echo, invoke k-1 (once), start, fail
