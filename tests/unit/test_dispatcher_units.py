@@ -237,6 +237,7 @@ async def test_in_flight_idle_returns_when_the_last_one_leaves_or_the_wait_ends(
     invokes.enter()  # one that never ends: the wait ends after `within`
     await asyncio.wait_for(invokes.idle(0.01, loop), 1)
     assert invokes.busy
+    assert 0.005 <= invokes.since_entered() < 5  # on the clock `enter` read, after the 10 ms wait
     # no time left to wait (the relay's DEFER is over since the newest came in): not waited for
     waiter = asyncio.create_task(invokes.idle(0.0, loop))
     await asyncio.sleep(0)

@@ -26,7 +26,7 @@ class InFlight:
         self._count = 0
         self._idle: asyncio.Future[None] | None = None
         self.entered = 0.0
-        """When the newest came in (`time.monotonic`, the event loop's clock)."""
+        """When the newest came in (`time.monotonic`; `since_entered` reads it on the same clock)."""
 
     def enter(self) -> None:
         self._count += 1
@@ -40,6 +40,11 @@ class InFlight:
     @property
     def busy(self) -> bool:
         return self._count > 0
+
+    def since_entered(self) -> float:
+        """Seconds since the newest came in, on the clock `enter` read (not the event loop's:
+        uvloop's `loop.time()` is cached per loop turn, in whole milliseconds)."""
+        return time.monotonic() - self.entered
 
     async def idle(self, within: float, loop: asyncio.AbstractEventLoop) -> None:
         """Return once none is in flight, or after `within` seconds (at once when `within` is not

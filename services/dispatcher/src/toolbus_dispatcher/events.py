@@ -332,7 +332,7 @@ class EventRelay:
             cursor = entries[-1][0]
             if self._invokes is not None and self._invokes.busy and len(entries) < LINGER_FROM:
                 # after the call that woke us replied (see DEFER)
-                await self._invokes.idle(DEFER - (loop.time() - self._invokes.entered), loop)
+                await self._invokes.idle(DEFER - self._invokes.since_entered(), loop)
             sent, failed = await self._publish(entries)
             if failed and not sent:  # nothing went through: NATS or the stream is down, likely
                 await asyncio.sleep(min(pause, self._ttl / 3))  # never so long that the lock lapses
