@@ -105,6 +105,13 @@ def split_qualified_name(name: str) -> tuple[str, str]:
     return (namespace, local) if dot else ("", name)
 
 
+def field_texts(name: str, description: str, params: str) -> dict[str, str]:
+    """The text each BM25F field of a tool is made of (`DEFAULT_FIELDS`): what `SearchIndex.build`
+    indexes and `PreparedTerms` works out ahead. `params`: the tool's `_schema_text`."""
+    namespace, local = split_qualified_name(name)
+    return {"name": local, "server": namespace, "description": description, "params": params}
+
+
 def _schema_text(schema: Mapping[str, Any], limit: int) -> str:
     """Names and descriptions of the parameters of a JSON schema, nested objects included."""
     parts: list[str] = []
@@ -241,10 +248,9 @@ class PreparedTerms:
         for name, description, schema in tools:
             if self._closed:
                 return
-            namespace, local = split_qualified_name(name)
             params = _schema_text(schema, self.params_text_chars)
             self.params_texts[name] = params
-            for text in (local, namespace, description, params):
+            for text in field_texts(name, description, params).values():
                 if text not in known:
                     known[text] = terms(text)
 
@@ -314,18 +320,11 @@ class SearchIndex:
 
         docs = []
         for tool in tools:
-            namespace, local = split_qualified_name(tool.name)
             params = params_texts.get(tool.name)
             if params is None:
                 params = _schema_text(tool.input_schema, options.params_text_chars)
-            docs.append(
-                {
-                    "name": terms_of(local),
-                    "server": terms_of(namespace),
-                    "description": terms_of(tool.description),
-                    "params": terms_of(params),
-                }
-            )
+            texts = field_texts(tool.name, tool.description, params)
+            docs.append({field: terms_of(text) for field, text in texts.items()})
         lexical = LexicalIndex(docs, options.bm25)
         return cls(tools, lexical, options)
 
