@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from toolbus_common.keys import Keys
 from toolbus_contracts import ErrorCode, Subjects
 
+from tests.support.commands import publish_command
 from tests.support.infra import drop_deployment_state, js_name, service_process, unique_prefix
 
 pytestmark = [pytest.mark.fuzz, pytest.mark.timeout(900)]
@@ -168,8 +169,9 @@ class Loop:
 class Probe:
     """Sends one body, counts every reply that comes to its inbox, snapshots the deployment."""
 
-    def __init__(self, nats_url: str, redis_url: str, prefix: str) -> None:
+    def __init__(self, nats_url: str, redis_url: str, prefix: str, secret_key: str) -> None:
         self.nats_url, self.redis_url, self.prefix = nats_url, redis_url, prefix
+        self.secret_key = secret_key
         self.replies: Counter[str] = Counter()
         self.bodies: dict[str, bytes] = {}
         self.seq = 0
@@ -271,7 +273,7 @@ def deployment(nats_url: str, redis_url: str, secret_key: str) -> Iterator[tuple
         "TOOLBUS_LOG_LEVEL": "ERROR",
     }
     loop = Loop()
-    probe = Probe(nats_url, redis_url, prefix)
+    probe = Probe(nats_url, redis_url, prefix, secret_key)
     loop.run(probe.open())
     with (
         service_process("registry", env) as registry,
@@ -415,7 +417,10 @@ def test_internal_commands_with_bad_bodies_are_dead_lettered_without_a_handler_f
     def one(body: bytes) -> None:
         sent.append(body)
         if subject.startswith(subjects.internal_all.removesuffix(">")):
-            loop.run(probe.nc.jetstream().publish(subject, body, timeout=10))
+            # signed as a service would: the bodies, not the signature, are what is tried here
+            loop.run(
+                publish_command(probe.nc.jetstream(), subject, body, secret=probe.secret_key, timeout=10)
+            )
         else:  # `credentials.changed`: plain NATS, heard by every dispatcher
             loop.run(probe.nc.publish(subject, body))
 

@@ -29,6 +29,7 @@ from toolbus_common.settings import Settings
 from toolbus_contracts import Subjects
 from toolbus_contracts.internal import ApprovalNeeded, RunClosed
 
+from tests.support.commands import TEST_SECRET_KEY, publish_command
 from tests.support.infra import aservice_process, js_name, request
 from tests.support.infra import until as wait_for
 
@@ -81,7 +82,7 @@ class Stack:
             if isinstance(command, ApprovalNeeded)
             else self.subjects.internal_runs_closed
         )
-        await self.js.publish(subject, command.wire_json(), stream=self.stream, timeout=5)
+        await publish_command(self.js, subject, command.wire_json(), stream=self.stream, timeout=5)
 
     async def decide(self, approval_id: str, approve: bool, reason: str | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {"approvalId": approval_id, "approve": approve}
@@ -150,7 +151,13 @@ class Events:
 
 @pytest.fixture
 def settings(nats_url: str, redis_url: str, prefix: str, redis_prefix: str) -> Settings:
-    return Settings(nats_url=nats_url, redis_url=redis_url, subject_prefix=prefix, redis_prefix=redis_prefix)
+    return Settings(
+        nats_url=nats_url,
+        redis_url=redis_url,
+        subject_prefix=prefix,
+        redis_prefix=redis_prefix,
+        secret_key=TEST_SECRET_KEY,
+    )
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -412,8 +419,12 @@ async def test_malformed_bodies_are_invalid_request_naming_the_field(
 async def test_malformed_command_is_dropped_and_the_next_one_handled(
     service: ApprovalApp, stack: Stack, events: Events
 ) -> None:
-    await stack.js.publish(
-        stack.subjects.internal_approval_requests, b'{"approvalId": 1}', stream=stack.stream, timeout=5
+    await publish_command(
+        stack.js,
+        stack.subjects.internal_approval_requests,
+        b'{"approvalId": 1}',
+        stream=stack.stream,
+        timeout=5,
     )
     command = needed()
     assert (await requested(stack, events, command))["approvalId"] == command.approval_id

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from cryptography.fernet import Fernet
 from standardwebhooks import Webhook
 from toolbus_common.keys import Keys
 from toolbus_common.logging import JsonFormatter
@@ -26,6 +25,7 @@ from toolbus_contracts.registry import PinnedServer
 from toolbus_credentials.app import CredentialsService
 from toolbus_credentials.settings import CredentialsSettings
 
+from tests.support.commands import TEST_SECRET_KEY, publish_command
 from tests.support.infra import js_name, request, until
 from tests.support.webhooks import Receiver
 from tests.support.webhooks import webhook_receiver as receiver
@@ -76,7 +76,7 @@ async def stack(
             redis_url=redis_url,
             subject_prefix=sub_prefix,
             redis_prefix=f"{prefix}:{sub_prefix}",
-            secret_key=Fernet.generate_key().decode(),
+            secret_key=TEST_SECRET_KEY,
             webhook_url=rec.url,
             webhook_secret=SECRET,
         )
@@ -147,7 +147,7 @@ async def park(
         parked_at="2026-11-30T00:00:00.000Z",
         credentials_version=credentials_version,
     )
-    await js.publish(st.subjects.internal_calls_park, message.wire_json())
+    await publish_command(js, st.subjects.internal_calls_park, message.wire_json())
 
 
 # ---- sets and bad input --------------------------------------------------------------------------
@@ -463,7 +463,8 @@ async def test_run_closed_drops_parked_calls_and_run_credentials(
     logic = stack.service.logic
     await until(lambda: logic.parking.is_parked("c9t"), "parked")
     await redis_client.hset(stack.keys.run("run-9"), "state", "closed")
-    await js.publish(
+    await publish_command(
+        js,
         stack.subjects.internal_runs_closed,
         RunClosed(run_id="run-9", toolset_id=TS, call_ids=["c9", "c9t"]).wire_json(),
     )

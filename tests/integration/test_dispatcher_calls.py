@@ -16,6 +16,7 @@ from nats.aio.subscription import Subscription
 from toolbus_contracts import WORKER_QUEUE, CallEvent
 
 from tests.integration.test_dispatcher_helpers import Harness, host_tool, wait_until
+from tests.support.commands import publish_command
 from tests.support.infra import until
 
 pytestmark = pytest.mark.integration
@@ -378,7 +379,7 @@ async def test_close_cancels_waiting_and_running_calls(h: Harness, ts: str) -> N
 
 async def _internal(h: Harness, subject: str, body: dict[str, Any]) -> None:
     assert h.nc is not None
-    await h.nc.jetstream().publish(subject, json.dumps(body).encode())
+    await publish_command(h.nc.jetstream(), subject, json.dumps(body).encode())
 
 
 async def test_approval_approved_runs_the_call_once(h: Harness, ts: str) -> None:

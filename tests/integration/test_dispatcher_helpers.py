@@ -20,6 +20,7 @@ from toolbus_dispatcher.app import DispatcherApp
 from toolbus_dispatcher.credentials import CredentialResolver
 from toolbus_dispatcher.settings import DispatcherSettings
 
+from tests.support.commands import TEST_SECRET_KEY
 from tests.support.infra import js_name, unique_prefix, until
 
 FAST = {
@@ -73,6 +74,7 @@ class Harness:
             "nats_url": self.nats_url,
             "redis_url": self.redis_url,
             "subject_prefix": self.prefix,
+            "secret_key": TEST_SECRET_KEY,
             **FAST,
             **overrides,
         }
@@ -84,6 +86,7 @@ class Harness:
             "TOOLBUS_NATS_URL": self.nats_url,
             "TOOLBUS_REDIS_URL": self.redis_url,
             "TOOLBUS_SUBJECT_PREFIX": self.prefix,
+            "TOOLBUS_SECRET_KEY": TEST_SECRET_KEY,
             "TOOLBUS_DISPATCHER_LEASE": str(FAST["dispatcher_lease"]),
             "TOOLBUS_DISPATCHER_RETRY_BACKOFF": str(FAST["dispatcher_retry_backoff"]),
             "TOOLBUS_DISPATCHER_RETRY_BACKOFF_MAX": str(FAST["dispatcher_retry_backoff_max"]),

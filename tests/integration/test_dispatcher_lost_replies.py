@@ -33,6 +33,7 @@ from toolbus_dispatcher.store import CLOSE_CLAIM, CallStore
 from tests.integration.test_dispatcher_calls import Worker
 from tests.integration.test_dispatcher_helpers import Harness, host_tool, wait_until
 from tests.integration.test_dispatcher_mcp import mcp_toolset
+from tests.support.commands import publish_command
 from tests.support.cutting_proxy import CuttingProxy, proxy_to
 from tests.support.infra import js_name
 from tests.support.mcp_servers import McpTestServer
@@ -291,7 +292,7 @@ async def _decide(h: Harness, needed: dict[str, Any], ts: str, decision: str) ->
         "decision": decision,
         "reason": "no",
     }
-    await h.nc.jetstream().publish(h.subjects.internal_approval_decisions, json.dumps(body).encode())
+    await publish_command(h.nc.jetstream(), h.subjects.internal_approval_decisions, json.dumps(body).encode())
 
 
 async def _arm_release(h: Harness, proxy: CuttingProxy) -> int:

@@ -13,6 +13,7 @@ import pytest_asyncio
 from toolbus_dispatcher.credentials import StaticCredentials
 
 from tests.integration.test_dispatcher_helpers import Harness, wait_until
+from tests.support.commands import publish_command
 from tests.support.mcp_servers import Fault, McpTestServer, echo_tools
 
 pytestmark = pytest.mark.integration
@@ -156,8 +157,10 @@ async def test_a_401_parks_the_call_and_a_resume_sends_it_again(h: Harness, cred
             parked = await _internal_messages(h, h.subjects.internal_calls_park, 1)
             assert h.nc is not None
             creds.set("run", run, {"crm": {"Authorization": "Bearer good-token"}})
-            await h.nc.jetstream().publish(
-                h.subjects.internal_calls_resume, json.dumps({"callIds": [call_id]}).encode()
+            await publish_command(
+                h.nc.jetstream(),
+                h.subjects.internal_calls_resume,
+                json.dumps({"callIds": [call_id]}).encode(),
             )
             data = await waiter
             await wait_until(lambda: seen[-1]["type"] == "completed", what="completed")
@@ -183,7 +186,8 @@ async def test_a_resume_with_credentials_rejected_ends_the_parked_call(
             await wait_until(lambda: any(e["type"] == "parked" for e in seen), what="parked event")
             assert seen[2]["level"] == "toolset"
             assert h.nc is not None
-            await h.nc.jetstream().publish(
+            await publish_command(
+                h.nc.jetstream(),
                 h.subjects.internal_calls_resume,
                 json.dumps({"callIds": [seen[0]["callId"]], "reason": "credentialsRejected"}).encode(),
             )

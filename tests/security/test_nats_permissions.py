@@ -24,6 +24,7 @@ import pytest
 from nats.aio.client import Client
 from nats.js.api import ConsumerConfig
 from toolbus import Toolbus, Worker, host_tool
+from toolbus._stored import read_object, replay
 from toolbus_common.connections import ensure_object_store, ensure_stream, flush
 from toolbus_common.toolsets import Tool
 from toolbus_contracts import WORKER_QUEUE, Subjects, consumer_delivery
@@ -112,7 +113,13 @@ MATRIX: list[tuple[str, str, str, bool]] = [
     ("harness", "pub", f"{P}.toolsets.create", True),
     ("harness", "pub", f"{P}.calls.invoke", True),
     ("harness", "pub", f"{P}.runs.credentials.set", True),
-    ("harness", "pub", f"$JS.API.CONSUMER.CREATE.{P}_EVENTS", True),
+    ("harness", "pub", f"$JS.API.DIRECT.GET.{P}_EVENTS", True),
+    ("harness", "pub", f"$JS.API.DIRECT.GET.OBJ_{P}_outputs.$O.{P}_outputs.M.x", True),
+    # no consumers, no stream info: a client's one JetStream request is the direct get
+    ("harness", "pub", f"$JS.API.CONSUMER.CREATE.{P}_EVENTS", False),
+    ("harness", "pub", f"$JS.API.CONSUMER.CREATE.OBJ_{P}_outputs", False),
+    ("harness", "pub", f"$JS.API.STREAM.INFO.{P}_EVENTS", False),
+    ("harness", "pub", "$JS.API.INFO", False),
     ("harness", "sub", f"{P}.events.calls.run1.*", True),
     ("harness", "sub", "_INBOX.harness.abc", True),
     ("harness", "pub", f"{P}.approvals.decide", False),
@@ -363,14 +370,22 @@ async def test_jetstream_streams_and_stores_are_reachable_only_by_their_roles(
         connect_as(secured_nats, "worker") as worker,
     ):
         djs = dispatcher.nc.jetstream(timeout=3)
-        await ensure_stream(djs, f"{P}_EVENTS", [f"{P}.events.>"])
+        await ensure_stream(djs, f"{P}_EVENTS", [f"{P}.events.>"], allow_direct=True)
         await djs.publish(f"{P}.events.calls.run1.call1", b'{"type": "accepted"}')
-        # The harness replays a run's events with an ordered consumer on its own inbox.
+        # The harness replays a run's events with direct gets, through its account's import.
         hjs = harness.nc.jetstream(timeout=3)
-        sub = await hjs.subscribe(f"{P}.events.calls.run1.*", stream=f"{P}_EVENTS", ordered_consumer=True)
-        msg = await sub.next_msg(timeout=5)
-        assert json.loads(msg.data) == {"type": "accepted"}
-        await sub.unsubscribe()
+        replayed = [
+            json.loads(m.data or b"") async for _, m in replay(hjs, f"{P}_EVENTS", f"{P}.events.calls.run1.*")
+        ]
+        assert replayed == [{"type": "accepted"}]
+        # ... and reads an output the dispatcher stored by reference, chunk by chunk.
+        outputs = await ensure_object_store(djs, f"{P}_outputs")
+        big = bytes(range(256)) * 1200  # three chunks
+        await outputs.put("call1-out", big)
+        assert await read_object(hjs, f"{P}_outputs", "call1-out") == big
+        # It creates no consumer: its account imports no consumer API.
+        with pytest.raises(nats.errors.TimeoutError):
+            await hjs.subscribe(f"{P}.events.calls.run1.*", stream=f"{P}_EVENTS", ordered_consumer=True)
 
         # The registry writes the toolsets store; the dispatcher and credentials read it.
         store = await ensure_object_store(registry.nc.jetstream(timeout=3), f"{P}_toolsets")

@@ -18,7 +18,7 @@ import pytest
 from faststream.nats import JStream, TestNatsBroker
 from faststream.response.publish_type import PublishType
 from toolbus_approval.handlers import routes as approval_routes
-from toolbus_common.bus import Bus, RawJson, ReplyGuard, Routes
+from toolbus_common.bus import Bus, RawJson, ReplyGuard, Routes, misdirected_reply
 from toolbus_common.settings import Settings
 from toolbus_contracts import (
     CallGetReply,
@@ -34,7 +34,9 @@ from toolbus_credentials.handlers import routes as credentials_routes
 from toolbus_dispatcher.handlers import routes as dispatcher_routes
 from toolbus_registry.handlers import routes as registry_routes
 
-SETTINGS = Settings(subject_prefix="tbunit")
+from tests.support.commands import TEST_SECRET_KEY, signed
+
+SETTINGS = Settings(subject_prefix="tbunit", secret_key=TEST_SECRET_KEY)
 S = SETTINGS.subjects
 TS = "ts_" + "0" * 64
 
@@ -58,6 +60,11 @@ class Recorder:
             return answer
 
         return record
+
+
+async def command(broker: Any, bus: Bus, subject: str, body: bytes) -> None:
+    """A command into the INTERNAL stream, signed as a service signs it."""
+    await broker.publish(body, subject, stream=bus.stream, headers=signed(subject, body))
 
 
 @asynccontextmanager
@@ -141,14 +148,58 @@ async def test_dispatcher_commands_apply_and_dead_letter_bad_bodies() -> None:
             "approvalId": "apr_1", "callId": "call_1", "runId": "run_1", "toolsetId": TS,
             "tool": "a.b", "inputDigest": "d", "decision": "approved",
         }  # fmt: skip
-        await broker.publish(json.dumps(decided).encode(), S.internal_approval_decisions, stream=bus.stream)
-        await broker.publish(b'{"callIds": "call_1"}', S.internal_calls_resume, stream=bus.stream)
-        await broker.publish(b'{"callIds": ["call_1", "call_2"]}', S.internal_calls_resume, stream=bus.stream)
+        await command(broker, bus, S.internal_approval_decisions, json.dumps(decided).encode())
+        await command(broker, bus, S.internal_calls_resume, b'{"callIds": "call_1"}')
+        await command(broker, bus, S.internal_calls_resume, b'{"callIds": ["call_1", "call_2"]}')
         names = [name for name, _ in logic.calls]
         assert names == ["apply_decision", "apply_resume"]
         assert logic.calls[0][1].approval_id == "apr_1" and logic.calls[0][1].decision == "approved"
         assert logic.calls[1][1].call_ids == ["call_1", "call_2"]
         assert dead == [b'{"callIds": "call_1"}']
+
+
+async def test_a_command_no_service_signed_is_never_applied() -> None:
+    """What a client could make land in the INTERNAL stream (a JetStream answer, a reply aimed at
+    an internal subject) carries no service's signature: refused, neither applied nor
+    dead-lettered; a signature made for another subject, or with another key, is refused too."""
+    logic = Recorder()
+    async with serving(dispatcher_routes, logic) as (broker, bus, dead):
+        body = {
+            "approvalId": "apr_1", "callId": "call_1", "runId": "run_1", "toolsetId": TS,
+            "tool": "a.b", "inputDigest": "d", "decision": "approved",
+        }  # fmt: skip
+        decided = json.dumps(body).encode()
+        subject = S.internal_approval_decisions
+        await broker.publish(decided, subject, stream=bus.stream)
+        await broker.publish(decided, subject, stream=bus.stream, headers={"Toolbus-Signature": "0" * 64})
+        other = signed(S.internal_calls_resume, decided)
+        await broker.publish(decided, subject, stream=bus.stream, headers=other)
+        foreign = signed(subject, decided, secret="b3RoZXIta2V5LW90aGVyLWtleS1vdGhlci1rZXktISE=")
+        await broker.publish(decided, subject, stream=bus.stream, headers=foreign)
+        assert logic.calls == [] and dead == []
+        await command(broker, bus, subject, decided)
+        assert [name for name, _ in logic.calls] == ["apply_decision"]
+
+
+async def test_a_request_whose_reply_subject_is_not_an_inbox_gets_no_answer_and_does_nothing() -> None:
+    """A reply subject under the deployment's prefix (its events, its INTERNAL commands) or of
+    JetStream asks the service to write where only services write: the request is dropped."""
+    logic = Recorder(get=None)
+    async with serving(dispatcher_routes, logic) as (broker, _bus, _):
+        for reply in (
+            S.internal_approval_decisions,
+            S.run_events("run_1").replace("*", "call_1"),
+            "$O.x.C.y",
+        ):
+            await broker.publish(b'{"callId": "call_1"}', S.calls_get, reply_to=reply)
+        assert logic.calls == []
+        await broker.publish(b'{"callId": "call_1"}', S.calls_get, reply_to="_INBOX.harness.x")
+        assert len(logic.calls) == 1  # the same request with an inbox is handled
+    assert misdirected_reply("tbunit", "tbunit.internal.approvals.decided")
+    assert misdirected_reply("tbunit", "$JS.API.STREAM.INFO.X")
+    assert not misdirected_reply("tbunit", "_INBOX.harness.abc")
+    assert not misdirected_reply("tbunit", "_R_.abc.def")
+    assert not misdirected_reply("tbunit", None)
 
 
 # ---- approval ----------------------------------------------------------------------------------
@@ -176,8 +227,8 @@ async def test_approval_subjects_parse_call_and_reply() -> None:
         assert second["error"] == {"code": "conflict", "message": "Approval 'apr_1' was already decided."}
 
         closed = {"runId": "run_1", "toolsetId": TS, "callIds": []}
-        await broker.publish(json.dumps(closed).encode(), S.internal_runs_closed, stream=bus.stream)
-        await broker.publish(b"{nope", S.internal_approval_requests, stream=bus.stream)
+        await command(broker, bus, S.internal_runs_closed, json.dumps(closed).encode())
+        await command(broker, bus, S.internal_approval_requests, b"{nope")
         assert logic.calls[-1] == ("close_run", "run_1")
         assert dead == [b"{nope"]
 
@@ -203,7 +254,7 @@ async def test_credentials_subjects_parse_call_and_reply_without_echoing_secrets
             "callId": "call_1", "runId": "run_1", "toolsetId": TS, "server": "gh",
             "level": "toolset", "parkedAt": "2026-12-01T00:00:00.000Z",
         }  # fmt: skip
-        await broker.publish(json.dumps(parked).encode(), S.internal_calls_park, stream=bus.stream)
+        await command(broker, bus, S.internal_calls_park, json.dumps(parked).encode())
         assert logic.calls[-1][0] == "park" and logic.calls[-1][1].namespace is None
 
 

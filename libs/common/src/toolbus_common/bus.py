@@ -71,6 +71,7 @@ from toolbus_common.direct_sub import spawner, subscribe_direct
 from toolbus_common.faults import is_backing_store_fault, unavailable
 from toolbus_common.logging import Every
 from toolbus_common.settings import Settings
+from toolbus_common.signing import SIGNATURE_HEADER, CommandSigner
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,29 @@ def served(subject: str, code: str, seconds: float) -> None:
 DROPPED_LOG_EVERY = 60.0
 """Seconds between warnings of dropped consumer deliveries on one subject (a flood logs once)."""
 _DROPPED_LOGGED = Every(DROPPED_LOG_EVERY)
+
+
+_MISDIRECTED_LOGGED = Every(DROPPED_LOG_EVERY)
+_UNSIGNED_LOGGED = Every(DROPPED_LOG_EVERY)
+
+
+def misdirected_reply(prefix: str, reply: str | None) -> bool:
+    """Whether a request's reply subject is one no service may answer on: a subject of this
+    deployment (its events, its INTERNAL stream's commands) or of JetStream (`$JS`, `$KV`, `$O`).
+    Replies go to inboxes (`_INBOX...`) and, across NATS accounts, to `_R_...`; a request naming
+    another reply subject asks the service to write where its sender may not."""
+    if not reply:
+        return False
+    return reply.startswith("$") or reply.startswith(prefix + ".")
+
+
+def _refused_reply(subscribed: str, reply: str) -> None:
+    if _MISDIRECTED_LOGGED.due(subscribed):
+        log.warning(
+            "dropped a request whose reply subject is not an inbox: someone asked for the answer "
+            "to go where only services write (only the first a minute is logged)",
+            extra={"subject": subscribed, "reply": reply[:200]},
+        )
 
 
 def _handed_out(subscribed: str, subject: str, reply: str | None, headers: Any) -> bool:
@@ -418,6 +442,7 @@ class Bus:
         self._nc: NatsClient | None = None
         self.max_payload = 1024 * 1024
         self._started = False
+        self._signer: CommandSigner | None = None
 
     # -- wiring --
 
@@ -517,6 +542,10 @@ class Bus:
                 # with no reply subject it sends nothing.
                 msg.reply_to = ""
                 return None
+            if misdirected_reply(self.subjects.prefix, msg.reply_to):
+                _refused_reply(subject, msg.reply_to)
+                msg.reply_to = ""
+                return None
             body = await self._answer(entry, bound, subject, msg.body, msg.reply_to)
             if body is not None and entry.kind == "deferred" and msg.reply_to:
                 await self.reply(msg.reply_to, body)
@@ -532,6 +561,9 @@ class Bus:
     ) -> Callable[[Msg], Coroutine[Any, Any, None]]:
         async def serve(msg: Msg) -> None:
             if _handed_out(subject, msg.subject, msg.reply, msg.headers):
+                return
+            if misdirected_reply(self.subjects.prefix, msg.reply):
+                _refused_reply(subject, msg.reply)
                 return
             body = await self._answer(entry, bound, subject, msg.data, msg.reply)
             if body is not None and msg.reply:
@@ -593,6 +625,8 @@ class Bus:
     # -- commands --
 
     def _command(self, broker: NatsBroker, entry: Entry, bound: Any, subject: str, title: str) -> None:
+        if self._signer is None:
+            self._signer = CommandSigner.of(self.settings)
         config = ConsumerConfig(
             durable_name=entry.durable,
             filter_subject=subject,
@@ -621,7 +655,14 @@ class Bus:
         apply = entry.handler
         durable = entry.durable
 
+        signer = self._signer
+        assert signer is not None
+
         async def consume(msg: NatsMessage) -> None:
+            headers = getattr(msg.raw_message, "headers", None) or {}
+            if not signer.verify(subject, msg.body, headers.get(SIGNATURE_HEADER)):
+                await self._refuse_unsigned(msg, subject, durable)
+                return
             try:
                 command = parse_body(entry.model, msg.body)
             except ToolbusError as exc:
@@ -642,6 +683,18 @@ class Bus:
         consume.__signature__ = _schema_signature(entry.model, None)  # type: ignore[attr-defined]
         consume.__name__ = getattr(apply, "__name__", "consume")
         return consume
+
+    async def _refuse_unsigned(self, msg: NatsMessage, subject: str, durable: str) -> None:
+        """A message on a command subject that no service signed: never applied, terminated (not
+        delivered again), counted and logged (once a minute per consumer)."""
+        COMMANDS.labels(subject, "refused").inc()
+        if _UNSIGNED_LOGGED.due(durable):
+            log.warning(
+                "refused a command no service signed (not applied; only the first a minute is logged)",
+                extra={"consumer": durable, "subject": subject},
+            )
+        with contextlib.suppress(Exception):
+            await msg.reject()
 
     async def _working(self, msg: NatsMessage) -> None:
         """While a command's handler runs: tell JetStream every third of `ack_wait` that it is

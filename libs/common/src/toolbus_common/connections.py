@@ -288,6 +288,9 @@ def events_stream_limits(settings: Settings) -> dict[str, Any]:
         "max_age": timedelta(seconds=settings.js_events_max_age),
         "max_bytes": settings.js_events_max_bytes,
         "placement": JsPlacement.of(settings),
+        # Clients read events with direct gets only (deploy/nats: the one JetStream request a
+        # client's account imports).
+        "allow_direct": True,
     }
 
 
@@ -312,9 +315,10 @@ async def ensure_stream(
     retention: RetentionPolicy = RetentionPolicy.LIMITS,
     max_bytes: int = -1,
     placement: JsPlacement = DEFAULT_PLACEMENT,
+    allow_direct: bool = False,
 ) -> None:
-    """Create the stream, or update its subjects, limits and replicas where they differ (storage
-    cannot change on a live stream: a mismatch is logged); works on JetStream 2.9."""
+    """Create the stream, or update its subjects, limits, replicas and direct gets where they
+    differ (storage cannot change on a live stream: a mismatch is logged); works on JetStream 2.9."""
     config = StreamConfig(
         name=name,
         subjects=subjects,
@@ -323,6 +327,7 @@ async def ensure_stream(
         num_replicas=placement.replicas,
         max_age=max_age.total_seconds() if max_age else None,
         max_bytes=max_bytes,
+        allow_direct=allow_direct,
     )
     try:
         info = await js.stream_info(name)
@@ -337,6 +342,7 @@ async def ensure_stream(
         or (have.num_replicas or 1) != placement.replicas
         or abs((have.max_age or 0.0) - want_age) > 1e-3
         or (have.max_bytes if have.max_bytes is not None else -1) != max_bytes
+        or bool(have.allow_direct) != allow_direct
     ):
         config.storage = have.storage
         await js.update_stream(config)

@@ -39,13 +39,17 @@ before nats-py's own limit on what waits to be written (`pending_size`, 2 MiB) c
 
 
 _HEADER_ROOM = len(b"NATS/1.0\r\nNats-Msg-Id: \r\n\r\n")
+_SIGNATURE_ROOM = len(b"Toolbus-Signature: \r\n")
 
 
-def fits(nc: NatsClient, payload: bytes, msg_id: bytes = b"") -> bool:
-    """Whether a message fits in the server's `max_payload` with its `Nats-Msg-Id` header: the
-    server counts the header block with the payload and closes a connection that sends more, while
-    nats-py's `publish` checks the payload alone."""
-    return len(payload) + (len(msg_id) + _HEADER_ROOM if msg_id else 0) <= nc._max_payload
+def fits(nc: NatsClient, payload: bytes, msg_id: bytes = b"", signature: bytes = b"") -> bool:
+    """Whether a message fits in the server's `max_payload` with its `Nats-Msg-Id` (and
+    `Toolbus-Signature`) header: the server counts the header block with the payload and closes a
+    connection that sends more, while nats-py's `publish` checks the payload alone."""
+    headers = len(msg_id) + _HEADER_ROOM if msg_id else 0
+    if signature:
+        headers += len(signature) + _SIGNATURE_ROOM
+    return len(payload) + headers <= nc._max_payload
 
 
 class Batch:
@@ -59,21 +63,36 @@ class Batch:
         self._msgs = 0
         self._payload = 0
 
-    def add(self, subject: bytes, payload: bytes, *, reply: bytes = b"", msg_id: bytes = b"") -> bool:
-        """Add one message (with a `Nats-Msg-Id` header when `msg_id`); False, and nothing added,
-        when it must go through `publish` instead (see the module)."""
+    def add(
+        self,
+        subject: bytes,
+        payload: bytes,
+        *,
+        reply: bytes = b"",
+        msg_id: bytes = b"",
+        signature: bytes = b"",
+    ) -> bool:
+        """Add one message (with a `Nats-Msg-Id` header when `msg_id`, and a `Toolbus-Signature`
+        one when `signature`: only with a `msg_id`); False, and nothing added, when it must go
+        through `publish` instead (see the module)."""
         nc = self._nc
         if (
             not subject
             or _UNSAFE.search(subject)
             or (reply and _UNSAFE.search(reply))
             or (msg_id and _UNSAFE.search(msg_id))
-            or not fits(nc, payload, msg_id)
+            or (signature and not msg_id)
+            or not fits(nc, payload, msg_id, signature)
             or not nc.is_connected
             or nc.is_draining_pubs
         ):
             return False
-        if msg_id:
+        if signature:
+            hdr = b"NATS/1.0\r\nNats-Msg-Id: %b\r\nToolbus-Signature: %b\r\n\r\n" % (msg_id, signature)
+            self._buf += b"HPUB %b %b %d %d\r\n%b%b\r\n" % (
+                subject, reply, len(hdr), len(hdr) + len(payload), hdr, payload,
+            )  # fmt: skip
+        elif msg_id:
             hdr = b"NATS/1.0\r\nNats-Msg-Id: %b\r\n\r\n" % msg_id
             self._buf += b"HPUB %b %b %d %d\r\n%b%b\r\n" % (
                 subject, reply, len(hdr), len(hdr) + len(payload), hdr, payload,

@@ -1,17 +1,22 @@
-"""The NATS authorization of a toolbus deployment: one user per role and per service, each allowed
-only its subjects, the JetStream API of its streams and buckets, and its own reply inbox.
+"""The NATS authorization of a toolbus deployment: the services in one account, each client role
+(harness, worker, approver, workflow engine) in an account of its own, and in each account a user
+allowed only its subjects.
 
-`ROLES` is the permission matrix as data; `render_auth_conf(prefix)` writes it as nats-server
+`roles()` is the permission matrix as data; `render_auth_conf(prefix)` writes it as nats-server
 configuration (`deploy/nats/toolbus-auth.conf` is its output for the default prefix, checked by
 the tests); `dev_credentials()` makes random passwords for `make up` with `TOOLBUS_SECURE=1`.
 
-Why users with permissions in one account, not accounts with import/export: the services share
-streams (INTERNAL is written by the dispatcher and read by approval and credentials; the toolsets
-object store is written by the registry and read by the dispatcher and credentials), and sharing
-JetStream across accounts needs exports of each stream's API, delivery and ack subjects, for
-every consumer, in both directions. Per-user permissions express the same boundary in one place,
-and run unchanged on nats-server 2.9 (Debian) and 2.15. Tenants that must not see one another
-belong in separate accounts (one toolbus deployment, i.e. one subject prefix, per account).
+Why accounts for the clients: nats-server checks a client's own publishes against its
+permissions, but not where JetStream (or a service) sends the answer to a request: that goes to
+whatever reply subject the requester named. In one account, a harness could have JetStream answer
+a direct get of bytes it chose onto `internal.approvals.decided`, which the INTERNAL stream
+stored and the dispatcher applied. A client account shares no subject with the services' account
+but what is imported: its requests reach the services through service imports (the services'
+answers return through the server's response mapping, to the requester's account only), the
+events it may read come in as stream imports, and its only JetStream is the direct get of the
+EVENTS stream and the outputs object store, imported the same way. Its own account has no
+JetStream, so no consumer a client creates can deliver anywhere. The services share streams and
+stay in one account, each user limited as before.
 
 Each user's replies come to `_INBOX.<user>.>` (the client's `TOOLBUS_NATS_INBOX_PREFIX`) and it
 may subscribe to nothing else under `_INBOX`: no user reads another's replies (the JetStream
@@ -22,11 +27,16 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from toolbus_contracts import WORKER_QUEUE, Subjects
 
 INBOX = "_INBOX"
+RESPONSES = "_R_"
+"""Where nats-server maps the reply subject of a request that came through a service import: a
+service answering a client publishes there, and the server hands the answer back to the client."""
+SERVICES_ACCOUNT = "TOOLBUS"
+"""The account of the services; each client role has an account named after it (`account_of`)."""
 
 RESPONSE_EXPIRES = "24h"
 """How long a received request's reply subject stays publishable (`allow_responses`): nats-server's
@@ -64,6 +74,13 @@ def js_read(stream: str) -> list[str]:
     ]
 
 
+def js_direct_get(stream: str) -> list[str]:
+    """The one JetStream request a client role may send: a direct get of a stream's message (by
+    sequence, or the next or last on a subject). Its answer goes back to the requester's account
+    through the import, so no answer a client asks for can land in the services' account."""
+    return [f"$JS.API.DIRECT.GET.{stream}", f"$JS.API.DIRECT.GET.{stream}.>"]
+
+
 def js_create(stream: str) -> list[str]:
     """Create the stream when it is missing, and bring its configuration up to date."""
     return [f"$JS.API.STREAM.CREATE.{stream}", f"$JS.API.STREAM.UPDATE.{stream}"]
@@ -91,6 +108,12 @@ class Role:
     """Publish one reply to the reply subject of each message it received (for `RESPONSE_EXPIRES`),
     and nothing more there: `allow_responses: {max: 1}`."""
     service: bool = False
+    serves: list[str] = field(default_factory=list)
+    """A client role's subjects of requests the services send it (exported to the services'
+    account as a service); the rest of its subscriptions are streams imported from there."""
+    answers_on: list[str] = field(default_factory=list)
+    """Where a client role's answers to the services' messages go, when those name a reply
+    subject in the services' account rather than an inbox (imported from there)."""
 
     @property
     def inbox(self) -> str:
@@ -118,8 +141,8 @@ def roles(prefix: str = "toolbus") -> list[Role]:
                 s.workflows_get,
                 *calls,
                 *credential_sets,
-                *js_read(events),
-                *js_read(outputs),
+                *js_direct_get(events),
+                *js_direct_get(outputs),
             ],
             subscribe=[s.run_events("*"), s.credentials_expired],
         ),
@@ -132,6 +155,7 @@ def roles(prefix: str = "toolbus") -> list[Role]:
             publish=[s.host_heartbeats],
             subscribe=[f"{s.host_call('>')} {WORKER_QUEUE}", s.host_cancels],
             allow_responses=True,
+            answers_on=[s.host_results],
         ),
         Role(
             "approver",
@@ -145,12 +169,14 @@ def roles(prefix: str = "toolbus") -> list[Role]:
             publish=[s.workflows_publish, s.workflows_get, *calls],
             subscribe=[s.workflows_start(">")],
             allow_responses=True,
+            serves=[s.workflows_start(">")],
         ),
         Role(
             "registry",
             "toolsets and workflows: owns the toolsets object store, the workflows and the tool-embeddings buckets",
             publish=[
                 f"{INBOX}.>",
+                f"{RESPONSES}.>",
                 "$JS.API.INFO",
                 s.toolsets_credentials_set,
                 *js_own(toolsets),
@@ -168,6 +194,7 @@ def roles(prefix: str = "toolbus") -> list[Role]:
             "runs and calls: owns EVENTS, writes INTERNAL commands, sends host calls and workflows",
             publish=[
                 f"{INBOX}.>",
+                f"{RESPONSES}.>",
                 "$JS.API.INFO",
                 s.all_events,
                 s.internal_approval_requests,
@@ -192,6 +219,7 @@ def roles(prefix: str = "toolbus") -> list[Role]:
             "approvals: announces requests, sends decisions to the dispatcher",
             publish=[
                 f"{INBOX}.>",
+                f"{RESPONSES}.>",
                 "$JS.API.INFO",
                 s.approvals_requested,
                 s.internal_approval_decisions,
@@ -206,6 +234,7 @@ def roles(prefix: str = "toolbus") -> list[Role]:
             "credential levels: resumes parked calls, tells dispatchers to drop cached credentials",
             publish=[
                 f"{INBOX}.>",
+                f"{RESPONSES}.>",
                 "$JS.API.INFO",
                 s.internal_calls_resume,
                 s.internal_credentials_changed,
@@ -256,16 +285,54 @@ def roles_of(prefixes: Sequence[str]) -> list[Role]:
                 subscribe=list(dict.fromkeys(s for r in same for s in r.subscribe)),
                 allow_responses=first.allow_responses,
                 service=first.service,
+                serves=list(dict.fromkeys(s for r in same for s in r.serves)),
+                answers_on=list(dict.fromkeys(s for r in same for s in r.answers_on)),
             )
         )
     return merged
 
 
+def account_of(role: Role) -> str:
+    """The account a role's user is in: the services share `SERVICES_ACCOUNT`, each client role
+    has its own (so that one client role's imports are no other's)."""
+    return SERVICES_ACCOUNT if role.service else role.name.upper().replace("-", "_")
+
+
+def _subject(permission: str) -> str:
+    """A subscribe permission's subject without its queue group (`subject queue`)."""
+    return permission.split(" ", 1)[0]
+
+
+def client_imports(role: Role) -> tuple[list[str], list[str]]:
+    """(services, streams) a client role imports from the services' account: what it publishes
+    and answers on are requests to the services; what it subscribes to, but serves, comes in as
+    a stream."""
+    services = [*role.publish, *role.answers_on]
+    streams = [_subject(sub) for sub in role.subscribe if _subject(sub) not in role.serves]
+    return list(dict.fromkeys(services)), list(dict.fromkeys(streams))
+
+
+def _export(kind: str, subject: str, accounts: list[str]) -> str:
+    threshold = f', response_threshold: "{RESPONSE_EXPIRES}"' if kind == "service" else ""
+    return f'{{ {kind}: "{subject}", accounts: [{", ".join(accounts)}]{threshold} }}'
+
+
+def _import(kind: str, account: str, subject: str) -> str:
+    return f'{{ {kind}: {{ account: {account}, subject: "{subject}" }} }}'
+
+
+def _block(name: str, items: list[str], indent: str) -> list[str]:
+    if not items:
+        return []
+    return [f"{indent}{name}: [", *(f"{indent}  {item}" for item in items), f"{indent}]"]
+
+
 def render_auth_conf(prefix: str | Sequence[str] = "toolbus", *, nkeys: dict[str, str] | None = None) -> str:
-    """nats-server configuration text: one `authorization` block with a user per role. Passwords
-    are read from environment variables (`$TOOLBUS_NATS_PASSWORD_<ROLE>`); a bcrypt hash
-    (`nats server passwd`) works in their place. With `nkeys` (role -> public key `U...`), each
-    role is an nkey user instead (no password anywhere: clients sign with their seed).
+    """nats-server configuration text: an `accounts` block with the services' account and one
+    account per client role (imports and exports between them), a user per role. Passwords are
+    read from environment variables (`$TOOLBUS_NATS_PASSWORD_<ROLE>`); a bcrypt hash (`nats
+    server passwd`) works in their place. With `nkeys` (role -> public key `U...`), each role is
+    an nkey user instead (no password anywhere: clients sign with their seed).
 
     `prefix` may be several prefixes (`roles_of`): one server for several deployments, e.g. the
     e2e tests' modules, each on a prefix of its own, against one secured server."""
@@ -279,8 +346,9 @@ def render_auth_conf(prefix: str | Sequence[str] = "toolbus", *, nkeys: dict[str
         "# Generated by toolbus_devstack.nats_conf.render_auth_conf("
         + repr(shown)
         + "): edit that, not this file.",
-        f"# One user per role and service for {scope}. Passwords come from the",
-        "# environment of nats-server (a plain password or a bcrypt hash); see deploy/nats/README.md.",
+        f"# The services in the account {SERVICES_ACCOUNT}, each client role in an account of its own, for",
+        f"# {scope}. Passwords come from the environment of nats-server (a plain",
+        "# password or a bcrypt hash); see deploy/nats/README.md.",
         "",
     ]
     for r in matrix:
@@ -293,17 +361,39 @@ def render_auth_conf(prefix: str | Sequence[str] = "toolbus", *, nkeys: dict[str
             lines.append(f'  allow_responses: {{ max: 1, expires: "{RESPONSE_EXPIRES}" }}')
         lines.append("}")
         lines.append("")
-    lines.append("authorization {")
-    lines.append("  users: [")
-    for r in matrix:
+
+    def user(r: Role) -> str:
         var = r.name.upper().replace("-", "_") + "_PERMISSIONS"
         if nkeys is not None:
-            lines.append(f'    {{ nkey: "{nkeys[r.name]}", permissions: ${var} }}')
-            continue
-        lines.append(
-            f'    {{ user: "{r.name}", password: ${password_variable(r.name)}, permissions: ${var} }}'
-        )
-    lines.append("  ]")
+            return f'{{ nkey: "{nkeys[r.name]}", permissions: ${var} }}'
+        return f'{{ user: "{r.name}", password: ${password_variable(r.name)}, permissions: ${var} }}'
+
+    clients = [r for r in matrix if not r.service]
+    exported: dict[tuple[str, str], list[str]] = {}
+    for r in clients:
+        services, streams = client_imports(r)
+        for subject in services:
+            exported.setdefault(("service", subject), []).append(account_of(r))
+        for subject in streams:
+            exported.setdefault(("stream", subject), []).append(account_of(r))
+    lines.append("accounts {")
+    lines.append(f"  {SERVICES_ACCOUNT}: {{")
+    lines.append("    jetstream: enabled")
+    lines.extend(_block("users", [user(r) for r in matrix if r.service], "    "))
+    lines.extend(_block("exports", [_export(k, s, a) for (k, s), a in exported.items()], "    "))
+    served = [_import("service", account_of(r), subject) for r in clients for subject in r.serves]
+    lines.extend(_block("imports", served, "    "))
+    lines.append("  }")
+    for r in clients:
+        account = account_of(r)
+        services, streams = client_imports(r)
+        lines.append(f"  {account}: {{")
+        lines.extend(_block("users", [user(r)], "    "))
+        imports = [_import("service", SERVICES_ACCOUNT, subject) for subject in services]
+        imports += [_import("stream", SERVICES_ACCOUNT, subject) for subject in streams]
+        lines.extend(_block("imports", imports, "    "))
+        lines.extend(_block("exports", [_export("service", x, [SERVICES_ACCOUNT]) for x in r.serves], "    "))
+        lines.append("  }")
     lines.append("}")
     return "\n".join(lines) + "\n"
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import orjson
 from nats.js import JetStreamContext
-from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundError
 
 from toolbus._errors import Internal, ToolbusError, Unavailable, closed_as_unavailable, error_from_wire
+from toolbus._stored import StoredObjectCorrupt, StoredObjectMissing, read_object
 
 
 @dataclass(frozen=True)
@@ -48,23 +48,25 @@ async def fetch_output_ref(js: JetStreamContext, ref: dict[str, Any], *, call_id
         bucket, name = str(ref["bucket"]), str(ref["name"])
     except (KeyError, TypeError):
         raise Internal(f"Call {call_id}: outputRef lacks bucket or name.") from None
+    details = {"callId": call_id, "bucket": bucket, "name": name}
     try:
         with closed_as_unavailable(f"$O.{bucket}"):
-            store = await js.object_store(bucket)
-            result = await store.get(name)
-    except (BucketNotFoundError, ObjectNotFoundError, NotFoundError):
+            data = await read_object(js, bucket, name)
+    except StoredObjectMissing:
         raise Unavailable(
-            f"Call {call_id}: the stored output {bucket}/{name} is not in the object store.",
-            details={"callId": call_id, "bucket": bucket, "name": name},
+            f"Call {call_id}: the stored output {bucket}/{name} is not in the object store.", details=details
         ) from None
-    data = result.data or b""
+    except StoredObjectCorrupt:
+        data = None
     size, sha = ref.get("size"), ref.get("sha256")
-    if (isinstance(size, int) and size != len(data)) or (
-        isinstance(sha, str) and not _digest_matches(data, sha)
+    if (
+        data is None
+        or (isinstance(size, int) and size != len(data))
+        or (isinstance(sha, str) and not _digest_matches(data, sha))
     ):
         raise Internal(
             f"Call {call_id}: the stored output {bucket}/{name} does not match its size or sha256.",
-            details={"callId": call_id, "bucket": bucket, "name": name},
+            details=details,
         )
     return orjson.loads(data)
 

@@ -4,7 +4,6 @@ run-level credentials, close it."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
 from collections.abc import AsyncIterator, Generator, Mapping
 from dataclasses import dataclass
@@ -12,7 +11,6 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from nats.errors import TimeoutError as NatsTimeout
 from toolbus_contracts import (
     CallEvent,
     CallGetReply,
@@ -33,6 +31,7 @@ from toolbus._client import build
 from toolbus._errors import InvalidRequest, Timeout, closed_as_unavailable
 from toolbus._feeds import CLOSED_CHECK_EVERY
 from toolbus._outcomes import CallResult, resolve
+from toolbus._stored import call_events
 from toolbus._toolsets import CredentialsLike, Toolset, _credentials, toolset_id
 
 if TYPE_CHECKING:
@@ -230,27 +229,28 @@ class CallHandle:
             ) from None
 
     async def _wait(self) -> CallResult:
-        js = self._tb.js
-        subject = self._tb.subjects.call_events(self.run_id, self.call_id)
+        tb = self._tb
+        subject = tb.subjects.call_events(self.run_id, self.call_id)
         with closed_as_unavailable(subject):  # at the subscription, each event and each status()
-            sub = await js.subscribe(subject, stream=self._tb.stream("EVENTS"), ordered_consumer=True)
+            events = call_events(tb.nc, tb.js, tb.stream("EVENTS"), subject, follow=True, idle=POLL_EVERY)
             try:
-                while True:
-                    try:
-                        msg = await sub.next_msg(timeout=POLL_EVERY)
-                    except (NatsTimeout, TimeoutError):
+                async for stored in events:
+                    if not stored.data:  # POLL_EVERY without an event
                         status = await self.status()
                         if status.result is not None:
                             return status.result
                         continue
-                    event = orjson.loads(msg.data)
+                    event = orjson.loads(stored.data)
                     if event.get("type") == "completed" and isinstance(event.get("outcome"), dict):
                         return await resolve(
-                            js, event["outcome"], call_id=self.call_id, idempotency_key=self.idempotency_key
+                            tb.js,
+                            event["outcome"],
+                            call_id=self.call_id,
+                            idempotency_key=self.idempotency_key,
                         )
             finally:
-                with contextlib.suppress(Exception):
-                    await sub.unsubscribe()
+                await events.aclose()
+        raise AssertionError("a followed event feed never ends")  # pragma: no cover
 
     async def result(self, timeout: float | None = None) -> Any:
         """The output, or raise the call's error."""
@@ -262,20 +262,14 @@ class CallHandle:
 
 async def _events(tb: Toolbus, subject: str, *, follow: bool) -> AsyncIterator[CallEvent]:
     with closed_as_unavailable(subject):  # at the subscription and at each next event
-        sub = await tb.js.subscribe(subject, stream=tb.stream("EVENTS"), ordered_consumer=True)
+        # Never longer between looks either way: nats-py wakes no waiting next_msg when the client
+        # is drained, but the next look after it raises ConnectionClosedError (Unavailable).
+        events = call_events(
+            tb.nc, tb.js, tb.stream("EVENTS"), subject, follow=follow, idle=CLOSED_CHECK_EVERY
+        )
         try:
-            while True:
-                try:
-                    # Never longer either way: nats-py wakes no waiting next_msg when the client is
-                    # drained, but the next look after it raises ConnectionClosedError (Unavailable).
-                    msg = await sub.next_msg(timeout=CLOSED_CHECK_EVERY)
-                except (NatsTimeout, TimeoutError):
-                    if follow:
-                        continue
-                    return
-                yield CallEvent.model_validate(orjson.loads(msg.data))
-                if not follow and msg.metadata.num_pending == 0:
-                    return
+            async for stored in events:
+                if stored.data:
+                    yield CallEvent.model_validate(orjson.loads(stored.data))
         finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+            await events.aclose()

@@ -16,6 +16,7 @@ from toolbus_common.bus import Bus, asyncapi_document
 from toolbus_common.connections import connect_redis, ensure_stream, internal_stream_limits
 from toolbus_common.keys import Keys
 from toolbus_common.settings import Settings
+from toolbus_common.signing import CommandSigner
 from toolbus_common.tasks import cancel_and_wait
 from toolbus_common.webhooks import WebhookSender
 from toolbus_contracts import Subjects
@@ -43,12 +44,18 @@ class NatsOutlet:
     message id) and decisions with a JetStream publish that waits for the INTERNAL stream's ack."""
 
     def __init__(
-        self, nc: NatsClient, js: JetStreamContext, subjects: Subjects, internal_stream: str
+        self,
+        nc: NatsClient,
+        js: JetStreamContext,
+        subjects: Subjects,
+        internal_stream: str,
+        signer: CommandSigner,
     ) -> None:
         self._nc = nc
         self._js = js
         self._subjects = subjects
         self._stream = internal_stream
+        self._signer = signer
 
     async def publish_requested(self, event: ApprovalRequested) -> None:
         headers = {"Nats-Msg-Id": f"approval-requested-{event.approval_id}"}
@@ -57,14 +64,10 @@ class NatsOutlet:
         )
 
     async def publish_decided(self, decided: ApprovalDecided) -> None:
-        headers = {"Nats-Msg-Id": f"approval-decided-{decided.approval_id}"}
-        await self._js.publish(
-            self._subjects.internal_approval_decisions,
-            decided.wire_json(),
-            stream=self._stream,
-            headers=headers,
-            timeout=5.0,
-        )
+        subject = self._subjects.internal_approval_decisions
+        body = decided.wire_json()
+        headers = self._signer.headers(subject, body, f"approval-decided-{decided.approval_id}")
+        await self._js.publish(subject, body, stream=self._stream, headers=headers, timeout=5.0)
 
 
 class ApprovalApp:
@@ -102,7 +105,7 @@ class ApprovalApp:
         )
         self.approvals = approvals = Approvals(
             ApprovalStore(redis, keys),
-            NatsOutlet(nc, js, subjects, stream),
+            NatsOutlet(nc, js, subjects, stream, CommandSigner.of(self.settings)),
             webhooks=self._webhooks if self._webhooks.enabled else None,
             timeout=self.approval_settings.timeout,
             list_budget=nc.max_payload - LIST_SLACK,

@@ -17,6 +17,7 @@ from toolbus_common.credential_store import CredentialStore
 from toolbus_common.keys import Keys
 from toolbus_common.secrets import Cipher
 from toolbus_common.settings import Settings
+from toolbus_common.signing import CommandSigner
 from toolbus_common.tasks import cancel_and_wait
 from toolbus_common.toolsets import ToolsetStore
 from toolbus_common.webhooks import WebhookSender
@@ -38,13 +39,18 @@ INTERNAL_STREAM = "INTERNAL"
 class NatsOutbox:
     """`CallsResume` on JetStream (acked by the stream), the rest on core NATS."""
 
-    def __init__(self, nc: NatsClient, js: JetStreamContext, subjects: Subjects) -> None:
+    def __init__(
+        self, nc: NatsClient, js: JetStreamContext, subjects: Subjects, signer: CommandSigner
+    ) -> None:
         self._nc = nc
         self._js = js
         self._subjects = subjects
+        self._signer = signer
 
     async def calls_resume(self, message: CallsResume) -> None:
-        await self._js.publish(self._subjects.internal_calls_resume, message.wire_json())
+        subject = self._subjects.internal_calls_resume
+        body = message.wire_json()
+        await self._js.publish(subject, body, headers=self._signer.headers(subject, body))
 
     async def credentials_changed(self, message: CredentialsChanged) -> None:
         await self._nc.publish(self._subjects.internal_credentials_changed, message.wire_json())
@@ -101,7 +107,7 @@ class CredentialsService:
             store=CredentialStore(redis, self.keys, self.cipher),
             parking=ParkingLot(redis, self.keys),
             server_names=server_names,
-            outbox=NatsOutbox(nc, js, self.subjects),
+            outbox=NatsOutbox(nc, js, self.subjects, CommandSigner.of(settings)),
             webhooks=self.webhooks,
             park_timeout=own.park_timeout_seconds,
             notify_delay=own.park_notify_seconds,

@@ -27,6 +27,7 @@ from toolbus_common.connections import (
 from toolbus_common.in_flight import InFlight
 from toolbus_common.keys import Keys
 from toolbus_common.script_pipe import ScriptPipe
+from toolbus_common.signing import CommandSigner
 from toolbus_common.tasks import cancel_and_wait
 from toolbus_common.toolsets import ToolsetStore
 from toolbus_contracts.registry import ToolKind
@@ -163,6 +164,8 @@ class DispatcherApp:
             lock_ttl=s.dispatcher_relay_lock_ttl,
             pipe=self._relay_pipe,
             invokes=self.invokes,
+            signer=CommandSigner.of(s),
+            commands=subjects.internal_all.removesuffix(">"),
         )
         inline, clamped = inline_limit(s.dispatcher_inline_output_bytes, nc.max_payload)
         if clamped:

@@ -69,6 +69,7 @@ from toolbus_common.in_flight import InFlight
 from toolbus_common.raw_pub import Batch, fits
 from toolbus_common.script_pipe import ScriptPipe, ScriptReplyError
 from toolbus_common.settings import REDIS_LONGEST_BLOCK
+from toolbus_common.signing import SIGNATURE_HEADER, CommandSigner
 
 log = logging.getLogger(__name__)
 
@@ -173,8 +174,14 @@ class EventRelay:
         retry_pause: float = 0.2,
         linger: float = LINGER,
         invokes: InFlight | None = None,
+        signer: CommandSigner | None = None,
+        commands: str = "",
     ) -> None:
         self._r = redis
+        # Entries on `commands` (the INTERNAL stream's subjects, `<prefix>.internal.`) are
+        # service-to-service commands: signed, so that their consumers apply them.
+        self._signer = signer
+        self._commands = commands.encode()
         self._pipe = pipe  # the relay's own connection: XREAD BLOCK holds it (see the module)
         self._nc = nc
         self._outbox = outbox
@@ -428,6 +435,13 @@ class EventRelay:
                 raise
             self.relayed += len(deletes)
 
+    def _signature(self, fields: dict[bytes, bytes]) -> bytes:
+        """The signature of a command entry (none for an event)."""
+        subject = fields[b"s"]
+        if self._signer is None or not self._commands or not subject.startswith(self._commands):
+            return b""
+        return self._signer.sign(subject.decode(), fields[b"b"]).encode()
+
     def _hold(self, key: str) -> None:
         pause = min(self._backoff.get(key, self._pause / 2) * 2, RETRY_MAX)
         self._backoff[key] = pause
@@ -445,13 +459,16 @@ class EventRelay:
             self._acks[reply] = (round_, i)
             replies.append(reply)
             round_.pending += 1
-            if out.add(fields[b"s"], fields[b"b"], reply=reply.encode(), msg_id=fields[b"i"]):
+            signature = self._signature(fields)
+            if out.add(
+                fields[b"s"], fields[b"b"], reply=reply.encode(), msg_id=fields[b"i"], signature=signature
+            ):
                 if out.full:
                     await out.send()
                 continue
             try:  # what nats-py must see itself (reconnecting, unusual names)
                 await out.send()
-                if not fits(self._nc, fields[b"b"], fields[b"i"]):
+                if not fits(self._nc, fields[b"b"], fields[b"i"], signature):
                     # Never written so (calls.start bounds what goes for approval; outputs over
                     # the inline limit go by reference): sent, it would close the connection.
                     log.error(
@@ -459,9 +476,10 @@ class EventRelay:
                         extra={"msgId": _s(fields[b"i"]), "size": len(fields[b"b"])},
                     )
                     raise MaxPayloadError
-                await self._nc.publish(
-                    _s(fields[b"s"]), fields[b"b"], reply=reply, headers={"Nats-Msg-Id": _s(fields[b"i"])}
-                )
+                headers = {"Nats-Msg-Id": _s(fields[b"i"])}
+                if signature:
+                    headers[SIGNATURE_HEADER] = signature.decode()
+                await self._nc.publish(_s(fields[b"s"]), fields[b"b"], reply=reply, headers=headers)
             except Exception as exc:  # disconnected with a full buffer, closed: the rest waits
                 error = exc
                 del self._acks[reply]
