@@ -49,11 +49,13 @@ async def main(calls: int, top: int) -> None:
     wrapper = work / "python"
     wrapper.write_text(
         "#!/bin/sh\n"
-        f'exec {valgrind} --tool=callgrind --instr-atstart=no --callgrind-out-file={out}.%p '
+        f"exec {valgrind} --tool=callgrind --instr-atstart=no --callgrind-out-file={out}.%p "
         f'{sys.executable} "$@"\n'
     )
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
-    async with BenchStack(("registry", "dispatcher"), python={"dispatcher": str(wrapper)}, ready=600) as stack:
+    async with BenchStack(
+        ("registry", "dispatcher"), python={"dispatcher": str(wrapper)}, ready=600
+    ) as stack:
         pid = stack.services["dispatcher"].proc.pid
         await in_flight(stack.invoke, 200)  # warm: imports, connections, caches
         subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True)

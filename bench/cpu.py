@@ -72,8 +72,15 @@ async def main(calls: int, dispatchers: int, repeat: int, trace: bool) -> None:
             outs.append(out)
             procs.append(
                 await asyncio.create_subprocess_exec(
-                    strace, "-c", "-f", "-p", str(pid), "-o", str(out),
-                    stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+                    strace,
+                    "-c",
+                    "-f",
+                    "-p",
+                    str(pid),
+                    "-o",
+                    str(out),
+                    stdout=asyncio.subprocess.DEVNULL,
+                    stderr=asyncio.subprocess.DEVNULL,
                 )  # fmt: skip
             )
         await asyncio.sleep(1.0)

@@ -147,7 +147,9 @@ def print_processes(got: dict[str, list[tuple[float, dict[str, float]]]]) -> Non
 def print_redis(stats: list[dict[str, tuple[float, float]]]) -> None:
     print()
     print("Redis INFO commandstats per calls.invoke (invoke rounds; upper median): calls, µs in Redis")
-    names = sorted({n for s in stats for n in s}, key=lambda n: -upper_median([s.get(n, (0, 0))[1] for s in stats]))
+    names = sorted(
+        {n for s in stats for n in s}, key=lambda n: -upper_median([s.get(n, (0, 0))[1] for s in stats])
+    )
     total_calls = total_us = 0.0
     for name in names:
         c = upper_median([s.get(name, (0, 0))[0] for s in stats])

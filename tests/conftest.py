@@ -157,10 +157,11 @@ def redis_prefix(prefix: str) -> str:
 
 @pytest.fixture(scope="session")
 def secret_key() -> str:
-    """A Fernet key made for this session (`TOOLBUS_SECRET_KEY`)."""
-    from cryptography.fernet import Fernet
+    """The tests' Fernet key (`TOOLBUS_SECRET_KEY`): the one tests/support/commands.py signs
+    the commands with that a test sends in a service's place."""
+    from tests.support.commands import TEST_SECRET_KEY
 
-    return Fernet.generate_key().decode()
+    return TEST_SECRET_KEY
 
 
 @pytest.fixture(scope="session")

@@ -16,9 +16,12 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from toolbus_common.canonical import sha256_hex
+from toolbus_common.connections import ensure_object_store
 from toolbus_contracts import Subjects
 
 from tests.support.bus_modes import Bus
+from tests.support.events import stored_events
 from tests.support.infra import drop_deployment_state, drop_redis_keys, js_name, request
 from tests.support.mcp_servers import McpTestServer
 
@@ -60,18 +63,7 @@ class Client:
 
     async def run_events(self, run_id: str) -> list[dict[str, Any]]:
         """Every event of the run now in the EVENTS stream, in order."""
-        sub = await self.js.subscribe(
-            self.subjects.run_events(run_id), stream=js_name(self.prefix, "EVENTS"), ordered_consumer=True
-        )
-        events: list[dict[str, Any]] = []
-        try:
-            while True:
-                msg = await sub.next_msg(timeout=5)
-                events.append(json.loads(msg.data))
-                if msg.metadata.num_pending == 0:
-                    return events
-        finally:
-            await sub.unsubscribe()
+        return await stored_events(self.nc, js_name(self.prefix, "EVENTS"), self.subjects.run_events(run_id))
 
     async def settled(self, run_id: str, call_id: str, last: str) -> list[str]:
         """The call's event types, once its `last` event is in the stream (events are core NATS
@@ -269,3 +261,59 @@ async def test_closing_the_run_cancels_its_pending_approval(
         assert late["error"]["code"] == "conflict"
         assert "run closed" in late["error"]["message"]
         assert len(mcp.calls_to("echo")) == before
+
+
+async def test_a_harness_cannot_approve_its_own_call(
+    env: dict[str, str], client: Client, toolset: str, mcp: McpTestServer, bus: Bus
+) -> None:
+    """The attack an outside probe made on the secured stack: the harness forges the decision
+    its own gated call waits for (it knows every field: the approval id from the approver's
+    event here, the digest of its own input) and sends it where the dispatcher reads decisions,
+    straight and as the answer JetStream gives to a direct get of bytes it chose (an output
+    chunk). The call stays gated until an approver decides it; the approver still sees it
+    pending; the MCP server is never called."""
+    async with bus.service("dispatcher", env):
+        run_id = (await client.ok(client.subjects.runs_open, {"toolsetId": toolset}))["runId"]
+        before = len(mcp.calls_to("echo"))
+        call_id, approval = await start_call(client, run_id, "refund 1000000", "key-self")
+        forged = json.dumps(
+            {
+                "approvalId": approval["approvalId"],
+                "callId": call_id,
+                "runId": run_id,
+                "toolsetId": toolset,
+                "tool": "shop.echo",
+                "inputDigest": sha256_hex({"text": "refund 1000000"}),
+                "decision": "approved",
+            }
+        ).encode()
+        decided_subject = client.subjects.internal_approval_decisions
+        bus.attacks.append(decided_subject)
+        # Straight (refused by NATS on the secured stack; stored, unsigned, on the open one) ...
+        await client.nc.publish(decided_subject, forged)
+        # ... and as JetStream's answer to a direct get whose reply subject is the target, of an
+        # output chunk holding the forged bytes (a tool the harness registered could return them).
+        bucket = js_name(client.prefix, "outputs")
+        outputs_js = (await bus.connect("dispatcher")).jetstream() if bus.secured else client.js
+        store = await ensure_object_store(outputs_js, bucket)
+        await store.put(f"forged-{call_id}", forged)
+        chunk = await outputs_js.get_last_msg(f"OBJ_{bucket}", f"$O.{bucket}.C.>")
+        await client.nc.publish(
+            f"$JS.API.DIRECT.GET.OBJ_{bucket}", json.dumps({"seq": chunk.seq}).encode(), reply=decided_subject
+        )
+        await client.nc.flush()
+        await asyncio.sleep(2.0)
+        got = await client.ok(client.subjects.calls_get, {"callId": call_id})
+        assert got["state"] == "awaitingApproval"
+        listed = await client.approver_ok(client.subjects.approvals_list, {"runId": run_id})
+        assert [a["approvalId"] for a in listed["approvals"]] == [approval["approvalId"]]
+        assert len(mcp.calls_to("echo")) == before
+        decided = await client.approver_ok(
+            client.subjects.approvals_decide,
+            {"approvalId": approval["approvalId"], "approve": False, "reason": "not yours"},
+        )
+        assert decided["decision"] == "denied"
+        done = await outcome_of(client, run_id, "refund 1000000", "key-self")
+        assert done["outcome"]["error"]["code"] == "denied"
+        assert len(mcp.calls_to("echo")) == before
+        await client.ok(client.subjects.runs_close, {"runId": run_id})

@@ -25,6 +25,7 @@ from standardwebhooks import Webhook
 from toolbus_contracts import Subjects
 
 from tests.support.bus_modes import Bus
+from tests.support.events import stored_events
 from tests.support.infra import drop_deployment_state, drop_redis_keys, js_name, request, until
 from tests.support.mcp_servers import McpTestServer
 from tests.support.webhooks import Receiver, webhook_receiver
@@ -55,21 +56,7 @@ class Harness:
         return data
 
     async def events(self, run_id: str) -> list[dict[str, Any]]:
-        sub = await self.js.subscribe(
-            self.subjects.run_events(run_id), stream=js_name(self.prefix, "EVENTS"), ordered_consumer=True
-        )
-        out: list[dict[str, Any]] = []
-        try:
-            while True:
-                try:
-                    msg = await sub.next_msg(timeout=2)
-                except Exception:
-                    return out
-                out.append(json.loads(msg.data))
-                if msg.metadata.num_pending == 0:
-                    return out
-        finally:
-            await sub.unsubscribe()
+        return await stored_events(self.nc, js_name(self.prefix, "EVENTS"), self.subjects.run_events(run_id))
 
     async def kinds(self, run_id: str, call_id: str) -> list[str]:
         return [e["type"] for e in await self.events(run_id) if e["callId"] == call_id]

@@ -30,6 +30,16 @@ class Bus:
     errors: list[str] = field(default_factory=list)
     """Asynchronous errors the server reported on the clients' connections (permission
     violations among them): a flow that needs a permission its role lacks shows up here."""
+    attacks: list[str] = field(default_factory=list)
+    """Subjects a test publishes to as an attacker would: their refusals are the expected ones."""
+
+    def refusals(self, lines: list[str]) -> list[str]:
+        """The permission refusals among `lines` that no test expected (`attacks`)."""
+        return [
+            line
+            for line in lines
+            if "violation" in line.lower() and not any(a.lower() in line.lower() for a in self.attacks)
+        ]
 
     @property
     def secured(self) -> bool:
