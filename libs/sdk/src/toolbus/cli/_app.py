@@ -608,15 +608,18 @@ def _stack(*args: str) -> None:
 def up(
     services: Annotated[str | None, typer.Option("--services", help="comma-separated subset")] = None,
     port_base: Annotated[
-        int, typer.Option("--port-base", help="registry's HTTP port; the others follow")
-    ] = 8081,
+        int | None,
+        typer.Option("--port-base", help="registry's HTTP port; the others follow (TOOLBUS_PORT_BASE)"),
+    ] = None,
     timeout: Annotated[
         float, typer.Option("--ready-timeout", help="seconds to wait for each /readyz")
     ] = 60.0,
     json_: JsonOpt = False,
 ) -> None:
     """Start NATS/Redis (if none answer) and the services on this machine, as `make up` does."""
-    args = ["up", "--port-base", str(port_base), "--timeout", str(timeout)]
+    args = ["up", "--timeout", str(timeout)]
+    if port_base is not None:
+        args += ["--port-base", str(port_base)]
     if services:
         args += ["--services", services]
     if json_ or STATE.json:
