@@ -5,6 +5,7 @@ for one of ours, and the nats-server it starts is the newest it finds."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import stat
 import threading
@@ -87,7 +88,7 @@ def test_up_prefers_the_venvs_newer_nats_server_to_an_old_one_on_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     old = _fake_nats_server(tmp_path / "path" / "nats-server", "2.9.10")
-    assert servers.shutil.which("nats-server", path=str(tmp_path / "path")) == old
+    assert shutil.which("nats-server", path=str(tmp_path / "path")) == old
     new = _fake_nats_server(tmp_path / "venv" / "nats-server", "2.15.1")
     monkeypatch.setenv("PATH", f"{tmp_path / 'path'}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setattr(servers, "_wheel_nats_servers", lambda: [new])
