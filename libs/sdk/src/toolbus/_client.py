@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import nats
 import orjson
 from nats.aio.client import Client as NatsClient
-from nats.errors import NoRespondersError
+from nats.errors import MaxPayloadError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from pydantic import BaseModel, ValidationError
@@ -115,6 +115,15 @@ NO_SERVICE_WAIT = 5.0
 back within them); after that its `Unavailable` is raised, so a stack that is not running is
 told in seconds, not after the whole request timeout. A backing store that is down (the service
 answers `unavailable`) is waited out until the timeout."""
+
+
+def too_large(subject: str, size: int, limit: int) -> InvalidRequest:
+    """The error for a request body over the NATS server's `max_payload`: nothing was sent."""
+    return InvalidRequest(
+        f"The request on {subject} is {size:,} bytes, over the {limit:,} bytes a NATS message may "
+        "carry on this server (max_payload): send a smaller input.",
+        details={"field": "body", "size": size, "maxPayload": limit},
+    )
 
 
 def _no_service_for_long(exc: Unavailable, spent: float) -> bool:
@@ -257,6 +266,8 @@ class Toolbus:
             raise InvalidRequest(
                 f"The request cannot be written as JSON: {str(exc)[:200]}.", details={"field": "body"}
             ) from None
+        if len(payload) > self.nc.max_payload > 0:
+            raise too_large(subject, len(payload), self.nc.max_payload)
 
         async def send(left: float, retried: bool) -> Any:
             try:
@@ -277,6 +288,8 @@ class Toolbus:
         try:
             with closed_as_unavailable(subject):
                 msg = await self.nc.request(subject, payload, timeout=wait)
+        except MaxPayloadError:  # the size checked in `request`, plus the headers nats-py adds
+            raise too_large(subject, len(payload), self.nc.max_payload) from None
         except NoRespondersError:
             raise Unavailable(
                 f"No toolbus service answers on {subject}: is the stack running (`toolbus up`)?",
