@@ -266,8 +266,6 @@ class Toolbus:
             raise InvalidRequest(
                 f"The request cannot be written as JSON: {str(exc)[:200]}.", details={"field": "body"}
             ) from None
-        if len(payload) > self.nc.max_payload > 0:
-            raise too_large(subject, len(payload), self.nc.max_payload)
 
         async def send(left: float, retried: bool) -> Any:
             try:
@@ -285,6 +283,8 @@ class Toolbus:
 
     async def _send(self, subject: str, payload: bytes, wait: float) -> Any:
         """One request and its reply's `data` (see `request`)."""
+        if len(payload) > self.nc.max_payload > 0:  # nothing is sent: it would fail in nats-py
+            raise too_large(subject, len(payload), self.nc.max_payload)
         try:
             with closed_as_unavailable(subject):
                 msg = await self.nc.request(subject, payload, timeout=wait)
