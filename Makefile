@@ -47,7 +47,7 @@ $(NPM_TOOLS):
 		echo "warning: npm not found: the tsc and reference-server tests will skip (CI has npm)" >&2; \
 	fi
 
-up: .venv/.synced ## start NATS/Redis (if none answer) and every service that exists; wait until ready
+up: .venv/.synced ## start NATS/Redis (if none answer) and every service; wait until ready (TOOLBUS_PORT_BASE=9001 moves the ports)
 	$(PYTHON) scripts/stack.py up
 
 down: .venv/.synced ## stop exactly what `make up` started
