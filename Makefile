@@ -47,7 +47,7 @@ $(NPM_TOOLS):
 		echo "warning: npm not found: the tsc and reference-server tests will skip (CI has npm)" >&2; \
 	fi
 
-up: .venv/.synced ## start NATS/Redis (if none answer) and every service that exists; wait until ready
+up: .venv/.synced ## start NATS/Redis (if none answer) and every service; wait until ready (TOOLBUS_PORT_BASE=9001 moves the ports)
 	$(PYTHON) scripts/stack.py up
 
 down: .venv/.synced ## stop exactly what `make up` started
@@ -72,28 +72,28 @@ lint: .venv/.synced ## ruff check, ruff format --check and mypy --strict on libs
 docs: .venv/.synced ## regenerate docs/asyncapi.yaml (AsyncAPI 3, every subject) from the code
 	$(UV) run --frozen python scripts/asyncapi.py
 
-bench: ## one table of every figure beside its baseline (ARGS="--json out.json", "--calls 10" for a short run)
+bench: .venv/.synced ## one table of every figure beside its baseline (ARGS="--json out.json", "--calls 10" for a short run)
 	$(UV) run --frozen python bench/table.py $(ARGS)
 
-bench-peers: ## the same call through IBM ContextForge (own venv under .cache/), direct and toolbus; optional
+bench-peers: .venv/.synced ## the same call through IBM ContextForge (own venv under .cache/), direct and toolbus; optional
 	$(UV) run --frozen python bench/peers.py $(ARGS)
 
-bench-alternatives: ## own HTTP/1.1 and Redis clients vs aiohttp, httpx2, redis-py, coredis, valkey-glide (own venv)
+bench-alternatives: $(UV_DEP) ## own HTTP/1.1 and Redis clients vs aiohttp, httpx2, redis-py, coredis, valkey-glide (own venv)
 	UV_PROJECT_ENVIRONMENT=.cache/bench-venv $(UV) run --frozen --group bench-alternatives python bench/alternatives.py $(ARGS)
 
-bench-profile: ## where the dispatcher's time goes per call (py-spy on a live dispatcher)
+bench-profile: .venv/.synced ## where the dispatcher's time goes per call (py-spy on a live dispatcher)
 	$(UV) run --frozen python bench/profile.py $(ARGS)
 
-bench-cpu: ## the dispatcher's CPU per call (ARGS="--dispatchers 2 --repeat 3", "--strace" for syscalls per call)
+bench-cpu: .venv/.synced ## the dispatcher's CPU per call (ARGS="--dispatchers 2 --repeat 3", "--strace" for syscalls per call)
 	$(UV) run --frozen python bench/cpu.py $(ARGS)
 
-bench-cpu-all: ## CPU per call of every process on the path (own nats-server, redis-server), beside the direct call
+bench-cpu-all: .venv/.synced ## CPU per call of every process on the path (own nats-server, redis-server), beside the direct call
 	$(UV) run --frozen python bench/cpu_all.py $(ARGS)
 
-bench-callgrind: ## the dispatcher's instructions per call under valgrind's callgrind (repeatable under load)
+bench-callgrind: .venv/.synced ## the dispatcher's instructions per call under valgrind's callgrind (repeatable under load)
 	$(UV) run --frozen python bench/callgrind.py $(ARGS)
 
-bench-memory: ## what holds each service's memory (RSS by import, tracemalloc by package)
+bench-memory: .venv/.synced ## what holds each service's memory (RSS by import, tracemalloc by package)
 	$(UV) run --frozen python bench/memory.py $(ARGS)
 
 SERVICES := registry dispatcher approval credentials

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -96,3 +98,50 @@ def test_down_never_signals_a_process_whose_pid_was_reused(tmp_path: Path) -> No
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def _own_servers_env(tmp_path: Path, tag: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("TOOLBUS_SECRET_KEY", "TOOLBUS_PORT_BASE")}
+    return env | {
+        "TOOLBUS_STACK_DIR": str(tmp_path / "stack"),
+        "TOOLBUS_NATS_URL": f"nats://127.0.0.1:{free_port()}",
+        "TOOLBUS_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+        "TOOLBUS_SUBJECT_PREFIX": f"tbtstack{tag}",
+    }
+
+
+@pytest.mark.skipif(not service_module_exists("approval"), reason="toolbus_approval is not installed")
+def test_a_service_port_held_by_another_program_moves_to_a_free_one(tmp_path: Path) -> None:
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        held = other.getsockname()[1]
+        env = _own_servers_env(tmp_path, held) | {"TOOLBUS_PORT_BASE": str(held - 2)}
+        try:
+            up = _stack(env, "up", "--services", "approval", "--json")
+            assert up.returncode == 0, up.stdout + up.stderr
+            summary = json.loads(up.stdout)
+            port = summary["services"]["approval"]["port"]
+            assert port != held
+            assert summary["portsMoved"] == [
+                f"approval: port {held} is taken by another program, so it listens on {port}"
+            ]
+            assert f"note: approval: port {held} is taken" in up.stderr
+            assert http_status(f"http://127.0.0.1:{port}/readyz") == 200
+            status = _stack(env, "status", "--json")
+            assert json.loads(status.stdout)["processes"]["approval"]["port"] == port
+        finally:
+            down = _stack(env, "down")
+        assert down.returncode == 0, down.stdout + down.stderr
+
+
+@pytest.mark.skipif(not service_module_exists("approval"), reason="toolbus_approval is not installed")
+def test_a_failed_start_leaves_nothing_running(tmp_path: Path) -> None:
+    env = _own_servers_env(tmp_path, free_port())
+    up = _stack(env, "up", "--services", "approval", "--timeout", "0.01")  # no service is ready so soon
+    assert up.returncode == 1, up.stdout + up.stderr
+    assert "was not ready within" in up.stderr
+    assert "what it started is stopped again: redis, nats" in up.stderr
+    assert not nats_answers(env["TOOLBUS_NATS_URL"], jetstream=False)
+    assert not redis_answers(env["TOOLBUS_REDIS_URL"])
+    assert list((tmp_path / "stack" / "pids").iterdir()) == []

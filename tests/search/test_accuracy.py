@@ -13,6 +13,7 @@ from toolbus_registry.search import Embedder, SearchIndex
 from tests.search.labelled import Accuracy, evaluate, load_queries, load_tools, load_twilio_tasks
 from tests.search.openapi_corpus import load_large_corpus
 from tests.search.support import cached_embedder, embedded_index, searcher
+from tests.support.gates import missing
 
 # The first run on a machine embeds the 1,350 tools (~15 s on 2 idle cores, minutes on a busy
 # one); later runs read the vectors from .cache/search-vectors/.
@@ -29,7 +30,7 @@ def small(embedder: Embedder) -> SearchIndex:
     try:
         tools = load_tools()
     except LookupError as exc:
-        pytest.skip(f"npm MCP catalogues unavailable: {exc}")
+        missing(f"npm MCP catalogues unavailable: {exc}")
     return embedded_index(tools, embedder)
 
 
@@ -38,7 +39,7 @@ def large(embedder: Embedder) -> SearchIndex:
     try:
         tools = load_large_corpus()
     except LookupError as exc:
-        pytest.skip(f"Twilio's API description (npm @twilio-alpha/mcp) unavailable: {exc}")
+        missing(f"Twilio's API description (npm @twilio-alpha/mcp) unavailable: {exc}")
     return embedded_index(tools, embedder)
 
 

@@ -14,6 +14,7 @@ from toolbus_registry.search.encoder import DEFAULT_MAX_TOKENS, bundled_model_di
 from toolbus_registry.search.wordpiece import WordPiece
 
 from tests.search.labelled import load_queries, load_tools, load_twilio_tasks
+from tests.support.gates import missing
 
 tokenizers = pytest.importorskip("tokenizers")  # a dev-only dependency
 
@@ -56,7 +57,7 @@ def test_tool_texts_tokenize_as_with_tokenizers(both: tuple[Any, WordPiece]) -> 
     try:
         tools = load_tools()
     except LookupError as exc:
-        pytest.skip(f"npm MCP catalogues unavailable: {exc}")
+        missing(f"npm MCP catalogues unavailable: {exc}")
     rust, python = both
     texts = [*SearchIndex.build(tools).embedding_texts, *(t.description for t in tools)]
     assert [python.encode(t) for t in texts] == [rust.encode(t).ids for t in texts]

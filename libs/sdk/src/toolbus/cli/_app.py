@@ -191,6 +191,27 @@ def _carried(doc: Any, what: str, json_out: bool) -> Any:
     return doc
 
 
+def shorten(text: str, width: int) -> str:
+    """`text` in at most `width` characters: cut at the last word that fits, with an ellipsis."""
+    if len(text) <= width:
+        return text
+    cut = text[: width - 1]
+    if " " in cut and not text[width - 1].isspace():
+        cut = cut[: cut.rindex(" ")]
+    return cut.rstrip(" ,;:.") + "…"
+
+
+def parse_error(path: str, exc: ValueError | yaml.YAMLError) -> str:
+    """Where and why a JSON or YAML document does not parse: `path:line:column: problem`."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}"
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        problem = " ".join(p for p in (exc.context, exc.problem) if p)
+        return f"{path}:{mark.line + 1}:{mark.column + 1}: not valid YAML: {problem}"
+    return f"{path} is not valid JSON or YAML: {str(exc).splitlines()[0]}"
+
+
 def _load(path: str, json_out: bool) -> Any:
     """A JSON or YAML document from a file, or from stdin for `-`."""
     try:
@@ -200,7 +221,7 @@ def _load(path: str, json_out: bool) -> Any:
     try:
         doc = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:
-        _usage(json_out, f"{path} is not valid JSON or YAML: {str(exc).splitlines()[0]}")
+        _usage(json_out, parse_error(path, exc))
     return _carried(doc, path, json_out)
 
 
@@ -225,7 +246,7 @@ def _toolset_table(toolset: Toolset) -> None:
     for column in ("tool", "kind", "approval", "on interruption", "description"):
         table.add_column(column, overflow="fold")
     for tool in toolset.tools:
-        first = (tool.description or "").split(". ")[0][:80]
+        first = shorten((tool.description or "").split(". ")[0], 80)
         policy = tool.policy
         table.add_row(tool.name, tool.kind, "yes" if policy.approval else "", policy.on_interruption, first)
     out.print(table)
@@ -450,7 +471,9 @@ def approvals_list(
         for column in ("approval", "tool", "run", "namespace", "input"):
             table.add_column(column, overflow="fold")
         for a in pending:
-            table.add_row(a.approval_id, a.tool, a.run_id, a.namespace or "", json.dumps(a.input)[:60])
+            table.add_row(
+                a.approval_id, a.tool, a.run_id, a.namespace or "", shorten(json.dumps(a.input), 60)
+            )
         out.print(table)
 
     _emit(json_, {"approvals": pending}, human)
@@ -608,15 +631,18 @@ def _stack(*args: str) -> None:
 def up(
     services: Annotated[str | None, typer.Option("--services", help="comma-separated subset")] = None,
     port_base: Annotated[
-        int, typer.Option("--port-base", help="registry's HTTP port; the others follow")
-    ] = 8081,
+        int | None,
+        typer.Option("--port-base", help="registry's HTTP port; the others follow (TOOLBUS_PORT_BASE)"),
+    ] = None,
     timeout: Annotated[
         float, typer.Option("--ready-timeout", help="seconds to wait for each /readyz")
     ] = 60.0,
     json_: JsonOpt = False,
 ) -> None:
     """Start NATS/Redis (if none answer) and the services on this machine, as `make up` does."""
-    args = ["up", "--port-base", str(port_base), "--timeout", str(timeout)]
+    args = ["up", "--timeout", str(timeout)]
+    if port_base is not None:
+        args += ["--port-base", str(port_base)]
     if services:
         args += ["--services", services]
     if json_ or STATE.json:
