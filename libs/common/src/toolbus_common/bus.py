@@ -86,7 +86,7 @@ LATENCY = Histogram(
 )
 COMMANDS = Counter(
     "toolbus_commands_total",
-    "Internal commands handled, by subject and result (applied, retried, deadLettered)",
+    "Internal commands handled, by subject and result (applied, retried, deadLettered, refused)",
     ["subject", "result"],
 )
 REPLY_FAILURES = Counter(
