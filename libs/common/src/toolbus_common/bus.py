@@ -443,6 +443,7 @@ class Bus:
         self.max_payload = 1024 * 1024
         self._started = False
         self._signer: CommandSigner | None = None
+        self._has_commands = False
 
     # -- wiring --
 
@@ -625,8 +626,9 @@ class Bus:
     # -- commands --
 
     def _command(self, broker: NatsBroker, entry: Entry, bound: Any, subject: str, title: str) -> None:
-        if self._signer is None:
-            self._signer = CommandSigner.of(self.settings)
+        self._has_commands = True
+        if self._signer is None and self.settings.secret_key is not None:
+            self._signer = CommandSigner(self.settings.secret_key)
         config = ConsumerConfig(
             durable_name=entry.durable,
             filter_subject=subject,
@@ -655,12 +657,10 @@ class Bus:
         apply = entry.handler
         durable = entry.durable
 
-        signer = self._signer
-        assert signer is not None
-
         async def consume(msg: NatsMessage) -> None:
             headers = getattr(msg.raw_message, "headers", None) or {}
-            if not signer.verify(subject, msg.body, headers.get(SIGNATURE_HEADER)):
+            signer = self._signer
+            if signer is None or not signer.verify(subject, msg.body, headers.get(SIGNATURE_HEADER)):
                 await self._refuse_unsigned(msg, subject, durable)
                 return
             try:
@@ -765,7 +765,10 @@ class Bus:
     # -- lifecycle --
 
     async def start(self) -> None:
-        """Start FastStream's subscribers and the raw ones; returns once the server has them all."""
+        """Start FastStream's subscribers and the raw ones; returns once the server has them all.
+        A bus with command consumers needs `TOOLBUS_SECRET_KEY` (`ValueError` naming it)."""
+        if self._has_commands and self._signer is None:
+            self._signer = CommandSigner.of(self.settings)
         if self._nc is None:
             await self.connect()
         await self.broker.start()
