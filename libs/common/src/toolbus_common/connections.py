@@ -201,6 +201,9 @@ def connect_redis(settings: Settings) -> Redis[bytes]:
         "timeout": settings.redis_pool_timeout,
         "decode_responses": False,
         "health_check_interval": 30,
+        # No `CLIENT SETINFO` on connect: the services' ACL users may not send it
+        # (toolbus_devstack.redis_acl); redis-py would ignore the refusal but Redis logs each one.
+        "driver_info": None,
         **redis_socket_options(settings),
         **_redis_tls_options(settings),
     }

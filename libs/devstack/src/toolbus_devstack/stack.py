@@ -29,6 +29,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -404,7 +405,42 @@ def _rel(path: Path) -> Path:
     return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
 
 
+PRIVATE_UMASK = 0o077
+"""What `up` creates, and the servers and services it starts create, is its owner's alone: logs,
+the Redis append-only files (encrypted credentials), the JetStream store, `secure/`."""
+
+
+def _make_private(root: Path) -> None:
+    """Directories 0700 and files 0600 under `root` (and itself): a stack made before `up` kept
+    its files private, or by another umask, is made private too."""
+    if not root.exists():
+        return
+    paths = [root, *root.rglob("*")]
+    for path in paths:
+        with contextlib.suppress(OSError):  # a file a running server just removed
+            if path.is_symlink():
+                continue
+            path.chmod(0o700 if path.is_dir() else 0o600)
+
+
+@contextlib.contextmanager
+def _private_umask() -> Iterator[None]:
+    """umask 077 while `up` runs: the files it creates, and those of the processes it starts
+    (they inherit it), are readable by their owner only."""
+    before = os.umask(PRIVATE_UMASK)
+    try:
+        yield
+    finally:
+        os.umask(before)
+
+
 def up(ready_timeout: float, only: list[str] | None, as_json: bool = False) -> int:
+    with _private_umask():
+        _make_private(STACK)
+        return _up(ready_timeout, only, as_json)
+
+
+def _up(ready_timeout: float, only: list[str] | None, as_json: bool = False) -> int:
     for directory in (STACK, PIDS, LOGS):
         directory.mkdir(parents=True, exist_ok=True)
     secure = _secure()
@@ -447,18 +483,23 @@ def up(ready_timeout: float, only: list[str] | None, as_json: bool = False) -> i
             print(f"error: port {port} for {name} is taken by another process", file=sys.stderr)
             failed.append(name)
             continue
-        log = LOGS / f"{name}.log"
-        with log.open("a") as out:  # a restart keeps what the last run logged (a crash)
-            out.write(f"\n===== make up {time.strftime('%Y-%m-%d %H:%M:%S')} =====\n")
         service_env = dict(env)
         if secure:
             from toolbus_devstack.nats_conf import client_env
 
             service_env.update(client_env(name, passwords[name]), **_redis_user_env(name, passwords))
+        # A restart appends to what the last run logged (a crash); a process of another stack
+        # writing `<name>.log` meanwhile makes this one `<name>-2.log` (launch_service).
         service = launch_service(
-            name, service_env, port=port, log_dir=LOGS, detach=True, python=sys.executable
+            name,
+            service_env,
+            port=port,
+            log_dir=LOGS,
+            detach=True,
+            python=sys.executable,
+            log_header=f"\n===== make up {time.strftime('%Y-%m-%d %H:%M:%S')} =====\n",
         )
-        _record(name, service.proc.pid, port=port, log=str(log))
+        _record(name, service.proc.pid, port=port, log=str(service.log_path))
         launched.append(service)
 
     for service in launched:
@@ -479,7 +520,10 @@ def up(ready_timeout: float, only: list[str] | None, as_json: bool = False) -> i
 
     rows: dict[str, dict[str, Any]] = {}
     for name, port in SERVICES.items():
-        log = _rel(LOGS / f"{name}.log")
+        recorded = _tracked(name)
+        log = _rel(
+            Path(recorded.info["log"]) if recorded and "log" in recorded.info else LOGS / f"{name}.log"
+        )
         if name in missing:
             why = (
                 "not asked for (--services)"
@@ -558,8 +602,7 @@ def logs(follow: bool, lines: int, names: list[str], *, as_json: bool = False) -
     if not names:
         # The servers' logs only while ours run: with an external NATS/Redis they are stale.
         names = [*(n for n in SERVERS if (t := _tracked(n)) and t.alive), *SERVICES]
-    files = {n: LOGS / f"{n}.log" for n in names}
-    files = {n: f for n, f in files.items() if f.exists()}
+    files = {f.stem: f for n in names for f in _log_files(n)}
     if not files:
         if as_json:
             print(json.dumps({"log": None, "message": f"no logs under {_rel(LOGS)}/ yet: run make up"}))
@@ -573,6 +616,18 @@ def logs(follow: bool, lines: int, names: list[str], *, as_json: bool = False) -
     for f in files.values():
         print(f"==> {_rel(f)} <==\n{log_tail(f, lines)}")
     return 0
+
+
+def _log_files(name: str) -> list[Path]:
+    """The logs of `name` in the stack's log directory: `<name>.log`, then `<name>-2.log`, ...
+    (a process started while another of the same name ran writes its own: `open_own_log`)."""
+    found = [LOGS / f"{name}.log"] if (LOGS / f"{name}.log").exists() else []
+    numbered = []
+    for path in LOGS.glob(f"{name}-*.log"):
+        index = path.stem.removeprefix(f"{name}-")
+        if index.isdigit():
+            numbered.append((int(index), path))
+    return found + [path for _, path in sorted(numbered)]
 
 
 def _json_line(name: str, line: str) -> str:
