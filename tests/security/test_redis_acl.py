@@ -251,3 +251,25 @@ def test_every_command_of_a_services_scripts_is_allowed_to_its_user(user: str) -
             called |= {c.lower() for c in re.findall(r"redis\.p?call\(\s*'([A-Za-z]+)'", file.read_text())}
     assert len(called) >= 5, called  # the scripts were found
     assert called - allowed == set()
+
+
+async def test_a_services_own_user_wins_over_a_password_in_the_url(acl_redis: AclRedis) -> None:
+    """`TOOLBUS_REDIS_USERNAME`/`_PASSWORD` win over a password in `TOOLBUS_REDIS_URL` (as
+    `connect_redis` documents; redis-py alone lets the URL's win): a service given the admin's
+    URL connects as its own user, limited to its keys."""
+    from pydantic import SecretStr
+    from toolbus_common.connections import connect_redis
+    from toolbus_common.settings import Settings
+
+    settings = Settings(
+        redis_url=f"redis://:{acl_redis.passwords['admin']}@127.0.0.1:{acl_redis.port}/0",
+        redis_username="approval",
+        redis_password=SecretStr(acl_redis.passwords["approval"]),
+    )
+    client = connect_redis(settings)
+    try:
+        assert await client.zcard(f"{PREFIX}:{{approvals}}:pending") == 0
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            await client.get(f"{PREFIX}:cred:toolset:ts_1")
+    finally:
+        await client.aclose()  # type: ignore[attr-defined]  # redis>=5; stubs lag
