@@ -14,6 +14,12 @@ generating dev credentials into `.stack/secure/` (mode 0600): the servers' passw
 `<role>.env` per client role (harness, worker, approver, workflow-engine) with the
 `TOOLBUS_NATS_*` settings a client of that role uses. Each service connects as its own user.
 
+What `up` creates, and what the servers and services it starts create (logs, the Redis
+append-only files, the JetStream store, `secure/`), is readable by its owner only: it runs under
+umask 077 and makes an existing stack directory private (directories 0700, files 0600). Each
+process logs to `logs/<name>.log`, or `<name>-2.log`, ... when another process of that name holds
+the first (`open_own_log`); `logs` shows every one.
+
 `make up` / `make down` / `make logs` / `make status` run it through `scripts/stack.py` (state in
 the checkout's `.stack/`); `toolbus up` / `down` / `status` / `logs` run the same code anywhere the
 services are installed (state in `TOOLBUS_STACK_DIR`, else `./.stack`; `TOOLBUS_SECURE=1` needs
