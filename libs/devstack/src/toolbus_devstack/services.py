@@ -104,10 +104,12 @@ def launch_service(
     """Spawn `python -m toolbus_<name>` with `env` over this process's environment; does not wait
     (see `wait_ready`). Its output goes to `<name>.log` in `log_dir` (default: a new temporary
     directory), or `<name>-2.log`, ... while another running process writes that file
-    (`open_own_log`), after `log_header`. On `port` (`TOOLBUS_HTTP_PORT`) when one is given; else on a socket bound
-    here to a port the OS picks and handed down (`TOOLBUS_HTTP_FD`), so nothing can take the port
-    while the child starts (a free port chosen here and bound by the child seconds later could
-    be taken meanwhile, by an outgoing connection's local port among others)."""
+    (`open_own_log`), after `log_header`.
+
+    On `port` (`TOOLBUS_HTTP_PORT`) when one is given; else on a socket bound here to a port the
+    OS picks and handed down (`TOOLBUS_HTTP_FD`), so nothing can take the port while the child
+    starts (a free port chosen here and bound by the child seconds later could be taken
+    meanwhile, by an outgoing connection's local port among others)."""
     full_env = {**os.environ, **env}
     full_env.pop("TOOLBUS_HTTP_FD", None)  # an env copied from an earlier process carries its fd
     full_env.setdefault("TOOLBUS_HTTP_HOST", "127.0.0.1")

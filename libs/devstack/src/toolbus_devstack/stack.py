@@ -494,8 +494,8 @@ def _up(ready_timeout: float, only: list[str] | None, as_json: bool = False) -> 
             from toolbus_devstack.nats_conf import client_env
 
             service_env.update(client_env(name, passwords[name]), **_redis_user_env(name, passwords))
-        # A restart appends to what the last run logged (a crash); a process of another stack
-        # writing `<name>.log` meanwhile makes this one `<name>-2.log` (launch_service).
+        # A restart appends to what the last run logged (a crash); while another process holds
+        # `<name>.log` (one a test or bench started there), this one writes `<name>-2.log`.
         service = launch_service(
             name,
             service_env,
