@@ -11,7 +11,7 @@ from typing import Any, TypedDict
 
 import pytest
 from cryptography.fernet import Fernet
-from toolbus_devstack.redis_acl import redis_users
+from toolbus_devstack.redis_acl import acl_rules, redis_users
 
 from tests.deploy.conftest import COMPOSE, ROOT, compose_env, run_compose
 from tests.deploy.settings_catalogue import SERVICES, all_settings, service_settings
@@ -124,7 +124,7 @@ def test_redis_is_append_only_with_a_password_and_a_volume(compose_config: dict[
     assert "requirepass" not in script
     assert "user default on >%s" in script and '"$$TOOLBUS_REDIS_PASSWORD"' in script
     for name in REDIS_USERS:
-        assert f"user {name} on >%s resetchannels" in script
+        assert f"user {name} on >%s %s" in script
         assert f'"$$TOOLBUS_REDIS_PASSWORD_{name.upper()}"' in script
     assert set(redis["environment"]) == {
         "TOOLBUS_REDIS_PASSWORD",
@@ -293,8 +293,9 @@ async def test_redis_service_of_compose_runs_on_a_real_redis_server(
     """The compose file's Redis command (its shell script, the passwords from the environment),
     run with a real redis-server outside Docker on a free loopback port: a password is required,
     the server is append-only and never evicts, no password is on its command line, and each
-    service's ACL user (with the password compose hands that service) has exactly the key patterns
-    of toolbus_devstack.redis_acl: the approval user is refused a credentials key and FLUSHALL."""
+    service's ACL user (with the password compose hands that service) has exactly the rules of
+    toolbus_devstack.redis_acl (keys, read-only keys, commands): the approval user is refused a
+    credentials key and FLUSHALL, no user may SCAN or SCRIPT FLUSH."""
     import redis.asyncio as aioredis
     import redis.exceptions
     from toolbus_devstack import find_redis_server, free_port, spawn, stop_process
@@ -333,11 +334,20 @@ async def test_redis_service_of_compose_runs_on_a_real_redis_server(
         cmdline = await asyncio.to_thread(Path(f"/proc/{proc.pid}/cmdline").read_text)
         for value in server_env.values():
             assert value not in cmdline
-        # Each service's user has the key patterns deploy/redis/ defines, and no more.
+        # Each service's user has exactly the rules of toolbus_devstack.redis_acl (its keys, its
+        # read-only keys, its commands), as Redis reads them: compared with the same rules set
+        # on a probe user of this server.
+        for user in redis_users("toolbus"):
+            rules = acl_rules(user).split()
+            await client.execute_command("ACL", "SETUSER", f"probe-{user.name}", *rules)  # type: ignore[no-untyped-call]
         acl = {line.split()[1]: line.split() for line in await client.acl_list()}
         for user in redis_users("toolbus"):
-            assert {w[1:] for w in acl[user.name] if w.startswith("~")} == set(user.key_patterns)
-            assert "-@dangerous" in acl[user.name]
+            ours = [w for w in acl[user.name][3:] if not w.startswith(("#", ">"))]
+            probe = [w for w in acl[f"probe-{user.name}"][3:] if not w.startswith(("#", ">"))]
+            assert ours == probe, user.name
+            assert {w[1:] for w in ours if w.startswith("~")} == set(user.key_patterns)
+            assert {w[3:] for w in ours if w.startswith("%R~")} == set(user.read_patterns)
+            assert "-@all" in ours and "+scan" not in ours and "+keys" not in ours
         users: dict[str, aioredis.Redis[bytes]] = {}
         for name in REDIS_USERS:
             env = compose_config["services"][name]["environment"]
@@ -359,6 +369,11 @@ async def test_redis_service_of_compose_runs_on_a_real_redis_server(
             await users["approval"].zcard("toolbus:{approvals}:pending")  # its own keys
             with pytest.raises(redis.exceptions.NoPermissionError):
                 await users["approval"].flushall()
+            for user_client in users.values():
+                with pytest.raises(redis.exceptions.NoPermissionError):
+                    await user_client.execute_command("SCAN", "0")  # type: ignore[no-untyped-call]
+                with pytest.raises(redis.exceptions.NoPermissionError):
+                    await user_client.execute_command("SCRIPT", "FLUSH")  # type: ignore[no-untyped-call]
             wrong = aioredis.Redis(host="127.0.0.1", port=port, username="approval", password=password)
             try:
                 with pytest.raises(redis.exceptions.AuthenticationError):

@@ -294,10 +294,15 @@ async def test_a_harness_cannot_approve_its_own_call(
         # ... and as JetStream's answer to a direct get whose reply subject is the target, of an
         # output chunk holding the forged bytes (a tool the harness registered could return them).
         bucket = js_name(client.prefix, "outputs")
-        outputs_js = (await bus.connect("dispatcher")).jetstream() if bus.secured else client.js
-        store = await ensure_object_store(outputs_js, bucket)
-        await store.put(f"forged-{call_id}", forged)
-        chunk = await outputs_js.get_last_msg(f"OBJ_{bucket}", f"$O.{bucket}.C.>")
+        writer = await bus.connect("dispatcher") if bus.secured else client.nc
+        try:
+            outputs_js = writer.jetstream()
+            store = await ensure_object_store(outputs_js, bucket)
+            await store.put(f"forged-{call_id}", forged)
+            chunk = await outputs_js.get_last_msg(f"OBJ_{bucket}", f"$O.{bucket}.C.>")
+        finally:
+            if writer is not client.nc:
+                await writer.close()
         await client.nc.publish(
             f"$JS.API.DIRECT.GET.OBJ_{bucket}", json.dumps({"seq": chunk.seq}).encode(), reply=decided_subject
         )

@@ -4,6 +4,7 @@ servers that answer."""
 from __future__ import annotations
 
 import json
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -169,3 +170,58 @@ def test_a_nats_server_at_least_a_version_is_preferred(
     assert servers.find_nats_server() == str(old)
     assert servers.find_nats_server(at_least=(2, 9, 15)) == str(new)
     assert servers.find_nats_server(at_least=(3, 0, 0)) == str(old)  # none is: the first, as before
+
+
+def _pid_printing_service(directory: Path) -> dict[str, str]:
+    """A stand-in service that prints its pid, then serves /readyz on the socket handed down."""
+    pkg = directory / "toolbus_infra_pid"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "__main__.py").write_text(
+        "import http.server, os, socket\n"
+        "print(f'pid {os.getpid()}', flush=True)\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        self.send_response(200)\n"
+        "        self.end_headers()\n"
+        "    def log_message(self, *a):\n"
+        "        pass\n"
+        "server = http.server.HTTPServer(('127.0.0.1', 0), H, bind_and_activate=False)\n"
+        "server.socket = socket.socket(fileno=int(os.environ['TOOLBUS_HTTP_FD']))\n"
+        "server.serve_forever()\n"
+    )
+    return {"PYTHONPATH": str(directory)}
+
+
+def test_a_second_process_of_a_service_logs_to_a_file_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two processes of one service started into one log directory (a second dispatcher beside the
+    first) write `<name>.log` and `<name>-2.log`, each only its own lines, mode 0600; one started
+    after the first stopped appends to `<name>.log` again; `make logs` shows every file."""
+    from toolbus_devstack import stack
+
+    env = _pid_printing_service(tmp_path)
+    logs = tmp_path / "logs"
+    with (
+        service_process("infra_pid", env, log_dir=logs, python=sys.executable) as first,
+        service_process("infra_pid", env, log_dir=logs, python=sys.executable) as second,
+    ):
+        assert (first.log_path.name, second.log_path.name) == ("infra_pid.log", "infra_pid-2.log")
+    with service_process("infra_pid", env, log_dir=logs, python=sys.executable) as third:
+        assert third.log_path.name == "infra_pid.log"
+    assert first.log_path.read_text().split() == ["pid", str(first.proc.pid), "pid", str(third.proc.pid)]
+    assert second.log_path.read_text().split() == ["pid", str(second.proc.pid)]
+    assert {stat.S_IMODE(p.stat().st_mode) for p in logs.iterdir()} == {0o600}
+
+    monkeypatch.setattr(stack, "LOGS", logs)
+    assert stack.logs(False, 50, ["infra_pid"]) == 0
+    shown = capsys.readouterr().out
+    assert f"pid {first.proc.pid}" in shown and f"pid {second.proc.pid}" in shown
+    assert stack.logs(False, 50, ["infra_pid"], as_json=True) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert {(entry["log"], entry["line"]) for entry in lines} == {
+        ("infra_pid", f"pid {first.proc.pid}"),
+        ("infra_pid", f"pid {third.proc.pid}"),
+        ("infra_pid-2", f"pid {second.proc.pid}"),
+    }

@@ -48,9 +48,23 @@ def test_up_starts_local_servers_and_a_service_and_down_stops_exactly_them(tmp_p
         "TOOLBUS_SUBJECT_PREFIX": f"tbtstack{approval_port}",
     }
     with_service = service_module_exists("approval")
+    # Left world-readable by an earlier `up` (before they were kept private): made private too.
+    (tmp_path / "stack" / "logs").mkdir(parents=True)
+    (tmp_path / "stack" / "logs").chmod(0o755)
+    (tmp_path / "stack" / "logs" / "registry.log").write_text("old\n")
+    (tmp_path / "stack" / "logs" / "registry.log").chmod(0o644)
     try:
         up = _stack(env, "up", "--services", "approval", "--port-base", str(approval_port - 2))
         assert up.returncode == 0, up.stdout + up.stderr
+        # Logs, the Redis append-only files and the JetStream store: their owner's alone.
+        modes = {
+            str(p.relative_to(tmp_path)): stat.S_IMODE(p.stat().st_mode)
+            for p in [tmp_path / "stack", *(tmp_path / "stack").rglob("*")]
+        }
+        assert any(name.startswith("stack/redis/") for name in modes)
+        assert any(name.startswith("stack/nats/") for name in modes)
+        assert {m for m in modes.values()} == {0o700, 0o600}
+        assert {n: m for n, m in modes.items() if m != (0o700 if (tmp_path / n).is_dir() else 0o600)} == {}
         assert f"NATS            {nats_url}: started here" in up.stdout
         assert f"Redis           {redis_url}: started here" in up.stdout
         assert "new dev key generated into" in up.stdout

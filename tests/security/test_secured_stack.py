@@ -89,14 +89,18 @@ async def test_secure_stack_runs_calls_with_each_role_on_its_own_user(tmp_path: 
         logs = "".join(p.read_text() for p in (tmp_path / "stack" / "logs").glob("*.log"))
         assert not [name for name, secret in passwords.items() if secret in logs]
 
-        await _run_through(prefix, secure_dir)
+        run_id = await _run_through(prefix, secure_dir)
+        _no_service_was_refused(tmp_path / "stack", passwords)
         _redis_users_reach_only_their_keys(prefix, tmp_path / "stack", passwords)
+        _credentials_user_reads_run_keys_only(prefix, tmp_path / "stack", passwords, run_id)
+        _stack_files_are_private(tmp_path / "stack")
     finally:
         down = _stack(env, "down")
     assert down.returncode == 0, down.stdout + down.stderr
 
 
-async def _run_through(prefix: str, secure_dir: Path) -> None:
+async def _run_through(prefix: str, secure_dir: Path) -> str:
+    """The flow of the module docstring; returns the id of the run it opened (and closed)."""
     harness_env = _env_file(secure_dir / "harness.env")
     worker_env = _env_file(secure_dir / "worker.env")
     approver_env = _env_file(secure_dir / "approver.env")
@@ -198,12 +202,69 @@ async def _run_through(prefix: str, secure_dir: Path) -> None:
         )
         assert again["outcome"]["status"] == "ok", again
         await ok(harness, f"{p}.runs.close", {"runId": run_id})
+        return str(run_id)
+
+
+def _redis_port(stack: Path) -> int:
+    url = json.loads((stack / "pids" / "redis.json").read_text())["url"]
+    return int(url.rsplit(":", 1)[1].split("/")[0])
+
+
+def _no_service_was_refused(stack: Path, passwords: dict[str, str]) -> None:
+    """The run-through (calls, a host tool, an approval, credentials at two levels, a close)
+    needed no command or key the services' ACL users lack: Redis logged no refusal."""
+    admin = redis.Redis(port=_redis_port(stack), password=passwords["redis"])
+    try:
+        refused = admin.acl_log()
+    finally:
+        admin.close()
+    assert refused == [], refused
+
+
+def _credentials_user_reads_run_keys_only(
+    prefix: str, stack: Path, passwords: dict[str, str], run_id: str
+) -> None:
+    """The credentials service checks that a run exists (the dispatcher's run hash): it may read
+    that key, and neither change nor delete it, directly or from a script."""
+    run_key = f"{prefix}:run:{{{run_id}}}"
+    client = redis.Redis(
+        port=_redis_port(stack), username="credentials", password=passwords["redis-credentials"]
+    )
+    try:
+        assert client.hget(run_key, "state") == b"closed"
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            client.hset(run_key, "state", "open")
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            client.delete(run_key)
+        touch = client.register_script("return redis.call('HSET', KEYS[1], 'state', 'open')")
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            touch(keys=[run_key])
+        assert client.hget(run_key, "state") == b"closed"
+    finally:
+        client.close()
+
+
+def _stack_files_are_private(stack: Path) -> None:
+    """Logs, the Redis append-only files (encrypted credentials), the JetStream store and
+    `secure/`: directories 0700, files 0600, none readable by anyone but their owner."""
+    seen = {"logs": 0, "redis-secure": 0, "nats-secure": 0, "secure": 0}
+    loose = []
+    for path in [stack, *stack.rglob("*")]:
+        mode = stat.S_IMODE(path.lstat().st_mode)
+        if path.is_symlink():
+            continue
+        top = path.relative_to(stack).parts[:1]
+        if top and top[0] in seen and path.is_file():
+            seen[top[0]] += 1
+        if mode != (0o700 if path.is_dir() else 0o600):
+            loose.append(f"{path.relative_to(stack)} {mode:o}")
+    assert all(seen.values()), seen  # each holds files: the check looked at real ones
+    assert loose == []
 
 
 def _redis_users_reach_only_their_keys(prefix: str, stack: Path, passwords: dict[str, str]) -> None:
     """The ACL: credentials keys for the credentials service and the dispatcher only."""
-    url = json.loads((stack / "pids" / "redis.json").read_text())["url"]
-    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    port = _redis_port(stack)
     cred_key = f"{prefix}:cred:toolset:ts_x"
     results: dict[str, bool] = {}
     for user in ("dispatcher", "credentials", "approval"):

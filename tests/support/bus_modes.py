@@ -1,5 +1,7 @@
-"""The NATS side of an e2e mode (tests/e2e/conftest.py's `bus` fixture): `open`, the session's NATS
-with no users, or `secured`, deploy/nats/'s configuration with one user per role and service."""
+"""The NATS and Redis side of an e2e mode (tests/e2e/conftest.py's `bus` fixture): `open`, the
+session's NATS with no users and the session's Redis, or `secured`, deploy/nats/'s configuration
+with one user per role and service and a Redis with one ACL user per service
+(toolbus_devstack.redis_acl)."""
 
 from __future__ import annotations
 
@@ -30,6 +32,11 @@ class Bus:
     errors: list[str] = field(default_factory=list)
     """Asynchronous errors the server reported on the clients' connections (permission
     violations among them): a flow that needs a permission its role lacks shows up here."""
+    redis_url: str | None = None
+    """Secured: the URL of the Redis with the ACL users, as its admin (`default`); the services
+    connect to it as their own users (`service()`). None: the session's Redis."""
+    redis_passwords: dict[str, str] = field(default_factory=dict)
+    """Secured: the password of each service's Redis ACL user, by service name."""
     attacks: list[str] = field(default_factory=list)
     """Subjects a test publishes to as an attacker would: their refusals are the expected ones."""
 
@@ -64,8 +71,15 @@ class Bus:
     def service(
         self, name: str, env: Mapping[str, str], **kwargs: Any
     ) -> AbstractAsyncContextManager[ServiceProcess]:
-        """`aservice_process(name, env)`, connected as the service's own NATS user."""
-        return aservice_process(name, {**env, **self.role_env(name)}, **kwargs)
+        """`aservice_process(name, env)`, connected as the service's own NATS user and, in
+        secured mode, its own Redis ACL user."""
+        redis_user: dict[str, str] = {}
+        if name in self.redis_passwords:
+            redis_user = {
+                "TOOLBUS_REDIS_USERNAME": name,
+                "TOOLBUS_REDIS_PASSWORD": self.redis_passwords[name],
+            }
+        return aservice_process(name, {**env, **self.role_env(name), **redis_user}, **kwargs)
 
     def connect_options(self, role: str) -> dict[str, Any]:
         """`nats.connect` keyword arguments of `role`; the server's asynchronous errors on that

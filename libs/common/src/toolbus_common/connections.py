@@ -126,6 +126,14 @@ def _redis_auth(settings: Settings) -> tuple[str | None, str | None]:
     return username, password
 
 
+def _without_userinfo(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[1]
+    return parts._replace(netloc=host).geturl()
+
+
 def _redis_tls_options(settings: Settings) -> dict[str, Any]:
     if not redis_uses_tls(settings):
         return {}
@@ -201,6 +209,9 @@ def connect_redis(settings: Settings) -> Redis[bytes]:
         "timeout": settings.redis_pool_timeout,
         "decode_responses": False,
         "health_check_interval": 30,
+        # No `CLIENT SETINFO` on connect: the services' ACL users may not send it
+        # (toolbus_devstack.redis_acl); redis-py would ignore the refusal but Redis logs each one.
+        "driver_info": None,
         **redis_socket_options(settings),
         **_redis_tls_options(settings),
     }
@@ -229,7 +240,11 @@ def connect_redis(settings: Settings) -> Redis[bytes]:
         client.owned_sentinel = sentinel
         sentinel_client: Redis[bytes] = client
         return sentinel_client
-    pool: BlockingConnectionPool[Any] = BlockingConnectionPool.from_url(settings.redis_url, **options)
+    # redis-py lets a URL's user and password win over the keyword arguments: the URL goes
+    # without them, so `TOOLBUS_REDIS_USERNAME`/`_PASSWORD` win, as `_redis_auth` says.
+    pool: BlockingConnectionPool[Any] = BlockingConnectionPool.from_url(
+        _without_userinfo(settings.redis_url), **options
+    )
     # The client owns the pool and closes it with itself (stubs predate `from_pool`).
     plain: Redis[bytes] = Redis.from_pool(pool)  # type: ignore[attr-defined]
     return plain

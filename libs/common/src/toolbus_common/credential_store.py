@@ -135,22 +135,31 @@ class CredentialStore:
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.set(key, ciphertext)
             pipe.incr(self.version_key)
+            pipe.sadd(self._keys.credentials_index, key)
             results = await pipe.execute()
         return int(results[1])
 
     async def delete_run(self, run_id: str) -> int:
         """Drop the run-level credentials of `run_id`; returns the new version."""
+        key = self.key("run", run_id=run_id)
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.delete(self.key("run", run_id=run_id))
+            pipe.delete(key)
             pipe.incr(self.version_key)
+            pipe.srem(self._keys.credentials_index, key)
             results = await pipe.execute()
         return int(results[1])
 
     async def rotate(self) -> int:
         """Re-encrypt every stored document with the first configured key (after prepending a new
-        key to `TOOLBUS_SECRET_KEY`); returns how many were rewritten. Safe to run twice."""
+        key to `TOOLBUS_SECRET_KEY`); returns how many were rewritten. Safe to run twice.
+
+        It walks the index of documents (`Keys.credentials_index`, written with each document),
+        not `SCAN`: the credentials service's Redis user may not list the other services' keys.
+        Documents set before the index existed are indexed by `index_existing`, once, with a
+        Redis user allowed to `SCAN`."""
         count = 0
-        async for key in self._redis.scan_iter(match=self._keys.credentials_pattern, count=500):
+        async for member in self._redis.sscan_iter(self._keys.credentials_index, count=500):
+            key = member.decode() if isinstance(member, bytes) else str(member)
             raw = await self._redis.get(key)
             if raw is None:
                 continue
@@ -167,6 +176,22 @@ class CredentialStore:
                 except WatchError:  # a concurrent set wrote fresh ciphertext meanwhile
                     continue
         return count
+
+    async def index_existing(self) -> int:
+        """Add every credentials document found by `SCAN` to the index `rotate` walks; returns how
+        many there are. Only for documents set before the index existed (each set indexes its
+        own), run once by an operator whose Redis user may `SCAN` (the services' may not)."""
+        prefix = self._keys.credentials("", "").removesuffix("::")
+        found: list[str] = []
+        async for raw in self._redis.scan_iter(match=f"{prefix}:*:*", count=500):
+            key = raw.decode() if isinstance(raw, bytes) else str(raw)
+            value = await self._redis.get(key) if key.endswith(":set-version") else b""
+            if value is not None and value.isdigit():  # a set's version counter, not a document
+                continue
+            found.append(key)
+        for start in range(0, len(found), 500):
+            await self._redis.sadd(self._keys.credentials_index, *found[start : start + 500])
+        return len(found)
 
     # ---- reads -----------------------------------------------------------------------------------
 

@@ -77,9 +77,11 @@ class Keys:
         return f"{self.prefix}:cred:version"
 
     @property
-    def credentials_pattern(self) -> str:
-        """SCAN pattern matching every credentials document (not the version counter)."""
-        return f"{self.prefix}:cred:*:*"
+    def credentials_index(self) -> str:
+        """Set of the keys of every credentials document ever set (a key whose document was
+        dropped leaves with it): what `CredentialStore.rotate` walks, so that no service needs
+        `SCAN`, which would list every service's keys."""
+        return f"{self.prefix}:cred:index"
 
     def parked(self, level: str, scope: str) -> str:
         """ZSET call id -> park sequence: the calls parked at one level and scope, in park order."""

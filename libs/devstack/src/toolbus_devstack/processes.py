@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
+import os
 import random
 import signal
 import socket
@@ -110,19 +112,43 @@ def _die_with_parent() -> None:
         libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
+def open_own_log(path: Path) -> tuple[Path, IO[bytes]]:
+    """A log file of this process's next child alone, open for appending (mode 0600), with an
+    exclusive `flock` that the child inherits and holds while it runs: `path` itself unless a
+    running process holds it, else `<stem>-2<suffix>`, `-3`, ... So a second process started
+    with the same log path (a second dispatcher beside the first) writes a file of its own, and
+    one started after the first ended appends to the first's file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    index = 1
+    while True:
+        candidate = path if index == 1 else path.with_name(f"{path.stem}-{index}{path.suffix}")
+        fd = os.open(candidate, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            index += 1
+            continue
+        return candidate, os.fdopen(fd, "ab")
+
+
 def spawn(
     argv: Sequence[str],
-    log_path: Path,
+    log_path: Path | IO[bytes],
     *,
     env: Mapping[str, str] | None,
     detach: bool,
     cwd: str | None = None,
     pass_fds: Sequence[int] = (),
 ) -> subprocess.Popen[bytes]:
-    """Start `argv` with stdout and stderr appended to `log_path`; `detach` lets it outlive us;
-    `pass_fds` stay open in the child, under the same numbers."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    log: IO[bytes] = log_path.open("ab")
+    """Start `argv` with stdout and stderr appended to `log_path` (created with mode 0600), or to
+    an open log file (`open_own_log`, closed here once the child has it); `detach` lets it
+    outlive us; `pass_fds` stay open in the child, under the same numbers."""
+    if isinstance(log_path, Path):
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log: IO[bytes] = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
+    else:
+        log = log_path
     try:
         # A detached process outlives us (make up); an attached one dies with the test session, and
         # PDEATHSIG is only safe from the main thread (it fires when the spawning *thread* exits).

@@ -18,6 +18,7 @@ from toolbus_devstack.processes import (
     http_status,
     listening_socket,
     log_tail,
+    open_own_log,
     spawn,
     stop_process,
 )
@@ -98,28 +99,37 @@ def launch_service(
     log_dir: Path | None = None,
     detach: bool = False,
     python: str | None = None,
+    log_header: str = "",
 ) -> ServiceProcess:
     """Spawn `python -m toolbus_<name>` with `env` over this process's environment; does not wait
-    (see `wait_ready`). On `port` (`TOOLBUS_HTTP_PORT`) when one is given; else on a socket bound
-    here to a port the OS picks and handed down (`TOOLBUS_HTTP_FD`), so nothing can take the port
-    while the child starts (a free port chosen here and bound by the child seconds later could
-    be taken meanwhile, by an outgoing connection's local port among others)."""
+    (see `wait_ready`). Its output goes to `<name>.log` in `log_dir` (default: a new temporary
+    directory), or `<name>-2.log`, ... while another running process writes that file
+    (`open_own_log`), after `log_header`.
+
+    On `port` (`TOOLBUS_HTTP_PORT`) when one is given; else on a socket bound here to a port the
+    OS picks and handed down (`TOOLBUS_HTTP_FD`), so nothing can take the port while the child
+    starts (a free port chosen here and bound by the child seconds later could be taken
+    meanwhile, by an outgoing connection's local port among others)."""
     full_env = {**os.environ, **env}
     full_env.pop("TOOLBUS_HTTP_FD", None)  # an env copied from an earlier process carries its fd
     full_env.setdefault("TOOLBUS_HTTP_HOST", "127.0.0.1")
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     log_dir = log_dir if log_dir is not None else Path(tempfile.mkdtemp(prefix=f"toolbus-{name}-"))
-    log_path = log_dir / f"{name}.log"
+    # `<name>.log`, or `<name>-2.log`, ... while another running process writes that one.
+    log_path, log = open_own_log(log_dir / f"{name}.log")
+    if log_header:
+        log.write(log_header.encode())
+        log.flush()
     argv = [python or sys.executable, "-m", f"toolbus_{name}"]
     if port is not None:
         full_env["TOOLBUS_HTTP_PORT"] = str(port)
-        proc = spawn(argv, log_path, env=full_env, detach=detach)
+        proc = spawn(argv, log, env=full_env, detach=detach)
         return ServiceProcess(name, proc, port, full_env, log_path)
     with listening_socket(full_env["TOOLBUS_HTTP_HOST"]) as listener:  # the child keeps its copy
         port = listener.getsockname()[1]
         full_env["TOOLBUS_HTTP_PORT"] = str(port)
         full_env["TOOLBUS_HTTP_FD"] = str(listener.fileno())
-        proc = spawn(argv, log_path, env=full_env, detach=detach, pass_fds=[listener.fileno()])
+        proc = spawn(argv, log, env=full_env, detach=detach, pass_fds=[listener.fileno()])
     return ServiceProcess(name, proc, port, full_env, log_path)
 
 

@@ -17,6 +17,12 @@ generating dev credentials into `.stack/secure/` (mode 0600): the servers' passw
 `<role>.env` per client role (harness, worker, approver, workflow-engine) with the
 `TOOLBUS_NATS_*` settings a client of that role uses. Each service connects as its own user.
 
+What `up` creates, and what the servers and services it starts create (logs, the Redis
+append-only files, the JetStream store, `secure/`), is readable by its owner only: it runs under
+umask 077 and makes an existing stack directory private (directories 0700, files 0600). Each
+process logs to `logs/<name>.log`, or `<name>-2.log`, ... when another process of that name holds
+the first (`open_own_log`); `logs` shows every one.
+
 `make up` / `make down` / `make logs` / `make status` run it through `scripts/stack.py` (state in
 the checkout's `.stack/`); `toolbus up` / `down` / `status` / `logs` run the same code anywhere the
 services are installed (state in `TOOLBUS_STACK_DIR`, else `./.stack`; `TOOLBUS_SECURE=1` needs
@@ -33,7 +39,7 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -466,7 +472,42 @@ def _rel(path: Path) -> Path:
     return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
 
 
+PRIVATE_UMASK = 0o077
+"""What `up` creates, and the servers and services it starts create, is its owner's alone: logs,
+the Redis append-only files (encrypted credentials), the JetStream store, `secure/`."""
+
+
+def _make_private(root: Path) -> None:
+    """Directories 0700 and files 0600 under `root` (and itself): a stack made before `up` kept
+    its files private, or by another umask, is made private too."""
+    if not root.exists():
+        return
+    paths = [root, *root.rglob("*")]
+    for path in paths:
+        with contextlib.suppress(OSError):  # a file a running server just removed
+            if path.is_symlink():
+                continue
+            path.chmod(0o700 if path.is_dir() else 0o600)
+
+
+@contextlib.contextmanager
+def _private_umask() -> Iterator[None]:
+    """umask 077 while `up` runs: the files it creates, and those of the processes it starts
+    (they inherit it), are readable by their owner only."""
+    before = os.umask(PRIVATE_UMASK)
+    try:
+        yield
+    finally:
+        os.umask(before)
+
+
 def up(ready_timeout: float, only: list[str] | None, as_json: bool = False) -> int:
+    with _private_umask():
+        _make_private(STACK)
+        return _up(ready_timeout, only, as_json)
+
+
+def _up(ready_timeout: float, only: list[str] | None, as_json: bool = False) -> int:
     for directory in (STACK, PIDS, LOGS):
         directory.mkdir(parents=True, exist_ok=True)
     secure = _secure()
@@ -514,18 +555,23 @@ def up(ready_timeout: float, only: list[str] | None, as_json: bool = False) -> i
     for line in moved:
         print(f"note: {line}", file=sys.stderr)
     for name, port in ports.items():
-        log = LOGS / f"{name}.log"
-        with log.open("a") as out:  # a restart keeps what the last run logged (a crash)
-            out.write(f"\n===== make up {time.strftime('%Y-%m-%d %H:%M:%S')} =====\n")
         service_env = dict(env)
         if secure:
             from toolbus_devstack.nats_conf import client_env
 
             service_env.update(client_env(name, passwords[name]), **_redis_user_env(name, passwords))
+        # A restart appends to what the last run logged (a crash); while another process holds
+        # `<name>.log` (one a test or bench started there), this one writes `<name>-2.log`.
         service = launch_service(
-            name, service_env, port=port, log_dir=LOGS, detach=True, python=sys.executable
+            name,
+            service_env,
+            port=port,
+            log_dir=LOGS,
+            detach=True,
+            python=sys.executable,
+            log_header=f"\n===== make up {time.strftime('%Y-%m-%d %H:%M:%S')} =====\n",
         )
-        _record(name, service.proc.pid, port=port, log=str(log))
+        _record(name, service.proc.pid, port=port, log=str(service.log_path))
         launched.append(service)
 
     for service in launched:
@@ -553,7 +599,10 @@ def up(ready_timeout: float, only: list[str] | None, as_json: bool = False) -> i
 
     rows: dict[str, dict[str, Any]] = {}
     for name, port in SERVICES.items():
-        log = _rel(LOGS / f"{name}.log")
+        recorded = _tracked(name)
+        log = _rel(
+            Path(recorded.info["log"]) if recorded and "log" in recorded.info else LOGS / f"{name}.log"
+        )
         if name in missing:
             why = (
                 "not asked for (--services)"
@@ -637,8 +686,7 @@ def logs(follow: bool, lines: int, names: list[str], *, as_json: bool = False) -
     if not names:
         # The servers' logs only while ours run: with an external NATS/Redis they are stale.
         names = [*(n for n in SERVERS if (t := _tracked(n)) and t.alive), *SERVICES]
-    files = {n: LOGS / f"{n}.log" for n in names}
-    files = {n: f for n, f in files.items() if f.exists()}
+    files = {f.stem: f for n in names for f in _log_files(n)}
     if not files:
         if as_json:
             print(json.dumps({"log": None, "message": f"no logs under {_rel(LOGS)}/ yet: run make up"}))
@@ -652,6 +700,18 @@ def logs(follow: bool, lines: int, names: list[str], *, as_json: bool = False) -
     for f in files.values():
         print(f"==> {_rel(f)} <==\n{log_tail(f, lines)}")
     return 0
+
+
+def _log_files(name: str) -> list[Path]:
+    """The logs of `name` in the stack's log directory: `<name>.log`, then `<name>-2.log`, ...
+    (a process started while another of the same name ran writes its own: `open_own_log`)."""
+    found = [LOGS / f"{name}.log"] if (LOGS / f"{name}.log").exists() else []
+    numbered = []
+    for path in LOGS.glob(f"{name}-*.log"):
+        index = path.stem.removeprefix(f"{name}-")
+        if index.isdigit():
+            numbered.append((int(index), path))
+    return found + [path for _, path in sorted(numbered)]
 
 
 def _json_line(name: str, line: str) -> str:
