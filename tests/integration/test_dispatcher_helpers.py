@@ -20,9 +20,10 @@ from toolbus_dispatcher.app import DispatcherApp
 from toolbus_dispatcher.credentials import CredentialResolver
 from toolbus_dispatcher.settings import DispatcherSettings
 
-from tests.support.infra import js_name, unique_prefix, until
+from tests.support.infra import DEV_EGRESS_ALLOW, js_name, unique_prefix, until
 
 FAST = {
+    "egress_allow": DEV_EGRESS_ALLOW,  # its MCP and HTTP servers listen on loopback
     "dispatcher_lease": 1.5,
     "dispatcher_retry_backoff": 0.02,
     "dispatcher_retry_backoff_max": 0.1,
