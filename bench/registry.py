@@ -41,6 +41,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from toolbus_common import Settings
 from toolbus_common.runtime import tune_gc
+from toolbus_devstack import DEV_EGRESS_ALLOW
 from toolbus_mcp_client import McpConnection
 from toolbus_registry.app import RegistryApp
 
@@ -122,7 +123,9 @@ async def measure(
     pairs = 2 * rounds if pairs is None else pairs
     prefix = f"tbbench{uuid.uuid4().hex[:8]}"
     settings = Settings(
-        subject_prefix=prefix, nats_url=os.environ.get("TOOLBUS_NATS_URL", "nats://127.0.0.1:4222")
+        subject_prefix=prefix,
+        nats_url=os.environ.get("TOOLBUS_NATS_URL", "nats://127.0.0.1:4222"),
+        egress_allow=os.environ.get("TOOLBUS_EGRESS_ALLOW", DEV_EGRESS_ALLOW),  # its servers: loopback
     )
     procs, urls = serve(servers, "s", tools)
     app = RegistryApp(settings)

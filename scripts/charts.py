@@ -211,6 +211,14 @@ def values_yaml(s: ServiceChart) -> str:
         if s.redis
         else ""
     )
+    egress_config = (
+        "  ## What the service may connect to beyond public addresses (MCP servers; http.fetch in the\n"
+        "  ## dispatcher): networks, addresses and host names. Unset (the default): loopback, private,\n"
+        "  ## link-local (cloud metadata), CGNAT, reserved and multicast addresses are refused.\n"
+        "  # TOOLBUS_EGRESS_ALLOW: 10.20.0.0/16,mcp.corp.internal,*.svc.cluster.local\n"
+        if s.name in ("registry", "dispatcher")
+        else ""
+    )
     secrets = ""
     if s.secret_key:
         secrets += _secret(
@@ -289,7 +297,7 @@ config:
   ## Replicas of every stream and bucket the services create: 3 on the 3-node cluster of deploy/README.md.
   TOOLBUS_JS_REPLICAS: "3"
   TOOLBUS_JS_STORAGE: file
-
+{egress_config}
 ## @param nats.user NATS user this service connects as (TOOLBUS_NATS_USER; one user per service in deploy/nats/)
 ## @param nats.inboxPrefix Reply-subject prefix the NATS authorization grants this user (TOOLBUS_NATS_INBOX_PREFIX; empty: the default _INBOX)
 nats:

@@ -44,6 +44,7 @@ if str(ROOT) not in sys.path:
 from tests.support.infra import (
     DEFAULT_NATS_URL,
     DEFAULT_REDIS_URL,
+    DEV_EGRESS_ALLOW,
     docker_engine_answers,
     free_port,
     js_name,
@@ -176,6 +177,8 @@ def service_env(
         "TOOLBUS_SUBJECT_PREFIX": prefix,
         "TOOLBUS_REDIS_PREFIX": redis_prefix,
         "TOOLBUS_SECRET_KEY": secret_key,
+        # the test MCP and HTTP servers listen on loopback, which a deployment's default refuses
+        "TOOLBUS_EGRESS_ALLOW": DEV_EGRESS_ALLOW,
     }
 
 

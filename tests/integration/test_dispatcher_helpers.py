@@ -16,6 +16,7 @@ from toolbus_common.canonical import content_id
 from toolbus_common.keys import Keys
 from toolbus_common.toolsets import ToolsetStore
 from toolbus_contracts import PinnedToolset, Subjects
+from toolbus_devstack import DEV_EGRESS_ALLOW
 from toolbus_dispatcher.app import DispatcherApp
 from toolbus_dispatcher.credentials import CredentialResolver
 from toolbus_dispatcher.settings import DispatcherSettings
@@ -24,6 +25,7 @@ from tests.support.commands import TEST_SECRET_KEY
 from tests.support.infra import js_name, unique_prefix, until
 
 FAST = {
+    "egress_allow": DEV_EGRESS_ALLOW,  # its MCP and HTTP servers listen on loopback
     "dispatcher_lease": 1.5,
     "dispatcher_retry_backoff": 0.02,
     "dispatcher_retry_backoff_max": 0.1,

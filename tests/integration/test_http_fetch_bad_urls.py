@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from toolbus_common.egress import EgressPolicy
 from toolbus_contracts.errors import HostNotAllowed
+from toolbus_devstack import DEV_EGRESS_ALLOW
 from toolbus_dispatcher.executors.base import Attempt, Interrupted
 from toolbus_dispatcher.executors.http import HttpExecutor
 from toolbus_dispatcher.records import CallRecord
@@ -48,7 +50,7 @@ def port() -> Iterator[int]:
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def fetcher() -> AsyncIterator[HttpExecutor]:
-    executor = HttpExecutor(max_body=1 << 20, max_redirects=5)
+    executor = HttpExecutor(max_body=1 << 20, max_redirects=5, egress=EgressPolicy.parse(DEV_EGRESS_ALLOW))
     try:
         yield executor
     finally:

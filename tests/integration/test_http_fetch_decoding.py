@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from toolbus_common.egress import EgressPolicy
 from toolbus_contracts.errors import OutputTooLarge, UpstreamError
+from toolbus_devstack import DEV_EGRESS_ALLOW
 from toolbus_dispatcher.executors.base import Attempt
 from toolbus_dispatcher.executors.http import HttpExecutor
 from toolbus_dispatcher.records import CallRecord
@@ -72,7 +74,7 @@ def port() -> Iterator[int]:
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def fetcher() -> AsyncIterator[HttpExecutor]:
-    executor = HttpExecutor(max_body=CAP, max_redirects=0)
+    executor = HttpExecutor(max_body=CAP, max_redirects=0, egress=EgressPolicy.parse(DEV_EGRESS_ALLOW))
     try:
         yield executor
     finally:

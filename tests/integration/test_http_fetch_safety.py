@@ -1,7 +1,9 @@
 """http.fetch's SSRF defences against real local HTTP(S) servers, with an injected resolver in
-place of DNS: a listed name that resolves to 127.0.0.1 is refused, and so are decimal and short
-IPv4 forms, `::ffff:127.0.0.1`, a redirect to a private address and a redirect from https to
-http; a listed IP literal is reached as asked; bad headers are refused before anything is sent.
+place of DNS: under the default egress policy a listed name that resolves to 127.0.0.1 is
+refused, and so are decimal and short IPv4 forms, `::ffff:127.0.0.1`; with the operator allowing
+loopback (as the dev stack does) a listed IP literal is reached as asked, and a redirect to a
+private address or from https to http is still refused; bad headers are refused before anything
+is sent.
 Two cases go through a real dispatcher (the resolver injected into the app): a name resolving to
 loopback, and header values (outside Latin-1, C1 controls, padded: `invalidInput`, one attempt,
 nothing sent; a Latin-1 value arrives as its Latin-1 bytes)."""
@@ -18,6 +20,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from toolbus_common.egress import EgressPolicy
 from toolbus_contracts import ToolbusError
 from toolbus_contracts.errors import HostNotAllowed, InvalidInput
 from toolbus_dispatcher.executors.base import Attempt
@@ -137,7 +140,24 @@ def _attempt(url: str, allow: list[str], headers: dict[str, Any] | None = None) 
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def fetcher(tls: tuple[int, ssl.SSLContext]) -> AsyncIterator[HttpExecutor]:
-    executor = HttpExecutor(max_body=1 << 20, max_redirects=5, resolver=stub_resolver, verify=tls[1])
+    """An executor whose operator allows loopback (`127.0.0.0/8`, `localhost`), as the dev stack's."""
+    executor = HttpExecutor(
+        max_body=1 << 20,
+        max_redirects=5,
+        egress=EgressPolicy.parse("127.0.0.0/8,localhost"),
+        resolver=stub_resolver,
+        verify=tls[1],
+    )
+    try:
+        yield executor
+    finally:
+        await executor.aclose()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def strict() -> AsyncIterator[HttpExecutor]:
+    """An executor under the default egress policy: public addresses only."""
+    executor = HttpExecutor(max_body=1 << 20, max_redirects=5, resolver=stub_resolver)
     try:
         yield executor
     finally:
@@ -151,13 +171,13 @@ async def _refused(fetcher: HttpExecutor, url: str, allow: list[str]) -> Toolbus
 
 
 async def test_a_listed_name_that_resolves_to_loopback_is_refused_before_connecting(
-    fetcher: HttpExecutor, plain: int
+    strict: HttpExecutor, plain: int
 ) -> None:
     before = len(_Handler.hits)
-    err = await _refused(fetcher, f"http://{PUBLIC_NAME}:{plain}/secret", [PUBLIC_NAME])
-    assert "not public" in err.message and err.details["host"] == PUBLIC_NAME
+    err = await _refused(strict, f"http://{PUBLIC_NAME}:{plain}/secret", [PUBLIC_NAME])
+    assert "egress policy does not allow" in err.message and err.details["host"] == PUBLIC_NAME
     assert len(_Handler.hits) == before  # nothing reached the server
-    await _refused(fetcher, f"http://mapped.public.test:{plain}/", ["*.public.test"])
+    await _refused(strict, f"http://mapped.public.test:{plain}/", ["*.public.test"])
 
 
 @pytest.mark.parametrize("host", ["2130706433", "127.1", "0x7f.0.0.1", "[::ffff:127.0.0.1]"])
@@ -209,11 +229,12 @@ async def test_a_cookie_one_call_was_given_is_never_sent_by_another(
 
 
 async def test_a_redirect_to_a_private_address_is_refused(fetcher: HttpExecutor, plain: int) -> None:
-    # the first hop is listed (an IP literal); the redirect leads to 10.0.0.1, which is not
-    await _refused(fetcher, f"http://127.0.0.1:{plain}/to/http://10.0.0.1/", ["127.0.0.1", "*.public.test"])
-    # ...nor to a listed name resolving to loopback
+    # the first hop is listed (an IP literal); the redirect leads to 10.0.0.1, which is listed
+    # too but which the operator does not allow (only loopback)
+    err = await _refused(fetcher, f"http://127.0.0.1:{plain}/to/http://10.0.0.1/", ["127.0.0.1", "10.0.0.1"])
+    assert err.details["host"] == "10.0.0.1" and "egress policy" in err.message
     await _refused(
-        fetcher, f"http://127.0.0.1:{plain}/to/http://{PUBLIC_NAME}:{plain}/", ["127.0.0.1", PUBLIC_NAME]
+        fetcher, f"http://127.0.0.1:{plain}/to/http://169.254.169.254/", ["127.0.0.1", "169.254.169.254"]
     )
 
 
@@ -256,7 +277,7 @@ async def test_through_a_dispatcher_a_name_resolving_to_loopback_ends_host_not_a
     h = Harness(nats_url, redis_url)
     await h.connect()
     try:
-        await h.dispatcher(resolver=stub_resolver)
+        await h.dispatcher(resolver=stub_resolver, egress_allow="")  # the default policy
         ts = await h.toolset({"http": {"allow": [PUBLIC_NAME]}})
         run = await h.open_run(ts)
         data = await h.invoke(run, "http.fetch", {"url": f"http://{PUBLIC_NAME}:{plain}/secret"})

@@ -7,7 +7,7 @@ import gzip
 import zlib
 
 import pytest
-from toolbus_mcp_client.decoding import BoundedDecoder, OverLimit
+from toolbus_mcp_client.decoding import STEP, BoundedDecoder, OverLimit, TooManyCodings
 
 LIMIT = 1 << 20
 
@@ -64,3 +64,24 @@ def test_a_plain_body_over_the_limit_is_over() -> None:
 def test_a_body_that_is_not_what_its_coding_says_is_a_zlib_error() -> None:
     with pytest.raises(zlib.error):
         BoundedDecoder("gzip", LIMIT).feed(b"\x1f\x8b not gzip")
+
+
+def test_more_than_five_codings_are_refused_before_anything_is_decoded() -> None:
+    decoder = BoundedDecoder(", ".join(["gzip"] * 6), LIMIT)
+    assert decoder.decodes  # so a transport hands the body here, where it is refused
+    with pytest.raises(TooManyCodings):
+        decoder.feed(gzip.compress(b"x"))
+    assert isinstance(TooManyCodings(), zlib.error)  # callers that map zlib.error map this too
+    five = BoundedDecoder(", ".join(["gzip"] * 5), LIMIT)
+    wire = b"payload"
+    for _ in range(5):
+        wire = gzip.compress(wire)
+    assert five.feed(wire) + five.flush() == b"payload"
+
+
+def test_a_bomb_decodes_in_pieces_of_at_most_step_bytes() -> None:
+    bomb = gzip.compress(b"\0" * (4 * STEP + 5), 9)
+    decoder = BoundedDecoder("gzip", 8 * STEP)
+    pieces = list(decoder.pieces(bomb)) + list(decoder.flush_pieces())
+    assert max(len(p) for p in pieces) <= STEP and len(pieces) >= 5
+    assert sum(len(p) for p in pieces) == 4 * STEP + 5 == decoder.size

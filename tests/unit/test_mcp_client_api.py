@@ -11,6 +11,7 @@ from toolbus_mcp_client import ToolResult
 
 def test_exported_names() -> None:
     assert sorted(toolbus_mcp_client.__all__) == [
+        "EgressCheck",
         "IDEMPOTENCY_HEADER",
         "IDEMPOTENCY_META_KEY",
         "McpConnection",

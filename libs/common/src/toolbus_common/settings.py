@@ -9,6 +9,8 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from toolbus_contracts import DEFAULT_PREFIX, PREFIX_PATTERN, Subjects
 
+from toolbus_common.egress import EgressPolicy
+
 REDIS_LONGEST_BLOCK = 1.0
 """Seconds of the longest blocking Redis command the services send: the dispatcher's event relay
 reads its outbox with `XREAD ... BLOCK` of at most 1000 ms. `TOOLBUS_REDIS_SOCKET_TIMEOUT` must
@@ -86,6 +88,12 @@ class Settings(BaseSettings):
     registry_max_listing_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
     """The registry: the most of one server's tool listing it reads (each answer, and all pages
     together); more is `upstreamError` naming the server."""
+    egress_allow: str = ""
+    """What toolbus may connect to beyond public addresses (`http.fetch`, MCP servers): a
+    comma-separated list of networks (`10.0.0.0/8`), addresses (`::1`) and host names
+    (`mcp.corp.internal`, `*.svc.cluster.local`). Empty (the default): loopback, private,
+    link-local, metadata, CGNAT, reserved and multicast addresses, and the IPv6 forms carrying
+    them, are refused (see `toolbus_common.egress`)."""
     http_host: str = "127.0.0.1"
     http_port: int = 0
     http_fd: int | None = Field(default=None, ge=0)
@@ -112,6 +120,17 @@ class Settings(BaseSettings):
             if item.strip() and sep and not port.isdigit():
                 raise ValueError(f"TOOLBUS_REDIS_SENTINELS: {item.strip()!r} is not host:port")
         return value
+
+    @field_validator("egress_allow")
+    @classmethod
+    def _egress_entries(cls, value: str) -> str:
+        EgressPolicy.parse(value)
+        return value
+
+    @property
+    def egress(self) -> EgressPolicy:
+        """The egress policy `egress_allow` describes."""
+        return EgressPolicy.parse(self.egress_allow)
 
     @property
     def nats_servers(self) -> list[str]:

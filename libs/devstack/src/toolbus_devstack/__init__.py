@@ -7,7 +7,8 @@
 - `start_nats_server(...)` / `start_redis_server(...)`: a `LocalServer` answering on its URL, or
   `ServerStartError` with the tail of its log.
 - `launch_service` / `start_service` / `service_process(name, env)`: `python -m toolbus_<name>` on a
-  free HTTP port, ready (`/readyz` 200) once started; `ServiceProcess.proc` is the `Popen`.
+  free HTTP port, ready (`/readyz` 200) once started; `ServiceProcess.proc` is the `Popen`. They
+  get `TOOLBUS_EGRESS_ALLOW=DEV_EGRESS_ALLOW` (loopback) unless the environment sets it.
 
 Nothing here imports pytest, so `scripts/stack.py` starts servers the same way the tests do.
 """
@@ -42,6 +43,7 @@ from toolbus_devstack.servers import (
     start_redis_server,
 )
 from toolbus_devstack.services import (
+    DEV_EGRESS_ALLOW,
     ServiceProcess,
     launch_service,
     service_module_exists,
@@ -53,6 +55,7 @@ from toolbus_devstack.services import (
 __all__ = [
     "DEFAULT_NATS_URL",
     "DEFAULT_REDIS_URL",
+    "DEV_EGRESS_ALLOW",
     "LOOPBACK_HOSTS",
     "LocalServer",
     "ServerStartError",

@@ -91,6 +91,12 @@ class ServiceProcess:
         return log_tail(self.log_path, lines=200)
 
 
+DEV_EGRESS_ALLOW = "127.0.0.0/8,::1,localhost"
+"""`TOOLBUS_EGRESS_ALLOW` of the services a development stack starts (`make up`, the tests, the
+benches) unless the environment sets it: this machine's loopback, where their MCP servers and
+test HTTP servers listen. A deployment's default (empty) allows none of it."""
+
+
 def launch_service(
     name: str,
     env: Mapping[str, str],
@@ -114,6 +120,7 @@ def launch_service(
     full_env.pop("TOOLBUS_HTTP_FD", None)  # an env copied from an earlier process carries its fd
     full_env.setdefault("TOOLBUS_HTTP_HOST", "127.0.0.1")
     full_env.setdefault("PYTHONUNBUFFERED", "1")
+    full_env.setdefault("TOOLBUS_EGRESS_ALLOW", DEV_EGRESS_ALLOW)
     log_dir = log_dir if log_dir is not None else Path(tempfile.mkdtemp(prefix=f"toolbus-{name}-"))
     # `<name>.log`, or `<name>-2.log`, ... while another running process writes that one.
     log_path, log = open_own_log(log_dir / f"{name}.log")

@@ -16,7 +16,15 @@ error result is `ToolResult(is_error=True)`, not an exception.
 """
 
 from toolbus_mcp_client._connection import IDEMPOTENCY_META_KEY, McpConnection, ToolResult
+from toolbus_mcp_client._egress import EgressCheck
 from toolbus_mcp_client._pool import McpPool
 from toolbus_mcp_client._transport import IDEMPOTENCY_HEADER
 
-__all__ = ["IDEMPOTENCY_HEADER", "IDEMPOTENCY_META_KEY", "McpConnection", "McpPool", "ToolResult"]
+__all__ = [
+    "IDEMPOTENCY_HEADER",
+    "IDEMPOTENCY_META_KEY",
+    "EgressCheck",
+    "McpConnection",
+    "McpPool",
+    "ToolResult",
+]

@@ -32,8 +32,9 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import HEADER_MISMATCH, REQUEST_TIMEOUT
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import TypeAdapter, ValidationError
-from toolbus_contracts.errors import Timeout, ToolbusError, UpstreamError, UpstreamUnreachable
+from toolbus_contracts.errors import HostNotAllowed, Timeout, ToolbusError, UpstreamError, UpstreamUnreachable
 
+from toolbus_mcp_client._egress import EgressCheck
 from toolbus_mcp_client._errors import classify, protocol_error
 from toolbus_mcp_client._fast_call import (
     HeaderMap,
@@ -105,6 +106,24 @@ def _json_size(value: Any) -> int:
         return len(json.dumps(value))
 
 
+async def _check_egress(egress: EgressCheck, url: str, server_name: str) -> None:
+    """`HostNotAllowed` naming the server where the egress policy refuses its URL's host (a name
+    that does not resolve is left to the connection, which reports it as it does today)."""
+    try:
+        parsed = httpx2.URL(url)
+        host, port = parsed.host, parsed.port or (443 if parsed.scheme == "https" else 80)
+    except (httpx2.InvalidURL, ValueError):
+        return
+    try:
+        await egress(host, port)
+    except HostNotAllowed as exc:
+        raise HostNotAllowed(
+            f"MCP server '{server_name}': {exc.message}", details={**exc.details, "server": server_name}
+        ) from None
+    except OSError:
+        pass
+
+
 class McpConnection:
     """A connection to one MCP server URL with one set of credential headers.
 
@@ -122,8 +141,10 @@ class McpConnection:
         open_timeout: float = 30.0,
         fast_calls: bool = True,
         max_body: int | None = None,
+        egress: EgressCheck | None = None,
     ) -> None:
         self.url = url
+        self._egress = egress
         self._max_body = max_body
         self.server_name = server_name
         self._headers = dict(headers)
@@ -136,10 +157,12 @@ class McpConnection:
         self._listed_headers: dict[str, HeaderMap] = {}
         self._listed_schemas: dict[str, Any] = {}
         self._given_headers: dict[str, tuple[Mapping[str, Any], HeaderMap]] = {}
-        self._http: httpx2.AsyncClient = build_http_client(self._headers)
+        self._http: httpx2.AsyncClient = build_http_client(self._headers, egress)
         # The fast path's own HTTP/1.1 connections (None: it posts through httpx2 as well).
         self._lean = (
-            Http1Pool.for_url(url, self._lean_headers(), tls_context(), max_body) if fast_calls else None
+            Http1Pool.for_url(url, self._lean_headers(), tls_context(), max_body, egress)
+            if fast_calls
+            else None
         )
         self._live: _Live | None = None
         self._reopen_lock = asyncio.Lock()
@@ -159,6 +182,7 @@ class McpConnection:
         timeout: float = 30.0,  # noqa: ASYNC109 - bounds the whole opening, enforced inside
         fast_calls: bool = True,
         max_body: int | None = None,
+        egress: EgressCheck | None = None,
     ) -> McpConnection:
         """Connect (discover the protocol, or initialize on 2025-era servers) and return the connection.
 
@@ -167,9 +191,13 @@ class McpConnection:
         `max_body`: answers longer than this many bytes are not read on: `OutputTooLarge`, not
         retryable (on every path: the lean pool and httpx2 on the fast path, and the SDK's
         transport for 2025-era sessions and `fast_calls=False`, where `WatchingTransport` counts).
+        `egress`: the deployment's check of where a connection may go (`_egress`); a server it
+        refuses is `HostNotAllowed` before anything is sent, whether or not something listens there.
         Raises `UpstreamUnreachable`, `CredentialsRejected`, `Timeout` or `UpstreamError`, naming
         the server.
         """
+        if egress is not None:
+            await _check_egress(egress, url, server_name)
         conn = cls(
             url,
             headers,
@@ -178,6 +206,7 @@ class McpConnection:
             open_timeout=timeout,
             fast_calls=fast_calls,
             max_body=max_body,
+            egress=egress,
         )
         try:
             conn._live = await conn._start()

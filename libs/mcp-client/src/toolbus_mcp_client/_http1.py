@@ -39,6 +39,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR
 from toolbus_contracts.errors import OutputTooLarge
 
+from toolbus_mcp_client._egress import EgressCheck, open_checked
 from toolbus_mcp_client._fast_call import error_of, loads, outcome, too_large
 from toolbus_mcp_client._transport import IDEMPOTENCY_HEADER, Attempt
 
@@ -451,8 +452,10 @@ class Http1Pool:
         headers: Mapping[str, str],
         ssl_context: ssl.SSLContext | None,
         max_body: int | None = None,
+        egress: EgressCheck | None = None,
     ) -> None:
         self._max_body = max_body
+        self._egress = egress
         parsed = httpx2.URL(url)
         self._host = parsed.raw_host.decode("ascii")  # IDNA-encoded; an IPv6 address unbracketed
         default_port = 443 if parsed.scheme == "https" else 80
@@ -480,6 +483,7 @@ class Http1Pool:
         headers: Mapping[str, str],
         ssl_context: ssl.SSLContext,
         max_body: int | None = None,
+        egress: EgressCheck | None = None,
     ) -> Http1Pool | None:
         """A pool for `url`, or None where httpx2 must carry every request (not plain http(s),
         credentials in the URL, or a connection header that is not plain ASCII text)."""
@@ -487,7 +491,7 @@ class Http1Pool:
             parsed = httpx2.URL(url)
             if parsed.scheme not in ("http", "https") or not parsed.host or parsed.userinfo:
                 return None
-            return cls(url, headers, ssl_context, max_body)
+            return cls(url, headers, ssl_context, max_body, egress)
         except (Unsendable, httpx2.InvalidURL, UnicodeError, ValueError):
             return None
 
@@ -536,15 +540,10 @@ class Http1Pool:
             if now - conn.idle_since < KEEPALIVE and conn.reusable():
                 return conn
             conn.close()
-        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(timeout):
-                _, conn = await loop.create_connection(
-                    lambda: _Connection(self),
-                    self._host,
-                    self._port,
-                    ssl=self._ssl,
-                    server_hostname=self._host if self._ssl is not None else None,
+                conn = await open_checked(
+                    self._egress, lambda: _Connection(self), self._host, self._port, self._ssl
                 )
         except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
             if attempt is not None:

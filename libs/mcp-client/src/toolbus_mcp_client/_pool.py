@@ -8,6 +8,7 @@ import itertools
 from collections import OrderedDict
 
 from toolbus_mcp_client._connection import McpConnection, Mode
+from toolbus_mcp_client._egress import EgressCheck
 
 PoolKey = tuple[str, str, tuple[tuple[str, str], ...]]
 
@@ -33,8 +34,10 @@ class McpPool:
         evict_grace: float = 60.0,
         mode: Mode = "auto",
         max_body: int | None = None,
+        egress: EgressCheck | None = None,
     ) -> None:
-        """`max_body`: the longest tool answer read, in bytes (`OutputTooLarge` past it)."""
+        """`max_body`: the longest tool answer read, in bytes (`OutputTooLarge` past it);
+        `egress`: where connections may go (`McpConnection.open`; None: anywhere)."""
         if max_size < 1:
             raise ValueError("max_size must be at least 1")
         self.max_size = max_size
@@ -42,6 +45,7 @@ class McpPool:
         self._evict_grace = evict_grace
         self._mode: Mode = mode
         self._max_body = max_body
+        self._egress = egress
         self._conns: OrderedDict[PoolKey, McpConnection] = OrderedDict()
         self._opening: dict[PoolKey, asyncio.Task[McpConnection]] = {}
         self._order: dict[McpConnection, int] = {}
@@ -77,6 +81,7 @@ class McpPool:
                     mode=self._mode,
                     timeout=self._open_timeout,
                     max_body=self._max_body,
+                    egress=self._egress,
                 )
             )
             self._opening[key] = task

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import httpcore2
 import httpx2
 
+from toolbus_mcp_client._egress import EgressCheck, guard_transport
 from toolbus_mcp_client.decoding import BoundedDecoder, OverLimit
 
 logger = logging.getLogger("toolbus_mcp_client")
@@ -206,12 +207,15 @@ def tls_context() -> ssl.SSLContext:
     return httpcore2.default_ssl_context()
 
 
-def build_http_client(headers: dict[str, str]) -> httpx2.AsyncClient:
-    """One pooled httpx2 client with the server's credential headers and the SDK's timeouts.
-    A value beyond ASCII goes as its Latin-1 bytes (RFC 9110's obs-text, what the credential
-    rules take): given as text, httpx2 would encode it as ASCII and raise on every request."""
+def build_http_client(headers: dict[str, str], egress: EgressCheck | None = None) -> httpx2.AsyncClient:
+    """One pooled httpx2 client with the server's credential headers and the SDK's timeouts,
+    connecting only where `egress` allows (see `_egress`). A value beyond ASCII goes as its
+    Latin-1 bytes (RFC 9110's obs-text, what the credential rules take): given as text, httpx2
+    would encode it as ASCII and raise on every request."""
+    inner = httpx2.AsyncHTTPTransport(verify=tls_context())
+    guard_transport(inner, egress)
     return httpx2.AsyncClient(
         headers={k.encode("ascii"): v.encode("latin-1") for k, v in headers.items()},
         timeout=httpx2.Timeout(30.0, read=300.0),
-        transport=WatchingTransport(httpx2.AsyncHTTPTransport(verify=tls_context())),
+        transport=WatchingTransport(inner),
     )

@@ -128,12 +128,15 @@ class DispatcherApp:
         if self._mcp_pool is None:
             from toolbus_mcp_client import McpPool
 
-            self._mcp_pool = McpPool(max_body=s.max_output_bytes)
+            self._mcp_pool = McpPool(max_body=s.max_output_bytes, egress=s.egress.checker())
         host = HostExecutor(nc, subjects)
         self._http = HttpExecutor(
             max_body=s.http_max_body or s.max_output_bytes,
             max_redirects=s.http_max_redirects,
+            egress=s.egress,
             resolver=self._http_resolver,
+            max_headers=s.http_max_headers,
+            max_header_bytes=s.http_max_header_bytes,
         )
         executors: dict[ToolKind, Executor] = {
             "mcp": McpExecutor(self._mcp_pool, credentials),

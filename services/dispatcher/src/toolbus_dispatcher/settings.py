@@ -37,6 +37,10 @@ class DispatcherSettings(Settings):
     """Largest response body the http tool reads (default: `max_output_bytes`); larger is
     `outputTooLarge`."""
     http_max_redirects: int = Field(default=10, ge=0)
+    http_max_headers: int = Field(default=100, ge=1)
+    """The most request headers one `http.fetch` may give; more is `invalidInput`, nothing sent."""
+    http_max_header_bytes: int = Field(default=64 * 1024, ge=1)
+    """The most bytes those headers may hold in all (`name: value` lines); more is `invalidInput`."""
 
     @model_validator(mode="after")
     def _outputs_outlive_records(self) -> DispatcherSettings:

@@ -51,11 +51,14 @@ class RegistryApp:
         self.service = RegistryService(
             toolsets,
             workflows,
-            functools.partial(list_server_tools, max_bytes=s.registry_max_listing_bytes),
+            functools.partial(
+                list_server_tools, max_bytes=s.registry_max_listing_bytes, egress=s.egress.checker()
+            ),
             credentials=credentials,
             module_name=s.module_name,
             max_payload=nc.max_payload,
             searcher=await open_searcher(js, s.js_name("embeddings"), placement=JsPlacement.of(s)),
+            egress=s.egress,
         )
         self.bus.include(routes, self.service)
         await self.bus.start()

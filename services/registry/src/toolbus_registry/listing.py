@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from toolbus_contracts.errors import OutputTooLarge, UpstreamError
-from toolbus_mcp_client import McpConnection
+from toolbus_mcp_client import EgressCheck, McpConnection
 
 DEFAULT_MAX_LISTING_BYTES = 64 * 1024 * 1024
 
@@ -27,12 +27,20 @@ def listing_too_large(server: str, limit: int) -> UpstreamError:
 
 
 async def list_server_tools(
-    server: str, url: str, headers: Mapping[str, str], *, max_bytes: int = DEFAULT_MAX_LISTING_BYTES
+    server: str,
+    url: str,
+    headers: Mapping[str, str],
+    *,
+    max_bytes: int = DEFAULT_MAX_LISTING_BYTES,
+    egress: EgressCheck | None = None,
 ) -> list[dict[str, Any]]:
-    """Every tool the server lists (all pages), at most `max_bytes` of it. Raises
-    `UpstreamUnreachable`, `CredentialsRejected` or `UpstreamError`, naming the server."""
+    """Every tool the server lists (all pages), at most `max_bytes` of it, connecting only where
+    `egress` allows. Raises `HostNotAllowed` (nothing sent), `UpstreamUnreachable`,
+    `CredentialsRejected` or `UpstreamError`, naming the server."""
     try:
-        connection = await McpConnection.open(url, dict(headers), server_name=server, max_body=max_bytes)
+        connection = await McpConnection.open(
+            url, dict(headers), server_name=server, max_body=max_bytes, egress=egress
+        )
         try:
             return await connection.list_tools(max_bytes=max_bytes)
         finally:

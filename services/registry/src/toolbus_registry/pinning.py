@@ -26,6 +26,7 @@ from toolbus_common.canonical import (
     json_safe,
     numbers_exact,
 )
+from toolbus_common.egress import EgressPolicy
 from toolbus_common.lru import Lru
 from toolbus_common.toolsets import mcp_tool_name, qualified_names
 from toolbus_contracts import (
@@ -40,8 +41,8 @@ from toolbus_contracts import (
     Workflow,
 )
 from toolbus_contracts.base import SCHEMA_DEPTH_MAX, bounded, nesting_depth
-from toolbus_contracts.errors import InvalidRequest, NotFound
-from toolbus_contracts.names import TOOL_NAME_MAX, normalize_allow_entry
+from toolbus_contracts.errors import HostNotAllowed, InvalidRequest, NotFound
+from toolbus_contracts.names import TOOL_NAME_MAX, normalize_allow_entry, split_allow_entry
 from toolbus_contracts.registry import WORKFLOW_REF, ToolKind
 
 _PINNED_TOOL_FIELDS = ("name", "title", "description", "inputSchema", "outputSchema", "annotations")
@@ -250,13 +251,32 @@ def url_problem(url: str) -> str | None:
     return None
 
 
+def egress_refused(field: str, what: str, reason: str, **named: str) -> InvalidRequest:
+    """`invalidRequest` naming the field whose host the deployment's egress policy refuses; the
+    same whether or not something listens there (nothing was sent to find out)."""
+    return InvalidRequest(
+        f"Field '{field}' {what}names a host the deployment does not let toolbus reach: {reason.rstrip('.')} "
+        "(the operator's TOOLBUS_EGRESS_ALLOW).",
+        details={"field": field, **named},
+    )
+
+
 class Pinner:
     """Builds pinned toolsets from specs under every rule of the contract's Registry section."""
 
     def __init__(
-        self, lister: ToolLister, workflows: WorkflowLookup, toolsets: ToolsetLookup, *, page_bytes: int
+        self,
+        lister: ToolLister,
+        workflows: WorkflowLookup,
+        toolsets: ToolsetLookup,
+        *,
+        page_bytes: int,
+        egress: EgressPolicy | None = None,
     ) -> None:
-        """`page_bytes`: what one `toolsets.get` page carries; no tool may be larger."""
+        """`page_bytes`: what one `toolsets.get` page carries; no tool may be larger. `egress`:
+        the deployment's egress policy (default: public addresses only), which every MCP URL and
+        `http.allow` entry is checked against before anything is listed."""
+        self._egress = egress or EgressPolicy()
         self._tool_limit = page_bytes - TOOL_INFO_ROOM
         self._list = lister
         self._workflow = workflows
@@ -339,8 +359,7 @@ class Pinner:
         _check_unique_tools(pinned, spec)
         return pinned
 
-    @staticmethod
-    def _check_names(spec: ToolsetCreateRequest) -> None:
+    def _check_names(self, spec: ToolsetCreateRequest) -> None:
         seen: set[str] = set()
         for i, server in enumerate(spec.mcp):
             if server.name in seen:
@@ -354,6 +373,16 @@ class Pinner:
                     f"Field 'mcp[{i}].url' (server '{server.name}') is not an MCP server's address: {problem}.",
                     details={"field": f"mcp[{i}].url", "server": server.name},
                 )
+            refused = self._egress.static_refusal(urlsplit(server.url).hostname or "")
+            if refused is not None:
+                raise egress_refused(
+                    f"mcp[{i}].url", f"(server '{server.name}') ", refused, server=server.name
+                )
+        if spec.http is not None:
+            for i, entry in enumerate(spec.http.allow):
+                refused = self._egress.static_refusal(split_allow_entry(entry.strip())[0])
+                if refused is not None:
+                    raise egress_refused(f"http.allow[{i}]", "", refused)
         for i, tool in enumerate(spec.host):
             check_json_schema(tool.input_schema, f"host[{i}].inputSchema")
             if tool.output_schema is not None:
@@ -368,7 +397,12 @@ class Pinner:
         async def one(i: int) -> ServerPin:
             server = spec.mcp[i]
             headers = creds[server.name].plain_headers() if server.name in creds else {}
-            listed = await self._list(server.name, server.url, headers)
+            try:
+                listed = await self._list(server.name, server.url, headers)
+            except HostNotAllowed as exc:  # a name resolving where the egress policy refuses
+                raise egress_refused(
+                    f"mcp[{i}].url", f"(server '{server.name}') ", exc.message, server=server.name
+                ) from None
             # Pinning is a pure function of the server's spec and what it listed: a server that
             # lists the same tools again (re-registration, the common case) is not pinned again.
             policies = {k: v.wire() for k, v in server.policies.items()}

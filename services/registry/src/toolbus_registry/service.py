@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 import orjson
 from toolbus_common.bus import RawJson
+from toolbus_common.egress import EgressPolicy
 from toolbus_common.lru import Lru
 from toolbus_common.toolsets import StoredToolset, ToolsetStore
 from toolbus_contracts import (
@@ -82,13 +83,16 @@ class RegistryService:
         module_name: str,
         max_payload: int,
         searcher: Searcher | None = None,
+        egress: EgressPolicy | None = None,
     ) -> None:
+        """`egress`: the deployment's egress policy, which MCP URLs and `http.allow` entries are
+        checked against at registration (default: public addresses only)."""
         self._toolsets = toolsets
         self._workflows = workflows
         self._credentials = credentials
         self._module_name = module_name
         self._budget = max_payload - ENVELOPE_SLACK
-        self._pinner = Pinner(lister, workflows.get, self._pinned, page_bytes=self._budget)
+        self._pinner = Pinner(lister, workflows.get, self._pinned, page_bytes=self._budget, egress=egress)
         self._rendered: Lru[str, Rendered] = Lru(RENDERED_SIZE)
         self._replies: Lru[str, RawJson] = Lru(REPLY_CACHE_BYTES, weight=lambda _, reply: len(reply))
         self._searcher = searcher or Searcher()

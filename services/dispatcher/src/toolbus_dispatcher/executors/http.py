@@ -1,26 +1,31 @@
 """The built-in `http.fetch` tool: one pooled httpx client, redirects followed here so that every
 hop is checked against the toolset's allow-list (and never from https down to http), every
-connection made to an address checked by `guard` (no private address behind a public name),
-headers checked before anything is sent, bodies read up to the output cap (`outputTooLarge`).
+connection made to an address the deployment's egress policy allows (`guard`), headers checked
+and bounded (count and bytes) before anything is sent, bodies read up to the output cap
+(`outputTooLarge`). A redirect to another origin carries only the caller's headers that hold no
+credential (`CROSS_ORIGIN_HEADERS`).
 
 The cap counts decoded bytes, and decoding is bounded too: the raw body is read as it comes and
-inflated by `toolbus_mcp_client.decoding` at most one byte past what is left under the cap per
-network read, so a compressed body over the cap (a "gzip bomb") costs the cap, not its decoded
-size. `Accept-Encoding` is `gzip, deflate` (the codings decoded so) unless the input sets it."""
+inflated by `toolbus_mcp_client.decoding` in pieces of at most 256 KiB, counted as they come and
+with the event loop given a turn between them, so a compressed body over the cap (a "gzip bomb")
+costs the cap, not its decoded size, and no other call waits on it; a response listing more than
+5 content codings is `upstreamError` before anything is decoded. `Accept-Encoding` is
+`gzip, deflate` (the codings decoded so) unless the input sets it."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import codecs
 import re
 import ssl
 import zlib
 from collections import OrderedDict
-from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import Any
 from urllib.parse import urljoin, urlunsplit
 
 import httpx
+from toolbus_common.egress import EgressPolicy
 from toolbus_contracts.errors import (
     HostNotAllowed,
     InvalidInput,
@@ -28,7 +33,7 @@ from toolbus_contracts.errors import (
     UpstreamError,
     UpstreamUnreachable,
 )
-from toolbus_mcp_client.decoding import BoundedDecoder, OverLimit
+from toolbus_mcp_client.decoding import MAX_CODINGS, BoundedDecoder, OverLimit, TooManyCodings, codings
 
 from toolbus_dispatcher.allowlist import AllowList
 from toolbus_dispatcher.executors.base import Attempt, Interrupted
@@ -43,14 +48,37 @@ _TEXT_TYPES = (
     "application/x-www-form-urlencoded",
 )
 _DROP_HEADERS = frozenset({"host", "idempotency-key", "content-length", "transfer-encoding", "connection"})
-_CROSS_HOST_DROP = frozenset({"authorization", "cookie", "proxy-authorization"})
+CROSS_ORIGIN_HEADERS = frozenset(
+    {
+        "accept",
+        "accept-encoding",
+        "accept-language",
+        "cache-control",
+        "content-language",
+        "content-type",
+        "idempotency-key",
+        "pragma",
+        "user-agent",
+    }
+)
+"""The caller's headers a redirect to another origin (scheme, host or port) carries: content
+negotiation and the call's idempotency key. Any other (`Authorization`, `Cookie`, `X-Api-Key`, a
+vendor's token header) was meant for the first origin only and is dropped."""
+MAX_HEADERS = 100
+"""Default of `TOOLBUS_HTTP_MAX_HEADERS`: the most request headers one `http.fetch` may give."""
+MAX_HEADER_BYTES = 64 * 1024
+"""Default of `TOOLBUS_HTTP_MAX_HEADER_BYTES`: the most bytes its headers may hold in all
+(`name: value` lines)."""
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")  # C0 but HTAB, DEL, C1
 
 
-def checked_headers(given: Any) -> dict[str, bytes]:
+def checked_headers(
+    given: Any, max_count: int = MAX_HEADERS, max_bytes: int = MAX_HEADER_BYTES
+) -> dict[str, bytes]:
     """The request headers of an `http.fetch` input as the bytes to send, or `InvalidInput`
-    naming the bad one. Names must be HTTP tokens; values are RFC 9110 field values written as
+    naming the bad one. At most `max_count` headers of at most `max_bytes` in all (`name: value`
+    lines, CRLF included), refused before any is looked at otherwise. Names must be HTTP tokens; values are RFC 9110 field values written as
     text: visible ASCII, spaces and tabs inside, and Latin-1 letters (obs-text, sent as their
     Latin-1 bytes); no control character (no CR/LF injection, no C1 controls), no leading or
     trailing space or tab, nothing outside Latin-1 (a caller encodes such text itself, e.g. RFC
@@ -60,6 +88,17 @@ def checked_headers(given: Any) -> dict[str, bytes]:
         return {}
     if not isinstance(given, dict):
         raise InvalidInput("Input 'headers' must be an object of strings.", details={"path": "$.headers"})
+    if len(given) > max_count:
+        raise InvalidInput(
+            f"Input 'headers' has {len(given)} headers; at most {max_count} are sent (TOOLBUS_HTTP_MAX_HEADERS).",
+            details={"path": "$.headers", "limit": max_count},
+        )
+    size = sum(len(str(k)) + len(v) + 4 if isinstance(v, str) else 0 for k, v in given.items())
+    if size > max_bytes:
+        raise InvalidInput(
+            f"Input 'headers' holds {size} bytes; at most {max_bytes} are sent (TOOLBUS_HTTP_MAX_HEADER_BYTES).",
+            details={"path": "$.headers", "limit": max_bytes},
+        )
     out: dict[str, bytes] = {}
     for name, value in given.items():
         path = f"$.headers.{str(name)[:64]}"
@@ -128,11 +167,33 @@ ACCEPT_ENCODING = "gzip, deflate"
 """The codings asked for unless the input sets `Accept-Encoding`: the ones decoded with a bound."""
 
 
-def _no_cookies() -> CookieJar:
+class _NoCookies(httpx.Cookies):
     """A jar that keeps no cookie: one client serves every run, namespace and toolset, so a cookie
     a server set in one call's response must not go with another's request. A caller that wants
-    a session sends its own `Cookie` header."""
-    return CookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
+    a session sends its own `Cookie` header. It does not even look at a response: httpx's
+    `extract_cookies` copies the request's headers through a lookup per header, quadratic in
+    their count (40,000 headers held the event loop 55 s)."""
+
+    def extract_cookies(self, response: httpx.Response) -> None:
+        return None
+
+
+class _CookielessClient(httpx.AsyncClient):
+    """An httpx client whose jar is `_NoCookies` (httpx copies any jar it is given into its own)."""
+
+    _jar = _NoCookies()
+
+    @property
+    def cookies(self) -> httpx.Cookies:
+        return self._jar
+
+    @cookies.setter
+    def cookies(self, cookies: Any) -> None:
+        raise TypeError("http.fetch keeps no cookies")
+
+
+def _origin(parts: Any) -> tuple[str, str]:
+    return parts.scheme, parts.netloc
 
 
 class HttpExecutor:
@@ -143,23 +204,28 @@ class HttpExecutor:
         *,
         max_body: int,
         max_redirects: int,
+        egress: EgressPolicy | None = None,
         client: httpx.AsyncClient | None = None,
         resolver: Resolver | None = None,
         verify: ssl.SSLContext | bool = True,
+        max_headers: int = MAX_HEADERS,
+        max_header_bytes: int = MAX_HEADER_BYTES,
     ) -> None:
+        """`egress`: where connections may go (default: public addresses only)."""
         if client is None:
             transport = httpx.AsyncHTTPTransport(verify=verify)
             # httpx takes no network backend argument; its pool's is the one place to check
             # addresses at connect time (see guard.py).
-            transport._pool._network_backend = GuardedBackend(resolver)
-            client = httpx.AsyncClient(
+            transport._pool._network_backend = GuardedBackend(egress or EgressPolicy(), resolver)
+            client = _CookielessClient(
                 transport=transport,
                 follow_redirects=False,
                 timeout=httpx.Timeout(None, connect=10.0),
                 trust_env=False,
-                cookies=_no_cookies(),
             )
         self._client = client
+        self._max_headers = max_headers
+        self._max_header_bytes = max_header_bytes
         self._max_body = max_body
         self._max_redirects = max_redirects
         self._allow: OrderedDict[str, AllowList] = OrderedDict()
@@ -180,7 +246,7 @@ class HttpExecutor:
         inp = attempt.input
         method = str(inp.get("method") or "GET").upper()
         body: str | None = inp.get("body")
-        headers = checked_headers(inp.get("headers"))
+        headers = checked_headers(inp.get("headers"), self._max_headers, self._max_header_bytes)
         headers["Idempotency-Key"] = attempt.call.idempotency_key.encode()  # printable ASCII
         if not any(k.lower() == "accept-encoding" for k in headers):
             headers["Accept-Encoding"] = ACCEPT_ENCODING.encode()
@@ -224,8 +290,8 @@ class HttpExecutor:
                             "refused, the answer would travel unencrypted.",
                             details={"host": target.hostname or ""},
                         )
-                    if target.netloc != parts.netloc:
-                        headers = {k: v for k, v in headers.items() if k.lower() not in _CROSS_HOST_DROP}
+                    if _origin(target) != _origin(parts):
+                        headers = {k: v for k, v in headers.items() if k.lower() in CROSS_ORIGIN_HEADERS}
                     if status == 303 or (status in (301, 302) and method == "POST"):
                         method, body = ("HEAD" if method == "HEAD" else "GET"), None
                     parts = target
@@ -253,14 +319,25 @@ class HttpExecutor:
         declared = response.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > self._max_body:
             raise self._too_large(host)
-        decoder = BoundedDecoder(response.headers.get("content-encoding", ""), self._max_body)
+        content_encoding = response.headers.get("content-encoding", "")
+        if len(codings(content_encoding)) > MAX_CODINGS:
+            raise UpstreamError(
+                f"The response of '{host}' lists {len(codings(content_encoding))} content codings; "
+                f"at most {MAX_CODINGS} are taken."
+            )
+        decoder = BoundedDecoder(content_encoding, self._max_body)
         chunks: list[bytes] = []
         try:
             async for raw in response.aiter_raw():  # raw: decoded here, within the cap
-                chunks.append(decoder.feed(raw))
-            chunks.append(decoder.flush())
+                for piece in decoder.pieces(raw):
+                    chunks.append(piece)
+                    await asyncio.sleep(0)  # a big body decodes in turns with the other calls
+            for piece in decoder.flush_pieces():
+                chunks.append(piece)
         except OverLimit:
             raise self._too_large(host) from None
+        except TooManyCodings:  # pragma: no cover - refused above
+            raise UpstreamError(f"The response of '{host}' lists too many content codings.") from None
         except zlib.error:
             raise UpstreamError(
                 f"The response of '{host}' does not decode as its Content-Encoding says."
