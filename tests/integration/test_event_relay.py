@@ -25,8 +25,8 @@ from toolbus_common.settings import Settings
 from toolbus_dispatcher import events
 from toolbus_dispatcher.events import EventRelay, order_key
 
-from tests.support.commands import TEST_SECRET_KEY
 from tests.integration.test_dispatcher_helpers import Harness, host_tool
+from tests.support.commands import TEST_SECRET_KEY
 from tests.support.infra import js_name, until
 
 pytestmark = pytest.mark.integration
