@@ -27,6 +27,7 @@ from nats.js import JetStreamContext
 from toolbus_common.bus import RawJson, encode_error, encode_ok
 from toolbus_common.clock import now_iso
 from toolbus_common.faults import is_backing_store_fault
+from toolbus_common.integrity import StoredCopyAltered
 from toolbus_common.toolsets import StoredToolset, Tool, ToolsetStore
 from toolbus_contracts import Subjects, ToolbusError, duration_seconds
 from toolbus_contracts.errors import Internal, Timeout, UpstreamUnreachable
@@ -215,9 +216,12 @@ class CallRunner:
         if known is not None:
             stored, tool = known
         else:
-            found = await self._persist(
-                rec, "reading the toolset", lambda: self._toolsets.get(rec.toolset_id)
-            )
+            try:
+                found = await self._persist(
+                    rec, "reading the toolset", lambda: self._toolsets.get(rec.toolset_id)
+                )
+            except StoredCopyAltered as exc:  # logged by the store
+                return failed(exc.code.value, exc.message)
             listed = found.table.get(rec.tool) if found is not None else None
             if found is None or listed is None:
                 return failed("internal", f"The toolset of this call no longer has tool '{rec.tool}'.")
