@@ -26,8 +26,9 @@ import orjson
 from nats.js import JetStreamContext
 from toolbus_common.bus import RawJson, encode_error, encode_ok
 from toolbus_common.clock import now_iso
-from toolbus_common.faults import is_backing_store_fault
+from toolbus_common.faults import is_backing_store_fault, is_redis_fault
 from toolbus_common.integrity import StoredCopyAltered
+from toolbus_common.outages import REDIS
 from toolbus_common.toolsets import StoredToolset, Tool, ToolsetStore
 from toolbus_contracts import Subjects, ToolbusError, duration_seconds
 from toolbus_contracts.errors import Internal, Timeout, UpstreamUnreachable
@@ -199,10 +200,13 @@ class CallRunner:
             except Exception as exc:
                 if not is_backing_store_fault(exc):
                     raise
-                log.warning(
-                    f"{what}: a backing store did not answer; trying again",
-                    extra={"callId": rec.call_id, "error": type(exc).__name__},
-                )
+                if is_redis_fault(exc):
+                    REDIS.fault(exc)
+                else:
+                    log.warning(
+                        f"{what}: a backing store did not answer; trying again",
+                        extra={"callId": rec.call_id, "error": type(exc).__name__},
+                    )
             await asyncio.sleep(pause * random.uniform(0.8, 1.2))
             pause = min(pause * 2, 2.0)
 
