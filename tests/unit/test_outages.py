@@ -10,7 +10,7 @@ import logging
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 from toolbus_common.bus import failure
-from toolbus_common.outages import REDIS, Outage, expected_fault
+from toolbus_common.outages import Outage, expected_fault
 from toolbus_contracts.errors import Unavailable
 
 
@@ -51,24 +51,29 @@ async def test_an_outage_is_one_warning_and_one_recovery_line_with_the_count(
 
 
 async def test_requests_failing_on_redis_are_counted_not_logged_each(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     caplog.set_level(logging.INFO)
+    redis = Outage("Redis", period=0.01)
+    monkeypatch.setattr("toolbus_common.bus.REDIS", redis)
+    up = asyncio.Event()
 
-    async def never() -> None:
-        raise RedisConnectionError("away")
+    async def probe() -> None:
+        if not up.is_set():
+            raise RedisConnectionError("away")
 
-    REDIS.watch(never)
-    try:
-        for _ in range(20):
-            reply = failure(RedisConnectionError("Connection closed by server."), "tb.calls.get")
-            assert isinstance(reply, Unavailable)
-        assert len(caplog.records) == 1 and caplog.records[0].levelno == logging.WARNING
-        assert REDIS._unavailable == 20
-    finally:
-        REDIS.back()
-        if REDIS._task is not None:
-            REDIS._task.cancel()
+    redis.watch(probe)
+    for _ in range(20):
+        reply = failure(RedisConnectionError("Connection closed by server."), "tb.calls.get")
+        assert isinstance(reply, Unavailable)
+    assert len(caplog.records) == 1 and caplog.records[0].levelno == logging.WARNING
+    up.set()
+    for _ in range(100):
+        if not redis.down:
+            break
+        await asyncio.sleep(0.01)
+    back = caplog.records[-1]
+    assert back.getMessage() == "Redis reachable again" and back.__dict__["unavailableReplies"] == 20
 
 
 def test_a_bug_is_not_an_expected_fault_and_nats_is_one_line(caplog: pytest.LogCaptureFixture) -> None:

@@ -45,16 +45,16 @@ class Outage:
         return self._since is not None
 
     def fault(self, exc: BaseException) -> None:
-        """An operation failed because the dependency is away: the warning if it is news."""
-        if self._since is not None:
-            return
-        self._since = time.monotonic()
-        self._unavailable = 0
-        log.warning(
-            f"{self.name} unreachable; requests that need it are answered unavailable until it is back",
-            extra={"store": self.name, "error": type(exc).__name__},
-        )
-        if self._probe is not None:
+        """An operation failed because the dependency is away: the warning if it is news, and a
+        probe running until it is back (started again if an earlier one's loop has gone)."""
+        if self._since is None:
+            self._since = time.monotonic()
+            self._unavailable = 0
+            log.warning(
+                f"{self.name} unreachable; requests that need it are answered unavailable until it is back",
+                extra={"store": self.name, "error": type(exc).__name__},
+            )
+        if self._probe is not None and (self._task is None or self._task.done()):
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:  # a synchronous caller: nothing to probe with
