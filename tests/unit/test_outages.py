@@ -66,6 +66,7 @@ async def test_requests_failing_on_redis_are_counted_not_logged_each(
     for _ in range(20):
         reply = failure(RedisConnectionError("Connection closed by server."), "tb.calls.get")
         assert isinstance(reply, Unavailable)
+    await asyncio.sleep(0.05)  # the probe finds Redis away
     assert len(caplog.records) == 1 and caplog.records[0].levelno == logging.WARNING
     up.set()
     for _ in range(100):
@@ -84,3 +85,25 @@ def test_a_bug_is_not_an_expected_fault_and_nats_is_one_line(caplog: pytest.LogC
     assert expected_fault(nats.errors.TimeoutError(), "sweep")
     assert [r.getMessage() for r in caplog.records] == ["sweep: a backing store did not answer"]
     assert caplog.records[0].exc_info is None
+
+
+async def test_a_failure_the_probe_contradicts_is_one_info_line_not_an_outage(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+
+    async def answers() -> None:
+        return None
+
+    outage = Outage("Redis", period=0.01)
+    outage.watch(answers)
+    outage.fault(RedisConnectionError("one connection dropped"))
+    outage.answered_unavailable()
+    for _ in range(100):
+        if not outage.down:
+            break
+        await asyncio.sleep(0.01)
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.INFO, "a Redis connection failed; Redis answers")
+    ]
+    assert caplog.records[0].__dict__["unavailableReplies"] == 1
