@@ -177,3 +177,29 @@ async def test_an_altered_workflow_is_refused_when_read_and_when_pinned_and_repu
         assert got["definition"] == {"steps": ["check", "pay"]}
     finally:
         await reg.stop()
+
+
+async def test_metadata_naming_chunks_that_are_not_there_is_answered_unavailable_not_left_waiting(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nats-py waits without end for the chunks an object's metadata names: a `runs.open` on a
+    toolset whose metadata was written over so went unanswered."""
+    monkeypatch.setattr("toolbus_common.toolsets.READ_TIMEOUT", 0.5)
+    assert h.nc is not None
+    target = await h.toolset({"host": [host_tool("two")]})
+    bucket = js_name(h.prefix, "toolsets")
+    store = await h.nc.jetstream().object_store(bucket)
+    info = await store.get_info(target)
+    meta = f"$O.{bucket}.M.{base64.urlsafe_b64encode(target.encode()).decode()}"
+    forged = {
+        "name": target,
+        "bucket": bucket,
+        "nuid": "NOSUCHNUID",
+        "size": 100,
+        "chunks": 1,
+        "digest": info.digest,
+    }
+    await h.nc.jetstream().publish(meta, json.dumps(forged).encode())
+    await h.dispatcher()
+    reply = await h.request(h.subjects.runs_open, {"toolsetId": target}, within=5.0)
+    assert reply["ok"] is False and reply["error"]["code"] == "unavailable", reply

@@ -7,11 +7,14 @@ and both turn a pinned toolset into qualified tools with `ToolTable`, so the nam
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
+import logging
 from collections.abc import Callable
 from typing import Any
 
+import nats.errors
 from nats.js import JetStreamContext
 from nats.js.api import ObjectMeta, ObjectMetaOptions
 from nats.js.errors import (
@@ -36,12 +39,17 @@ from toolbus_common.connections import DEFAULT_PLACEMENT, JsPlacement, ensure_ob
 from toolbus_common.integrity import altered
 from toolbus_common.lru import Lru
 
+log = logging.getLogger(__name__)
+
 MAX_CHUNK_BYTES = 1024 * 1024
 """The largest chunk a toolset is stored in (NATS's default max_payload)."""
 
 HTTP_FETCH = "http.fetch"
 
 TOOLSET_ID_PREFIX = "ts_"
+
+READ_TIMEOUT = 15.0
+"""Seconds a toolset's read from the object store may take (a 1,000-tool one takes ~50 ms)."""
 
 _ALTERED_OBJECT = (BadObjectMetaError, DigestMismatchError, LinkIsABucketError)
 """What nats-py raises reading an object whose metadata or chunks were written over."""
@@ -280,7 +288,13 @@ class ToolsetStore:
         if hit is not None:
             return hit
         try:
-            result = await self._obj.get(toolset_id)
+            async with asyncio.timeout(READ_TIMEOUT):
+                result = await self._obj.get(toolset_id)
+        except TimeoutError:
+            # nats-py waits without end for chunks its metadata names and the stream lacks
+            # (metadata written over): answered unavailable, never a request left unanswered.
+            log.warning("reading a stored toolset timed out", extra={"toolsetId": toolset_id})
+            raise nats.errors.TimeoutError from None
         except (ObjectNotFoundError, NotFoundError):
             return None
         except _ALTERED_OBJECT:
