@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from standardwebhooks import Webhook
+from toolbus_common.canonical import content_id
 from toolbus_common.keys import Keys
 from toolbus_common.logging import JsonFormatter
 from toolbus_common.settings import Settings
@@ -33,7 +34,13 @@ from tests.support.webhooks import webhook_receiver as receiver
 pytestmark = pytest.mark.integration
 
 SECRET = "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
-TS = "ts_" + "c" * 64
+PINNED = PinnedToolset(
+    servers=[
+        PinnedServer(name="github", url="http://127.0.0.1:1/mcp", tools=[]),
+        PinnedServer(name="stripe", url="http://127.0.0.1:1/mcp", tools=[]),
+    ]
+)
+TS = content_id("ts_", PINNED.wire())  # the store refuses a toolset that is not under its own id
 TOKEN = "tok-" + secrets.token_hex(16)
 
 
@@ -94,15 +101,7 @@ async def stack(
         sub = await nc.subscribe(f"{sub_prefix}.>", cb=capture)
         store = ToolsetStore(js, js_name(sub_prefix, "toolsets"))
         await store.open()
-        await store.put(
-            TS,
-            PinnedToolset(
-                servers=[
-                    PinnedServer(name="github", url="http://127.0.0.1:1/mcp", tools=[]),
-                    PinnedServer(name="stripe", url="http://127.0.0.1:1/mcp", tools=[]),
-                ]
-            ),
-        )
+        await store.put(TS, PINNED)
         try:
             yield st
         finally:

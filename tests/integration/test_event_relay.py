@@ -337,7 +337,9 @@ async def test_an_approval_request_stored_by_a_dispatcher_that_died_reaches_the_
         # The approval service and another dispatcher come up: the new one's relay takes the
         # lock once the dead one's lapsed, and sends the stored command.
         approvals = ApprovalApp(
-            Settings(nats_url=nats_url, redis_url=redis_url, subject_prefix=h.prefix, secret_key=TEST_SECRET_KEY),
+            Settings(
+                nats_url=nats_url, redis_url=redis_url, subject_prefix=h.prefix, secret_key=TEST_SECRET_KEY
+            ),
             ApprovalSettings(approval_sweep_interval=0.05),
         )
         await approvals.start()

@@ -68,8 +68,9 @@ from toolbus_contracts.errors import ErrorCode, Internal, OutputTooLarge, Unavai
 
 from toolbus_common.connections import flush, nats_options
 from toolbus_common.direct_sub import spawner, subscribe_direct
-from toolbus_common.faults import is_backing_store_fault, unavailable
+from toolbus_common.faults import is_backing_store_fault, is_redis_fault, unavailable
 from toolbus_common.logging import Every
+from toolbus_common.outages import REDIS
 from toolbus_common.settings import Settings
 from toolbus_common.signing import SIGNATURE_HEADER, CommandSigner
 
@@ -227,7 +228,11 @@ def failure(exc: Exception, subject: str) -> ToolbusError:
     if isinstance(exc, ToolbusError):
         return exc
     if is_backing_store_fault(exc):
-        log.warning("request failed: backing store unavailable", extra={"subject": subject})
+        if is_redis_fault(exc):  # one warning per outage, and the count when it ends
+            REDIS.fault(exc)
+            REDIS.answered_unavailable()
+        else:
+            log.warning("request failed: backing store unavailable", extra={"subject": subject})
         return unavailable(exc)
     log.exception("request failed", extra={"subject": subject})
     return Internal("toolbus failed to handle this request; it was logged, try again.")
@@ -709,9 +714,13 @@ class Bus:
         a refusal is dead-lettered at once; a bug is retried, then dead-lettered."""
         retryable = is_backing_store_fault(exc) or (isinstance(exc, ToolbusError) and exc.retryable)
         if retryable:
-            log.warning(
-                "command not applied: will retry", extra={"consumer": durable, "error": type(exc).__name__}
-            )
+            if is_redis_fault(exc):
+                REDIS.fault(exc)
+            else:
+                log.warning(
+                    "command not applied: will retry",
+                    extra={"consumer": durable, "error": type(exc).__name__},
+                )
             COMMANDS.labels(subject, "retried").inc()
             with contextlib.suppress(Exception):
                 await msg.nack(delay=self.retry_delay)

@@ -24,6 +24,7 @@ from nats.js.object_store import ObjectStore
 from toolbus_nats_connect import NatsAuth
 from toolbus_nats_connect import flush as flush  # the services take it from here
 
+from toolbus_common.outages import REDIS
 from toolbus_common.script_pipe import ScriptPipe
 from toolbus_common.settings import Settings
 
@@ -199,9 +200,15 @@ def connect_redis(settings: Settings) -> Redis[bytes]:
     `rediss://` or the `TOOLBUS_REDIS_TLS_*` files. With `TOOLBUS_REDIS_SENTINELS` the master is
     found through the Sentinels and found again after a failover (a connection that meets
     `READONLY` or a refused connect asks the Sentinels again). Every connection has the socket
-    timeout and keepalive of `redis_socket_options`."""
+    timeout and keepalive of `redis_socket_options`.
+
+    A pooled connection the server closed (a restart) is connected again when it is taken from
+    the pool, before a command is written on it. A command is never sent twice: one that failed
+    after it was written may have been applied, so it fails (`unavailable`). The client's PING is
+    the probe that ends an outage of `outages.REDIS`."""
     from redis.asyncio import BlockingConnectionPool, Redis
     from redis.asyncio.sentinel import Sentinel
+    from redis.maint_notifications import MaintNotificationsConfig
 
     username, password = _redis_auth(settings)
     options: dict[str, Any] = {
@@ -212,6 +219,11 @@ def connect_redis(settings: Settings) -> Redis[bytes]:
         # No `CLIENT SETINFO` on connect: the services' ACL users may not send it
         # (toolbus_devstack.redis_acl); redis-py would ignore the refusal but Redis logs each one.
         "driver_info": None,
+        # Off, so that the pool looks at an idle connection when it is taken: one the server
+        # closed (a restart) is connected again before a command is written on it. redis-py 8's
+        # default ("auto", for Redis Enterprise's maintenance notices) skips that look, and every
+        # pooled connection failed its first command after a restart.
+        "maint_notifications_config": MaintNotificationsConfig(enabled=False),
         **redis_socket_options(settings),
         **_redis_tls_options(settings),
     }
@@ -239,6 +251,7 @@ def connect_redis(settings: Settings) -> Redis[bytes]:
         )
         client.owned_sentinel = sentinel
         sentinel_client: Redis[bytes] = client
+        REDIS.watch(sentinel_client.ping)
         return sentinel_client
     # redis-py lets a URL's user and password win over the keyword arguments: the URL goes
     # without them, so `TOOLBUS_REDIS_USERNAME`/`_PASSWORD` win, as `_redis_auth` says.
@@ -247,6 +260,7 @@ def connect_redis(settings: Settings) -> Redis[bytes]:
     )
     # The client owns the pool and closes it with itself (stubs predate `from_pool`).
     plain: Redis[bytes] = Redis.from_pool(pool)  # type: ignore[attr-defined]
+    REDIS.watch(plain.ping)
     return plain
 
 

@@ -93,14 +93,15 @@ def is_backing_store_fault(exc: BaseException) -> bool:
 def unavailable(exc: BaseException) -> Unavailable:
     """The `unavailable` reply for a backing-store fault; the store is named, its error is not
     quoted (it may carry a host name or a URL with a password)."""
-    store = "Redis" if _is_redis(exc) else "NATS JetStream"
+    store = "Redis" if is_redis_fault(exc) else "NATS JetStream"
     return Unavailable(
         f"{store} did not answer in time; nothing was changed, send the request again.",
         details={"store": store},
     )
 
 
-def _is_redis(exc: BaseException) -> bool:
+def is_redis_fault(exc: BaseException) -> bool:
+    """Whether `exc` (or what it was raised from) is an error of a Redis client."""
     current: BaseException | None = exc
     while current is not None:
         if isinstance(current, PipeConnectionError | ScriptReplyError):

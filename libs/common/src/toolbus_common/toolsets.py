@@ -7,14 +7,25 @@ and both turn a pinned toolset into qualified tools with `ToolTable`, so the nam
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import hashlib
+import logging
 from collections.abc import Callable
 from typing import Any
 
+import nats.errors
 from nats.js import JetStreamContext
 from nats.js.api import ObjectMeta, ObjectMetaOptions
-from nats.js.errors import NotFoundError, ObjectNotFoundError
+from nats.js.errors import (
+    BadObjectMetaError,
+    DigestMismatchError,
+    LinkIsABucketError,
+    NotFoundError,
+    ObjectNotFoundError,
+)
 from nats.js.object_store import OBJ_DEFAULT_CHUNK_SIZE, ObjectStore
+from pydantic import ValidationError
 from toolbus_contracts import EffectivePolicy, PinnedTool, PinnedToolset, ToolInfo
 from toolbus_contracts.registry import (
     HTTP_FETCH_DESCRIPTION,
@@ -23,13 +34,25 @@ from toolbus_contracts.registry import (
     ToolKind,
 )
 
+from toolbus_common.canonical import content_id
 from toolbus_common.connections import DEFAULT_PLACEMENT, JsPlacement, ensure_object_store
+from toolbus_common.integrity import altered
 from toolbus_common.lru import Lru
+
+log = logging.getLogger(__name__)
 
 MAX_CHUNK_BYTES = 1024 * 1024
 """The largest chunk a toolset is stored in (NATS's default max_payload)."""
 
 HTTP_FETCH = "http.fetch"
+
+TOOLSET_ID_PREFIX = "ts_"
+
+READ_TIMEOUT = 15.0
+"""Seconds a toolset's read from the object store may take (a 1,000-tool one takes ~50 ms)."""
+
+_ALTERED_OBJECT = (BadObjectMetaError, DigestMismatchError, LinkIsABucketError)
+"""What nats-py raises reading an object whose metadata or chunks were written over."""
 
 
 def mcp_tool_name(server: str, tool: str) -> str:
@@ -259,19 +282,45 @@ class ToolsetStore:
         return True
 
     async def get(self, toolset_id: str) -> StoredToolset | None:
+        """The toolset stored under this id, None if there is none; raises `StoredCopyAltered`
+        (logged) when the stored copy is not the content the id addresses (`verified`)."""
         hit = self._cache.get(toolset_id)
         if hit is not None:
             return hit
         try:
-            result = await self._obj.get(toolset_id)
+            async with asyncio.timeout(READ_TIMEOUT):
+                result = await self._obj.get(toolset_id)
+        except TimeoutError:
+            # nats-py waits without end for chunks its metadata names and the stream lacks
+            # (metadata written over): answered unavailable, never a request left unanswered.
+            log.warning("reading a stored toolset timed out", extra={"toolsetId": toolset_id})
+            raise nats.errors.TimeoutError from None
         except (ObjectNotFoundError, NotFoundError):
             return None
+        except _ALTERED_OBJECT:
+            raise altered("toolset", toolset_id, field="toolsetId") from None
         data: Any = result.data
-        if data is None:
-            return None
-        return self._remember(StoredToolset(toolset_id, PinnedToolset.model_validate_json(data)))
+        if not data:
+            raise altered("toolset", toolset_id, field="toolsetId")
+        return self._remember(StoredToolset(toolset_id, verified(toolset_id, data)))
 
     def _remember(self, stored: StoredToolset) -> StoredToolset:
         stored = self._cache.get(stored.id) or stored
         self._cache.put(stored.id, stored)
         return stored
+
+
+def verified(toolset_id: str, data: bytes) -> PinnedToolset:
+    """The pinned toolset in `data` if its content address is `toolset_id`, else
+    `StoredCopyAltered` (logged). The registry stores the canonical JSON the id is the hash of,
+    so one SHA-256 of the bytes read settles the common case; a copy stored in another form
+    (numbers JCS cannot write exactly, a writer without the canonical form) is parsed and its
+    canonical form hashed."""
+    fast = TOOLSET_ID_PREFIX + hashlib.sha256(data).hexdigest() == toolset_id
+    try:
+        pinned = PinnedToolset.model_validate_json(data)
+    except ValidationError:
+        raise altered("toolset", toolset_id, field="toolsetId") from None
+    if not fast and content_id(TOOLSET_ID_PREFIX, pinned.wire()) != toolset_id:
+        raise altered("toolset", toolset_id, field="toolsetId")
+    return pinned

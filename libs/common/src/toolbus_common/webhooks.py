@@ -35,6 +35,7 @@ from standardwebhooks import Webhook
 from toolbus_contracts import parse_duration
 
 from toolbus_common.keys import Keys
+from toolbus_common.outages import expected_fault
 from toolbus_common.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -205,8 +206,9 @@ class WebhookSender:
         while not self._stopping:
             try:
                 await self.deliver_due()
-            except Exception:
-                log.exception("webhook delivery loop failed; retrying")
+            except Exception as exc:
+                if not expected_fault(exc, "webhook delivery"):
+                    log.exception("webhook delivery loop failed; retrying")
             self._wake.clear()
             if self._stopping:
                 break

@@ -15,6 +15,7 @@ from redis.asyncio import Redis
 from toolbus_common.bus import Bus, asyncapi_document
 from toolbus_common.connections import connect_redis, ensure_stream, internal_stream_limits
 from toolbus_common.keys import Keys
+from toolbus_common.outages import expected_fault
 from toolbus_common.settings import Settings
 from toolbus_common.signing import CommandSigner
 from toolbus_common.tasks import cancel_and_wait
@@ -116,7 +117,8 @@ class ApprovalApp:
             if sent:
                 log.info("unsent approvals and decisions sent", extra={"count": sent})
         except Exception as exc:  # the sweeper retries them; serving must not wait for it
-            log.warning("unsent approvals not sent yet", extra={"error": type(exc).__name__})
+            if not expected_fault(exc, "unsent approvals not sent yet"):
+                log.exception("unsent approvals not sent yet")
         self.bus.include(routes, approvals)
         await self.bus.start()
         await self._webhooks.start()
@@ -133,7 +135,8 @@ class ApprovalApp:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis or NATS briefly away: the next sweep tries again
-                log.warning("sweep failed", extra={"error": type(exc).__name__, "detail": str(exc)})
+                if not expected_fault(exc, "approval sweep"):
+                    log.exception("approval sweep failed; the next one tries again")
 
     async def stop(self) -> None:
         self._ready = False

@@ -15,6 +15,7 @@ from toolbus_common.bus import Bus, asyncapi_document
 from toolbus_common.connections import JsPlacement, connect_redis, ensure_stream, internal_stream_limits
 from toolbus_common.credential_store import CredentialStore
 from toolbus_common.keys import Keys
+from toolbus_common.outages import expected_fault
 from toolbus_common.secrets import Cipher
 from toolbus_common.settings import Settings
 from toolbus_common.signing import CommandSigner
@@ -124,8 +125,9 @@ class CredentialsService:
         while True:
             try:
                 await self.logic.expire_parked()
-            except Exception:
-                log.exception("park timeout sweep failed; retrying")
+            except Exception as exc:
+                if not expected_fault(exc, "park timeout sweep"):
+                    log.exception("park timeout sweep failed; retrying")
             await asyncio.sleep(self.own.park_sweep_seconds)
 
     async def _notify_loop(self) -> None:
@@ -134,8 +136,9 @@ class CredentialsService:
         while True:
             try:
                 await self.logic.send_due_notices()
-            except Exception:
-                log.exception("sending credentials.expired notices failed; retrying")
+            except Exception as exc:
+                if not expected_fault(exc, "credentials.expired notices"):
+                    log.exception("sending credentials.expired notices failed; retrying")
             await asyncio.sleep(interval)
 
     def ready(self) -> bool:

@@ -26,6 +26,7 @@ from toolbus_common.connections import (
 )
 from toolbus_common.in_flight import InFlight
 from toolbus_common.keys import Keys
+from toolbus_common.outages import expected_fault
 from toolbus_common.script_pipe import ScriptPipe
 from toolbus_common.signing import CommandSigner
 from toolbus_common.tasks import cancel_and_wait
@@ -233,8 +234,9 @@ class DispatcherApp:
                 await job()
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception(f"{what} failed; will try again")
+            except Exception as exc:
+                if not expected_fault(exc, what):
+                    log.exception(f"{what} failed; will try again")
 
     async def stop(self, grace: float = 10.0) -> None:
         """Stop taking work; let calls in progress finish within `grace` seconds in all (the

@@ -26,7 +26,9 @@ import orjson
 from nats.js import JetStreamContext
 from toolbus_common.bus import RawJson, encode_error, encode_ok
 from toolbus_common.clock import now_iso
-from toolbus_common.faults import is_backing_store_fault
+from toolbus_common.faults import is_backing_store_fault, is_redis_fault
+from toolbus_common.integrity import StoredCopyAltered
+from toolbus_common.outages import REDIS
 from toolbus_common.toolsets import StoredToolset, Tool, ToolsetStore
 from toolbus_contracts import Subjects, ToolbusError, duration_seconds
 from toolbus_contracts.errors import Internal, Timeout, UpstreamUnreachable
@@ -198,10 +200,13 @@ class CallRunner:
             except Exception as exc:
                 if not is_backing_store_fault(exc):
                     raise
-                log.warning(
-                    f"{what}: a backing store did not answer; trying again",
-                    extra={"callId": rec.call_id, "error": type(exc).__name__},
-                )
+                if is_redis_fault(exc):
+                    REDIS.fault(exc)
+                else:
+                    log.warning(
+                        f"{what}: a backing store did not answer; trying again",
+                        extra={"callId": rec.call_id, "error": type(exc).__name__},
+                    )
             await asyncio.sleep(pause * random.uniform(0.8, 1.2))
             pause = min(pause * 2, 2.0)
 
@@ -215,9 +220,12 @@ class CallRunner:
         if known is not None:
             stored, tool = known
         else:
-            found = await self._persist(
-                rec, "reading the toolset", lambda: self._toolsets.get(rec.toolset_id)
-            )
+            try:
+                found = await self._persist(
+                    rec, "reading the toolset", lambda: self._toolsets.get(rec.toolset_id)
+                )
+            except StoredCopyAltered as exc:  # logged by the store
+                return failed(exc.code.value, exc.message)
             listed = found.table.get(rec.tool) if found is not None else None
             if found is None or listed is None:
                 return failed("internal", f"The toolset of this call no longer has tool '{rec.tool}'.")

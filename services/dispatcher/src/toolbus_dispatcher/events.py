@@ -66,6 +66,7 @@ from redis.asyncio import Redis
 from redis.exceptions import LockError, ResponseError
 from toolbus_common.direct_sub import subscribe_direct
 from toolbus_common.in_flight import InFlight
+from toolbus_common.outages import expected_fault
 from toolbus_common.raw_pub import Batch, fits
 from toolbus_common.script_pipe import ScriptPipe, ScriptReplyError
 from toolbus_common.settings import REDIS_LONGEST_BLOCK
@@ -305,12 +306,13 @@ class EventRelay:
                 pause = self._pause
             except asyncio.CancelledError:
                 raise
-            except (ResponseError, ScriptReplyError) as exc:
-                log.warning("event relay: Redis refused a command", extra={"error": str(exc)[:200]})
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, RETRY_MAX)
             except Exception as exc:
-                log.warning("event relay: waiting for Redis", extra={"error": type(exc).__name__})
+                if expected_fault(exc, "event relay"):
+                    pass  # an outage: logged once (`outages`), waited out
+                elif isinstance(exc, ResponseError | ScriptReplyError):
+                    log.warning("event relay: Redis refused a command", extra={"error": str(exc)[:200]})
+                else:
+                    log.exception("event relay failed; trying again")
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, RETRY_MAX)
 

@@ -3,18 +3,43 @@
 
 from __future__ import annotations
 
+import re
+
 from nats.js.errors import KeyNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
+from pydantic import ValidationError
 from toolbus_common.canonical import sha256_hex
 from toolbus_common.clock import now_iso
+from toolbus_common.integrity import StoredCopyAltered, altered
 from toolbus_contracts import Workflow, WorkflowPublishRequest
 from toolbus_contracts.base import unfit_number, unfit_number_error
 from toolbus_contracts.errors import InvalidRequest
+
+_VERSION = re.compile(r"[0-9a-f]{12}")
 
 
 def workflow_version(req: WorkflowPublishRequest) -> str:
     """First 12 hex digits of the SHA-256 of the canonical content (name included)."""
     return sha256_hex(req.model_dump(mode="json", exclude_none=True))[:12]
+
+
+def verified(name: str, version: str, data: bytes) -> Workflow:
+    """The workflow stored under `<name>.<version>` if its content is what that version
+    addresses, else `StoredCopyAltered` (logged, naming `name@version`)."""
+    try:
+        workflow = Workflow.model_validate_json(data)
+        content = WorkflowPublishRequest(
+            name=workflow.name,
+            description=workflow.description,
+            input_schema=workflow.input_schema,
+            output_schema=workflow.output_schema,
+            definition=workflow.definition,
+        )
+    except ValidationError:
+        raise altered("workflow", f"{name}@{version}", field="version") from None
+    if workflow.name != name or workflow.version != version or workflow_version(content) != version:
+        raise altered("workflow", f"{name}@{version}", field="version")
+    return workflow
 
 
 class WorkflowStore:
@@ -34,7 +59,10 @@ class WorkflowStore:
             if unfit is not None:  # stored, it could never be read back and sent (orjson refuses it)
                 raise unfit_number_error(unfit)
         version = workflow_version(req)
-        existing = await self.get(req.name, version)
+        try:
+            existing = await self.get(req.name, version)
+        except StoredCopyAltered:
+            existing = None  # written again with the content its version addresses
         workflow = existing or Workflow(
             name=req.name,
             version=version,
@@ -57,13 +85,19 @@ class WorkflowStore:
         return workflow
 
     async def get(self, name: str, version: str | None = None) -> Workflow | None:
+        """The version stored (the latest without `version`), None if there is none; raises
+        `StoredCopyAltered` (logged) for a copy that is not what its version addresses."""
         try:
             if version is None:
                 latest = await self._kv.get(f"{name}.latest")
                 if not latest.value:
                     return None
-                version = latest.value.decode()
+                version = latest.value.decode(errors="replace")
+                if not _VERSION.fullmatch(version):
+                    raise altered("workflow", f"{name}@latest", field="name")
             entry = await self._kv.get(f"{name}.{version}")
         except (KeyNotFoundError, NotFoundError):
             return None
-        return Workflow.model_validate_json(entry.value) if entry.value else None
+        if not entry.value:
+            raise altered("workflow", f"{name}@{version}", field="version")
+        return verified(name, version, entry.value)

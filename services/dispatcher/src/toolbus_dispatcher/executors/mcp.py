@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from toolbus_common.credential_store import UnreadableCredentials
-from toolbus_common.faults import is_backing_store_fault
+from toolbus_common.faults import is_backing_store_fault, is_redis_fault
+from toolbus_common.outages import REDIS
 from toolbus_contracts import ToolbusError
 from toolbus_contracts.credentials import CredentialLevel
 from toolbus_contracts.errors import CredentialsRejected, ToolError, UpstreamError
@@ -124,9 +125,12 @@ class McpExecutor:
             except Exception as exc:
                 if not is_backing_store_fault(exc):
                     raise
-                log.warning(
-                    "resolving credentials: a backing store did not answer; trying again",
-                    extra={"callId": call.call_id, "error": type(exc).__name__},
-                )
+                if is_redis_fault(exc):
+                    REDIS.fault(exc)
+                else:
+                    log.warning(
+                        "resolving credentials: a backing store did not answer; trying again",
+                        extra={"callId": call.call_id, "error": type(exc).__name__},
+                    )
             await asyncio.sleep(pause * random.uniform(0.8, 1.2))
             pause = min(pause * 2, 2.0)

@@ -1,0 +1,109 @@
+"""An outage of Redis is two log lines whatever meets it meanwhile: one warning at the first
+failure, one line when the probe finds it back with the count of `unavailable` replies; a NATS
+fault is one line without a traceback; anything else is the caller's to log as a bug."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+from toolbus_common.bus import failure
+from toolbus_common.outages import Outage, expected_fault
+from toolbus_contracts.errors import Unavailable
+
+
+def lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "toolbus_common.outages"]
+
+
+async def test_an_outage_is_one_warning_and_one_recovery_line_with_the_count(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    up = asyncio.Event()
+
+    async def probe() -> None:
+        if not up.is_set():
+            raise RedisConnectionError("still away")
+
+    outage = Outage("Redis", period=0.01)
+    outage.watch(probe)
+    for _ in range(5):
+        outage.fault(RedisConnectionError("gone"))
+    for _ in range(3):
+        outage.answered_unavailable()
+    await asyncio.sleep(0.05)
+    assert outage.down and len(lines(caplog)) == 1
+    up.set()
+    for _ in range(100):
+        if not outage.down:
+            break
+        await asyncio.sleep(0.01)
+    assert lines(caplog) == [
+        "Redis unreachable; requests that need it are answered unavailable until it is back",
+        "Redis reachable again",
+    ]
+    back = next(r for r in caplog.records if r.getMessage() == "Redis reachable again")
+    assert back.__dict__["unavailableReplies"] == 3
+    assert all(r.exc_info is None for r in caplog.records)
+
+
+async def test_requests_failing_on_redis_are_counted_not_logged_each(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caplog.set_level(logging.INFO)
+    redis = Outage("Redis", period=0.01)
+    monkeypatch.setattr("toolbus_common.bus.REDIS", redis)
+    up = asyncio.Event()
+
+    async def probe() -> None:
+        if not up.is_set():
+            raise RedisConnectionError("away")
+
+    redis.watch(probe)
+    for _ in range(20):
+        reply = failure(RedisConnectionError("Connection closed by server."), "tb.calls.get")
+        assert isinstance(reply, Unavailable)
+    await asyncio.sleep(0.05)  # the probe finds Redis away
+    assert len(caplog.records) == 1 and caplog.records[0].levelno == logging.WARNING
+    up.set()
+    for _ in range(100):
+        if not redis.down:
+            break
+        await asyncio.sleep(0.01)
+    back = caplog.records[-1]
+    assert back.getMessage() == "Redis reachable again" and back.__dict__["unavailableReplies"] == 20
+
+
+def test_a_bug_is_not_an_expected_fault_and_nats_is_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    import nats.errors
+
+    caplog.set_level(logging.INFO)
+    assert not expected_fault(KeyError("bug"), "sweep")
+    assert expected_fault(nats.errors.TimeoutError(), "sweep")
+    assert [r.getMessage() for r in caplog.records] == ["sweep: a backing store did not answer"]
+    assert caplog.records[0].exc_info is None
+
+
+async def test_a_failure_the_probe_contradicts_is_one_info_line_not_an_outage(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+
+    async def answers() -> None:
+        return None
+
+    outage = Outage("Redis", period=0.01)
+    outage.watch(answers)
+    outage.fault(RedisConnectionError("one connection dropped"))
+    outage.answered_unavailable()
+    for _ in range(100):
+        if not outage.down:
+            break
+        await asyncio.sleep(0.01)
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.INFO, "a Redis connection failed; Redis answers")
+    ]
+    assert caplog.records[0].__dict__["unavailableReplies"] == 1
