@@ -28,6 +28,7 @@ from toolbus_contracts.errors import (
     UpstreamError,
     UpstreamUnreachable,
 )
+from toolbus_mcp_client import LARGE_BODY, Reserve
 from toolbus_mcp_client.decoding import BoundedDecoder, OverLimit
 
 from toolbus_dispatcher.allowlist import AllowList
@@ -110,7 +111,7 @@ def _charset(content_type: str) -> str | None:
     return None
 
 
-def encode_body(data: bytes, content_type: str) -> tuple[str, str]:
+def encode_body(data: bytes | bytearray, content_type: str) -> tuple[str, str]:
     """(body, bodyEncoding): text when the content type says text and it decodes, else base64; an
     empty body (a 204, a HEAD) is the empty text whatever its content type."""
     if not data:
@@ -232,7 +233,7 @@ class HttpExecutor:
                     continue
                 if status in INTERRUPTING:
                     raise Interrupted(UpstreamError(f"'{parts.hostname}' answered {status}."))
-                data = await self._read(response, parts.hostname or "")
+                data = await self._read(response, parts.hostname or "", attempt.reserve)
             finally:
                 await response.aclose()
             text, encoding = encode_body(data, response.headers.get("content-type", ""))
@@ -249,16 +250,24 @@ class HttpExecutor:
             details={"limit": self._max_body},
         )
 
-    async def _read(self, response: httpx.Response, host: str) -> bytes:
+    async def _read(self, response: httpx.Response, host: str, reserve: Reserve | None = None) -> bytearray:
+        """The body, decoded within the cap, in one growing buffer. A large one (`LARGE_BODY`)
+        waits for `reserve` first: twice its size, as the output holds its base64 text besides."""
         declared = response.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > self._max_body:
             raise self._too_large(host)
         decoder = BoundedDecoder(response.headers.get("content-encoding", ""), self._max_body)
-        chunks: list[bytes] = []
+        data = bytearray()
         try:
+            if reserve is not None and declared and declared.isdigit() and int(declared) > LARGE_BODY:
+                await reserve(2 * int(declared))
+                reserve = None
             async for raw in response.aiter_raw():  # raw: decoded here, within the cap
-                chunks.append(decoder.feed(raw))
-            chunks.append(decoder.flush())
+                data += decoder.feed(raw)
+                if reserve is not None and len(data) > LARGE_BODY:
+                    await reserve(2 * self._max_body)
+                    reserve = None
+            data += decoder.flush()
         except OverLimit:
             raise self._too_large(host) from None
         except zlib.error:
@@ -269,4 +278,4 @@ class HttpExecutor:
             raise Interrupted(
                 UpstreamUnreachable(f"The connection to '{host}' failed mid-response: {type(exc).__name__}.")
             ) from None
-        return b"".join(chunks)
+        return data

@@ -20,6 +20,7 @@ from toolbus_common.faults import is_backing_store_fault
 from toolbus_contracts import ToolbusError
 from toolbus_contracts.credentials import CredentialLevel
 from toolbus_contracts.errors import CredentialsRejected, ToolError, UpstreamError
+from toolbus_mcp_client import Reserve
 
 from toolbus_dispatcher.credentials import CredentialResolver
 from toolbus_dispatcher.executors.base import Attempt, Interrupted, NeedsCredentials
@@ -46,6 +47,7 @@ class McpConnectionLike(Protocol):
         *,
         idempotency_key: str,
         timeout: float | None,  # noqa: ASYNC109
+        reserve: Reserve | None = None,
     ) -> ToolResultLike: ...
 
 
@@ -95,6 +97,7 @@ class McpExecutor:
                 # An attempt's own timeout is the runner's timer around this whole attempt
                 # (`CallRunner._run`): the connection arms none of its own then.
                 timeout=None if attempt.timeout is not None else DEFAULT_TIMEOUT,
+                reserve=attempt.reserve,
             )
         except CredentialsRejected as exc:
             if exc.details.get("status") == 401:
