@@ -2,7 +2,8 @@
 dispatcher, NATS, Redis and MCP servers over streamable HTTP.
 
 - five 20 MB outputs at once under a bound that holds two of them: the calls past it wait, then
-  complete, each output read back from the object store with its own sha-256;
+  complete, each output read back from the object store with its own sha-256 (a 2026-07-28
+  server on the lean path, and a 2025-era one through the MCP SDK's session);
 - an input schema's catastrophic pattern (`^(a+)+$`, 28 `a`s and a `!`) answered `invalidInput`
   at once, and one RE2 cannot run (lookaround) answered within its time bound; meanwhile another
   run's short call is answered on time.
@@ -64,14 +65,22 @@ PATTERN_TOOLS = [
 ]
 
 
+BIG = [{"name": "big", "description": "20 MB", "inputSchema": {"type": "object"}}]
+
+
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
 async def servers() -> AsyncIterator[tuple[McpTestServer, McpTestServer]]:
-    big = [{"name": "big", "description": "20 MB", "inputSchema": {"type": "object"}}]
     async with (
-        McpTestServer(big, sizes, name="sizes") as srv,
+        McpTestServer(BIG, sizes, name="sizes") as srv,
         McpTestServer(PATTERN_TOOLS + echo_tools(), name="patterns") as pat,
     ):
         yield srv, pat
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def legacy() -> AsyncIterator[McpTestServer]:
+    async with McpTestServer(BIG, sizes, name="old", legacy=True) as srv:
+        yield srv
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
@@ -105,10 +114,11 @@ async def _read_back(h: Harness, ref: dict[str, Any]) -> bytes:
     return sink.getvalue()
 
 
+@pytest.mark.parametrize("path", ["lean", "sdk-session"])
 async def test_five_20_mb_outputs_past_the_memory_bound_wait_then_complete_intact(
-    h: Harness, servers: tuple[McpTestServer, McpTestServer]
+    h: Harness, servers: tuple[McpTestServer, McpTestServer], legacy: McpTestServer, path: str
 ) -> None:
-    srv, _ = servers
+    srv = servers[0] if path == "lean" else legacy
     ts = await h.toolset({"servers": [{"name": "sizes", "url": srv.url, "tools": srv.tools}]})
     run = await h.open_run(ts)
     memory = h.apps[0].output_memory
