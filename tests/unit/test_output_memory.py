@@ -55,17 +55,17 @@ async def test_an_answer_larger_than_the_bound_takes_all_of_it_and_runs_alone() 
 
 
 async def test_a_cancelled_waiter_gives_its_turn_to_the_next() -> None:
-    memory = OutputMemory(100)
+    memory = OutputMemory(int(100 * COST))
     holder = memory.lease()
-    await holder.reserve(40)  # 80 of 100
-    blocked = asyncio.create_task(memory.lease().reserve(40))  # 80 more: waits
+    await holder.reserve(80)
+    blocked = asyncio.create_task(memory.lease().reserve(80))  # 80 more: waits
     await asyncio.sleep(0)
-    fits = asyncio.create_task(memory.lease().reserve(5))  # 10 more: fits, but queued behind
+    fits = asyncio.create_task(memory.lease().reserve(10))  # 10 more: fits, but queued behind
     await asyncio.sleep(0.01)
     assert not fits.done()
     blocked.cancel()
     await asyncio.wait_for(fits, 1)
-    assert memory.used == 90
+    assert memory.used == memory.cost(80) + memory.cost(10)
 
 
 async def test_a_lease_released_while_it_waited_holds_nothing_after() -> None:

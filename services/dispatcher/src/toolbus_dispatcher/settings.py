@@ -35,7 +35,7 @@ class DispatcherSettings(Settings):
     `dispatcher_run_retention` (refused at start otherwise)."""
     dispatcher_output_memory: int = Field(default=256 * 1024 * 1024, gt=0)
     """Bytes of memory that large outputs (answers over 1 MiB) in flight may hold in all: each
-    reserves twice its answer's size (four times an http.fetch body's) until its outcome is
+    reserves three times its answer's size (four times an http.fetch body's) until its outcome is
     stored; a call whose share does not fit waits (within its timeout), then completes. A single
     answer larger than the bound reserves all of it and runs alone. See `output_memory`."""
     http_max_body: int | None = Field(default=None, gt=0)

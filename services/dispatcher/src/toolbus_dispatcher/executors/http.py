@@ -252,7 +252,8 @@ class HttpExecutor:
 
     async def _read(self, response: httpx.Response, host: str, reserve: Reserve | None = None) -> bytearray:
         """The body, decoded within the cap, in one growing buffer. A large one (`LARGE_BODY`)
-        waits for `reserve` first: twice its size, as the output holds its base64 text besides."""
+        waits for `reserve` first, sized as its base64 text (4/3 of it), which the output holds
+        beside the body and then beside its own JSON."""
         declared = response.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > self._max_body:
             raise self._too_large(host)
@@ -260,12 +261,12 @@ class HttpExecutor:
         data = bytearray()
         try:
             if reserve is not None and declared and declared.isdigit() and int(declared) > LARGE_BODY:
-                await reserve(2 * int(declared))
+                await reserve(int(declared) * 4 // 3)
                 reserve = None
             async for raw in response.aiter_raw():  # raw: decoded here, within the cap
                 data += decoder.feed(raw)
                 if reserve is not None and len(data) > LARGE_BODY:
-                    await reserve(2 * self._max_body)
+                    await reserve(self._max_body * 4 // 3)
                     reserve = None
             data += decoder.flush()
         except OverLimit:
