@@ -110,7 +110,12 @@ async def scenario(
 
     h = Harness(NATS_URL, REDIS_URL)
     await h.connect()
-    extra = {"TOOLBUS_MAX_OUTPUT_BYTES": str(64 * 1024 * 1024)}
+    from cryptography.fernet import Fernet
+
+    extra = {
+        "TOOLBUS_MAX_OUTPUT_BYTES": str(64 * 1024 * 1024),
+        "TOOLBUS_SECRET_KEY": Fernet.generate_key().decode(),
+    }
     if memory is not None:
         extra["TOOLBUS_DISPATCHER_OUTPUT_MEMORY"] = str(memory)
     service = launch_service("dispatcher", h.env(**extra), python=python)

@@ -113,7 +113,8 @@ def _charset(content_type: str) -> str | None:
 
 def encode_body(data: bytes | bytearray, content_type: str) -> tuple[str, str]:
     """(body, bodyEncoding): text when the content type says text and it decodes, else base64; an
-    empty body (a 204, a HEAD) is the empty text whatever its content type."""
+    empty body (a 204, a HEAD) is the empty text whatever its content type. A bytearray `data` is
+    emptied once its base64 is written (a body of up to 64 MiB need not outlive it)."""
     if not data:
         return "", "text"
     charset = _charset(content_type)
@@ -122,7 +123,10 @@ def encode_body(data: bytes | bytearray, content_type: str) -> tuple[str, str]:
             return data.decode(charset), "text"
         except (UnicodeDecodeError, LookupError):
             pass
-    return base64.b64encode(data).decode("ascii"), "base64"
+    encoded = base64.b64encode(data)
+    if isinstance(data, bytearray):
+        data.clear()
+    return encoded.decode("ascii"), "base64"
 
 
 ACCEPT_ENCODING = "gzip, deflate"
