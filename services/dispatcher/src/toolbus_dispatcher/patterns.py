@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import re2
-import regex
 from jsonschema.exceptions import ValidationError
 from jsonschema.protocols import Validator
 
@@ -31,6 +30,10 @@ _bound = threading.local()
 
 _OPTIONS = re2.Options()
 _OPTIONS.log_errors = False  # a refused pattern is expected, not an error to print on stderr
+
+
+class BadPattern(Exception):
+    """Neither engine compiles the pattern."""
 
 
 class PatternTimeout(Exception):
@@ -52,7 +55,12 @@ class Pattern:
             self._compiled: Any = re2.compile(source, _OPTIONS)
             self.slow = False
         except re2.error:
-            self._compiled = regex.compile(source)  # regex.error: not a pattern at all (the caller)
+            import regex  # only for patterns RE2 refuses: most processes never load it
+
+            try:
+                self._compiled = regex.compile(source)
+            except regex.error as exc:
+                raise BadPattern(str(exc)) from None
             self.slow = True
 
     def search(self, text: str) -> bool:
@@ -87,7 +95,7 @@ def compiled(source: str) -> Pattern:
 
 def slow_patterns(schema: Any) -> bool:
     """True when some `pattern` or `patternProperties` key in `schema` needs the fallback engine:
-    such a schema is checked off the event loop. `regex.error` for one neither engine compiles."""
+    such a schema is checked off the event loop. `BadPattern` for one neither engine compiles."""
     stack = [schema]
     while stack:
         node = stack.pop()

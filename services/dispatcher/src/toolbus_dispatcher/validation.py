@@ -21,7 +21,6 @@ from collections import OrderedDict
 from typing import Any
 
 import jsonschema
-import regex
 from jsonschema.exceptions import SchemaError, ValidationError, best_match
 from jsonschema.protocols import Validator
 from referencing import Registry
@@ -113,7 +112,7 @@ class SchemaCache:
             return None
         try:
             slow = patterns.slow_patterns(schema)
-        except regex.error as exc:
+        except patterns.BadPattern as exc:
             log.warning(
                 "pinned input schema has a pattern no engine compiles; not enforced",
                 extra={"tool": tool, "error": str(exc)[:200]},
