@@ -69,6 +69,9 @@ SERVICES = (
         secret_key=True,
         webhook_secret=False,
         requests_cpu="250m",
+        # From TOOLBUS_DISPATCHER_OUTPUT_MEMORY (256 MiB by default, the bound on large outputs in
+        # flight): limit = idle ~110 + 256 + 128 headroom = 494 -> 512Mi; request = idle + a
+        # quarter of the bound = 174 -> 192Mi (deploy/README.md).
         requests_memory="192Mi",
         limits_memory="512Mi",
     ),

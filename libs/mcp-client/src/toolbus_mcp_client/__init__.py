@@ -13,18 +13,23 @@ sends; 2025-era sessions go through `mcp.Client`.
 Failures are the contract's exceptions from `toolbus_contracts.errors` (`UpstreamUnreachable`,
 `Timeout`, `UpstreamError`, `CredentialsRejected`), each with `details["server"]`; a tool's own
 error result is `ToolResult(is_error=True)`, not an exception.
+
+`call_tool(..., reserve=...)` bounds memory: an answer over `LARGE_BODY` bytes is not read on until
+`await reserve(size)` returns (its declared length, else the output cap when none is declared).
 """
 
 from toolbus_mcp_client._connection import IDEMPOTENCY_META_KEY, McpConnection, ToolResult
 from toolbus_mcp_client._egress import EgressCheck
 from toolbus_mcp_client._pool import McpPool
-from toolbus_mcp_client._transport import IDEMPOTENCY_HEADER
+from toolbus_mcp_client._transport import IDEMPOTENCY_HEADER, LARGE_BODY, Reserve
 
 __all__ = [
     "IDEMPOTENCY_HEADER",
     "IDEMPOTENCY_META_KEY",
+    "LARGE_BODY",
     "EgressCheck",
     "McpConnection",
     "McpPool",
+    "Reserve",
     "ToolResult",
 ]

@@ -45,7 +45,7 @@ from toolbus_mcp_client._fast_call import (
     too_large,
 )
 from toolbus_mcp_client._http1 import Http1Pool, Redirected, Unsendable
-from toolbus_mcp_client._transport import Attempt, build_http_client, current_attempt, tls_context
+from toolbus_mcp_client._transport import Attempt, Reserve, build_http_client, current_attempt, tls_context
 
 logger = logging.getLogger("toolbus_mcp_client")
 
@@ -413,6 +413,7 @@ class McpConnection:
         idempotency_key: str,
         timeout: float | None,  # noqa: ASYNC109 - the SDK's per-request timeout, which also aborts the POST
         input_schema: Mapping[str, Any] | None = None,
+        reserve: Reserve | None = None,
     ) -> ToolResult:
         """Call one tool once. The idempotency key travels as the `Idempotency-Key` HTTP header and
         as `_meta["toolbus/idempotencyKey"]`. `timeout` bounds the wait for the answer; None arms no
@@ -423,6 +424,10 @@ class McpConnection:
         `x-mcp-header` annotations name into `Mcp-Param-*` headers on the first try; without it,
         the schemas of the last `list_tools` serve, and a server that refuses the call for
         missing headers (HEADER_MISMATCH) gets it once more after a listing.
+
+        `reserve`: awaited before an answer over `LARGE_BODY` bytes is read on (its size: the
+        declared length, else the output cap), on the lean and httpx2 paths; a 2025-era session
+        reads through the same transport and reserves too.
         """
         live = self._live
         if live is None or live.dead:
@@ -431,20 +436,31 @@ class McpConnection:
         self._idle.clear()
         try:
             try:
-                raw = await self._send_call(live, name, arguments, idempotency_key, timeout, input_schema)
+                raw = await self._send_call(
+                    live, name, arguments, idempotency_key, timeout, input_schema, reserve=reserve
+                )
             except _HeadersUnknown:
                 # The tool mirrors arguments into `Mcp-Param-*` headers, which the SDK stamps only
                 # for tools this client listed; the server refused before running it. List, resend.
                 await self._learn_tool(live, name, timeout)
                 raw = await self._send_call(
-                    live, name, arguments, idempotency_key, timeout, input_schema, header_retry=False
+                    live,
+                    name,
+                    arguments,
+                    idempotency_key,
+                    timeout,
+                    input_schema,
+                    header_retry=False,
+                    reserve=reserve,
                 )
             except _SessionLost:
                 # A 2025-era server forgot our session (it restarted): the call was not run there.
                 live.dead = True
                 live = await self._current()
                 try:
-                    raw = await self._send_call(live, name, arguments, idempotency_key, timeout)
+                    raw = await self._send_call(
+                        live, name, arguments, idempotency_key, timeout, reserve=reserve
+                    )
                 except _SessionLost:
                     raise UpstreamError(
                         f"MCP server '{self.server_name}' answered HTTP 404 to the call of tool '{name}' "
@@ -468,13 +484,16 @@ class McpConnection:
         input_schema: Mapping[str, Any] | None = None,
         *,
         header_retry: bool = True,
+        reserve: Reserve | None = None,
     ) -> dict[str, Any]:
         if self._fast_calls and live.modern:
-            return await self._send_call_fast(live, name, arguments, key, timeout, input_schema, header_retry)
+            return await self._send_call_fast(
+                live, name, arguments, key, timeout, input_schema, header_retry, reserve
+            )
         client = live.client
         assert client is not None
         # The SDK reads whole bodies and has no cap: the transport stops this answer at the cap.
-        attempt = Attempt(idempotency_key=key, max_body=self._max_body)
+        attempt = Attempt(idempotency_key=key, max_body=self._max_body, reserve=reserve)
         token = current_attempt.set(attempt)
         request = types.CallToolRequest(
             params=types.CallToolRequestParams(
@@ -509,6 +528,7 @@ class McpConnection:
         timeout: float | None,  # noqa: ASYNC109
         input_schema: Mapping[str, Any] | None,
         header_retry: bool,
+        reserve: Reserve | None = None,
     ) -> dict[str, Any]:
         """`_send_call` for a stateless connection: one POST, no SDK client (see `_fast_call`)."""
         client = live.client
@@ -524,7 +544,7 @@ class McpConnection:
             {IDEMPOTENCY_META_KEY: key},
             self._param_headers(name, input_schema),
         )
-        attempt = Attempt(idempotency_key=key)
+        attempt = Attempt(idempotency_key=key, reserve=reserve)
         token = current_attempt.set(attempt)
         try:
             if timeout is None:  # the caller bounds the call

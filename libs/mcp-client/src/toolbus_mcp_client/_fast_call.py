@@ -117,21 +117,20 @@ def too_large(limit: int) -> OutputTooLarge:
     )
 
 
-async def read_capped(response: httpx2.Response, limit: int | None) -> bytes:
-    """The body, read no further than `limit` bytes (`OutputTooLarge` past it)."""
+async def read_capped(response: httpx2.Response, limit: int | None) -> bytes | bytearray:
+    """The body, read no further than `limit` bytes (`OutputTooLarge` past it); read into one
+    growing buffer (orjson parses it as it is), not chunks joined at the end (twice the size)."""
     if limit is None:
         return await response.aread()
     declared = response.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise too_large(limit)
-    chunks: list[bytes] = []
-    size = 0
+    body = bytearray()
     async for chunk in response.aiter_bytes():
-        size += len(chunk)
-        if size > limit:
+        if len(body) + len(chunk) > limit:
             raise too_large(limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
+        body += chunk
+    return body
 
 
 async def post_request(
@@ -214,7 +213,7 @@ async def _read_event_stream(
     raise MCPError(CONNECTION_CLOSED, "SSE stream ended without a response")
 
 
-def loads(data: bytes | str) -> Any:
+def loads(data: bytes | bytearray | str) -> Any:
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:

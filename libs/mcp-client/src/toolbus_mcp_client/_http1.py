@@ -13,6 +13,9 @@ It covers the common case only; the caller sends the rest through httpx2:
   `Unsendable` before anything is written;
 - an answer that redirects raises `Redirected` (httpx2 follows it within the origin, as the SDK).
 
+An answer over `LARGE_BODY` bytes stops the socket being read (`pause_reading`) until the
+attempt's `reserve` has returned.
+
 A connection is reused only once its previous answer was read to the end, only while it has
 been idle for less than `KEEPALIVE` seconds (uvicorn closes idle ones after 5), and only if
 nothing (an EOF, stray bytes) is waiting on its socket. At most `MAX_CONNECTIONS` requests are
@@ -172,6 +175,10 @@ class _Exchange:
         self._kind = ""
         self._buffer = bytearray()
         self._sse: _SseReader | None = None
+        self.transport: asyncio.Transport | None = None
+        """The connection's, set as the request is written: paused while a reservation waits."""
+        self._reserving: asyncio.Future[None] | None = None
+        self._reserved = False
 
     @property
     def answered(self) -> bool:
@@ -221,11 +228,42 @@ class _Exchange:
             self._sse = _SseReader(self.max_body)
         else:
             self._settle(MCPError(INVALID_REQUEST, f"Unexpected content type: {content_type}"))
+            return
+        if attempt is not None and attempt.reserve is not None:
+            self._reserve(
+                attempt.reservation(int(declared) if declared.isdigit() else None, 0, self.max_body)
+            )
+
+    def _reserve(self, size: int | None) -> None:
+        """Stop reading until the attempt's `reserve(size)` has returned (None: not yet large)."""
+        attempt = self.attempt
+        if size is None or self._reserved or attempt is None or attempt.reserve is None:
+            return
+        self._reserved = True
+        if self.transport is not None:
+            self.transport.pause_reading()
+        self._reserving = asyncio.ensure_future(attempt.reserve(size))
+        self._reserving.add_done_callback(self._resume)
+
+    def _resume(self, task: asyncio.Future[None]) -> None:
+        self._reserving = None
+        if not task.cancelled() and (error := task.exception()) is not None:
+            self._settle(error)
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.resume_reading()
+
+    def cancel_reservation(self) -> None:
+        """The caller is done: a reservation still waiting is given up."""
+        if self._reserving is not None:
+            self._reserving.cancel()
 
     def body(self, chunk: bytes) -> None:
         if self.result.done():
             return  # settled already (the SSE answer came, or an error): the rest is drained
         self._received += len(chunk)
+        if not self._reserved and self.attempt is not None and self.attempt.reserve is not None:
+            self._reserve(self.attempt.reservation(None, self._received, self.max_body))
         if self._sse is None:
             if self.max_body is not None and self._received > self.max_body:
                 self._buffer = bytearray()
@@ -262,7 +300,8 @@ class _Exchange:
         if self.result.done():
             return
         if self._kind == "json":
-            message = loads(bytes(self._buffer))
+            message = loads(self._buffer)  # orjson reads the bytearray itself: no copy
+            self._buffer = bytearray()  # dropped as soon as it is parsed, not with the exchange
             if not isinstance(message, dict):
                 self._settle(MCPError(PARSE_ERROR, "Failed to parse JSON response: not a JSON-RPC message"))
             elif message.get("id") is not None and str(message["id"]) != str(self.request_id):
@@ -274,7 +313,7 @@ class _Exchange:
             self._take(self._sse.finish())
             self._settle(MCPError(CONNECTION_CLOSED, "SSE stream ended without a response"))
         elif self._kind == "error-json":
-            error = error_of(loads(bytes(self._buffer)))
+            error = error_of(loads(self._buffer))
             self._settle(error if error is not None else self._status_error())
         else:
             self._settle(self._status_error())
@@ -326,6 +365,7 @@ class _Connection(asyncio.Protocol):
         self.exchange = exchange
         self.parser = httptools.HttpResponseParser(self)
         assert self.transport is not None
+        exchange.transport = self.transport
         self.transport.write(request)
 
     def reusable(self) -> bool:
@@ -345,6 +385,8 @@ class _Connection(asyncio.Protocol):
         """The caller is done with the exchange: reuse the connection once its answer was read to
         the end; wait a little for the end of an answer still arriving; else close it."""
         exchange = self.exchange
+        if exchange is not None:
+            exchange.cancel_reservation()
         if exchange is None or self.closed:
             self.close()
         elif exchange.complete:

@@ -8,7 +8,8 @@ error response instead. It also counts each answer's bytes against the `Attempt`
 and stops reading there (the SDK reads bodies whole and has no cap of its own); a compressed
 answer is decoded here, within that cap (`decoding`), instead of whole by httpx2. The SDK copies the caller's `contextvars` into the POST task, so the
 `Attempt` is found through a context variable with no lookup at all; the same path sets the
-`Idempotency-Key` header of a tool call.
+`Idempotency-Key` header of a tool call. An answer over `LARGE_BODY` bytes waits for the
+attempt's `reserve` before it is read on (a bound on the memory of large answers in flight).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import functools
 import logging
 import ssl
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import httpcore2
@@ -30,6 +31,12 @@ from toolbus_mcp_client.decoding import BoundedDecoder, OverLimit
 logger = logging.getLogger("toolbus_mcp_client")
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
+
+LARGE_BODY = 1 << 20
+"""Bytes past which an answer is large: it is not read on until its caller's `reserve` returns."""
+
+Reserve = Callable[[int], Awaitable[None]]
+"""`await reserve(size)`: wait until an answer of `size` bytes may be held in memory."""
 
 # A status no server sends: marks the stand-in response for a request that got no answer.
 NO_ANSWER_STATUS = 599
@@ -59,6 +66,21 @@ class Attempt:
     max_body: int | None = None
     received: int = 0
     too_large: bool = False
+    reserve: Reserve | None = None
+    """Called once an answer is known to be large (see `LARGE_BODY`), before it is read on."""
+
+    def reservation(self, declared: int | None, seen: int, cap: int | None = None) -> int | None:
+        """The size to reserve for an answer `declared` long (None: unknown) of which `seen`
+        bytes were read, or None when nothing is to be reserved (yet). An answer of unknown
+        length reserves the output cap (`cap`, else `max_body`)."""
+        if self.reserve is None:
+            return None
+        if declared is not None:
+            return declared if declared > LARGE_BODY else None
+        if seen > LARGE_BODY:
+            cap = cap if cap is not None else self.max_body
+            return cap if cap is not None else 2 * seen
+        return None
 
     @property
     def failed_before_sending(self) -> bool:
@@ -92,7 +114,7 @@ class _WatchedStream(httpx2.AsyncByteStream):
     """A response body that ends (instead of raising) when the connection breaks mid-body, and
     stops at the attempt's `max_body` (raising `BodyOverCap`)."""
 
-    __slots__ = ("_attempt", "_decoder", "_inner", "_over")
+    __slots__ = ("_attempt", "_declared", "_decoder", "_inner", "_over")
 
     def __init__(
         self,
@@ -101,9 +123,11 @@ class _WatchedStream(httpx2.AsyncByteStream):
         *,
         over: bool = False,
         decoder: BoundedDecoder | None = None,
+        declared: int | None = None,
     ) -> None:
         self._inner = inner
         self._attempt = attempt
+        self._declared = declared  # the body's declared length (None: unknown, or encoded)
         self._over = over  # the declared length is over the cap already: read nothing
         self._decoder = decoder  # the body's Content-Encoding, undone here within the cap
 
@@ -112,8 +136,23 @@ class _WatchedStream(httpx2.AsyncByteStream):
         limit = attempt.max_body if attempt is not None else None
         if not self._over:
             try:
+                reserve = attempt.reserve if attempt is not None else None
+                seen = 0
+                if reserve is not None:
+                    assert attempt is not None
+                    size = attempt.reservation(self._declared, 0)
+                    if size is not None:
+                        await reserve(size)
+                        reserve = None
                 async for raw in self._inner:
                     chunk = self._decoded(raw)
+                    if reserve is not None:
+                        assert attempt is not None
+                        seen += len(chunk)
+                        size = attempt.reservation(None, seen)
+                        if size is not None:
+                            await reserve(size)
+                            reserve = None
                     if limit is not None:
                         assert attempt is not None
                         attempt.received += len(chunk)
@@ -193,7 +232,10 @@ class WatchingTransport(httpx2.AsyncBaseTransport):
                 response.headers.pop("content-length", None)
                 response.stream = _WatchedStream(stream, attempt, over=over, decoder=decoder)
                 return response
-        response.stream = _WatchedStream(stream, attempt, over=over)
+        declared = response.headers.get("content-length", "")
+        response.stream = _WatchedStream(
+            stream, attempt, over=over, declared=int(declared) if declared.isdigit() else None
+        )
         return response
 
     async def aclose(self) -> None:

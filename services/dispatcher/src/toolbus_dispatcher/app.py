@@ -43,6 +43,7 @@ from toolbus_dispatcher.executors.http import HttpExecutor
 from toolbus_dispatcher.executors.mcp import McpExecutor, McpPoolLike
 from toolbus_dispatcher.executors.workflow import WorkflowExecutor
 from toolbus_dispatcher.handlers import QUEUE, host_routes, routes
+from toolbus_dispatcher.output_memory import OutputMemory
 from toolbus_dispatcher.outputs import OutputStore, inline_limit
 from toolbus_dispatcher.service import DispatcherService
 from toolbus_dispatcher.settings import DispatcherSettings
@@ -101,6 +102,8 @@ class DispatcherApp:
         self.service: DispatcherService | None = None
         self.relay: EventRelay | None = None
         self.outputs: OutputStore | None = None
+        self.output_memory = OutputMemory(settings.dispatcher_output_memory)
+        """The bound on large outputs in flight (`TOOLBUS_DISPATCHER_OUTPUT_MEMORY`)."""
         self._http: HttpExecutor | None = None
         self._pipe: ScriptPipe | None = None
         self._relay_pipe: ScriptPipe | None = None
@@ -200,6 +203,7 @@ class DispatcherApp:
             subjects=subjects,
             retry_backoff=s.dispatcher_retry_backoff,
             retry_backoff_max=s.dispatcher_retry_backoff_max,
+            memory=self.output_memory,
         )
         self.service = DispatcherService(
             store=store,

@@ -38,6 +38,7 @@ from toolbus_contracts.registry import ToolKind
 from toolbus_dispatcher.deadline import within
 from toolbus_dispatcher.executors.base import Attempt, Executor, Interrupted, NeedsCredentials
 from toolbus_dispatcher.outcomes import after_interruption, backoff, failed, ok
+from toolbus_dispatcher.output_memory import Lease, OutputMemory
 from toolbus_dispatcher.outputs import OutputStore
 from toolbus_dispatcher.records import CallRecord
 from toolbus_dispatcher.store import CallStore
@@ -85,8 +86,12 @@ class CallRunner:
         subjects: Subjects,
         retry_backoff: float,
         retry_backoff_max: float,
+        memory: OutputMemory | None = None,
     ) -> None:
+        """`memory`: the bound on large outputs in flight (each call leases its share of it, held
+        until its outcome is stored); None: no bound."""
         self._store = store
+        self._memory = memory
         self._toolsets = toolsets
         self._executors = executors
         self._outputs = outputs
@@ -173,8 +178,9 @@ class CallRunner:
         known: tuple[StoredToolset, Tool] | None = None,
         call_input: Any = None,
     ) -> None:
+        lease = self._memory.lease() if self._memory is not None else None
         try:
-            outcome = await self._attempts(rec, reaped, known, call_input)
+            outcome = await self._attempts(rec, reaped, known, call_input, lease)
             if outcome is not None:
                 await self.finish(rec, outcome)
         except _NoLongerOurs:
@@ -189,6 +195,9 @@ class CallRunner:
                 await self.finish(
                     rec, failed("internal", "toolbus failed while running this call; it was logged.")
                 )
+        finally:
+            if lease is not None:
+                lease.release()
 
     async def _persist(self, rec: CallRecord, what: str, step: Callable[[], Awaitable[T]]) -> T:
         """Run one store step of a call until it goes through: a backing-store fault is waited
@@ -216,6 +225,7 @@ class CallRunner:
         reaped: bool,
         known: tuple[StoredToolset, Tool] | None = None,
         call_input: Any = None,
+        lease: Lease | None = None,
     ) -> dict[str, Any] | None:
         if known is not None:
             stored, tool = known
@@ -242,10 +252,15 @@ class CallRunner:
         executor = self._executors[tool.kind]
         if call_input is None:
             call_input = rec.input
+        reserve = lease.reserve if lease is not None else None
         while True:
+            if lease is not None:
+                lease.release(close=False)  # an earlier attempt's answer is dropped
             try:
                 output = await self._run(
-                    executor, Attempt(rec, tool, attempt, call_input, timeout, allow, tool.version), tool
+                    executor,
+                    Attempt(rec, tool, attempt, call_input, timeout, allow, tool.version, reserve=reserve),
+                    tool,
                 )
                 return ok(output)
             except NeedsCredentials as exc:

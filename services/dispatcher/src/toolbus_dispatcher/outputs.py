@@ -9,7 +9,7 @@ outcome, whatever the tool returned; any JetStream object-store client reads the
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, Final
 
 import orjson
 from nats.js import JetStreamContext
@@ -60,6 +60,34 @@ def dumps_with_room(outcome: dict[str, Any]) -> memoryview | None:
     return memoryview(text)[_ROOM:-_ROOM]
 
 
+_OK_PREFIX: Final = b'{"status":"ok","output":'
+"""How the JSON of an `ok(output)` outcome starts: the output's JSON follows, then `}`."""
+
+
+class _Reader:
+    """A view read in chunks by the object store's `put` (which copies a chunk at a time)."""
+
+    __slots__ = ("_at", "_view")
+
+    def __init__(self, view: memoryview) -> None:
+        self._view = view
+        self._at = 0
+
+    def readinto(self, buffer: bytearray) -> int:
+        part = self._view[self._at : self._at + len(buffer)]
+        buffer[: len(part)] = part
+        self._at += len(part)
+        return len(part)
+
+
+def output_json(outcome: dict[str, Any], text: memoryview) -> memoryview:
+    """The JSON of an ok outcome's output: the part of the outcome's JSON `text` that holds it (a
+    view: no copy of a large output), or written anew for an outcome of another shape."""
+    if list(outcome) == ["status", "output"] and text[: len(_OK_PREFIX)].tobytes() == _OK_PREFIX:
+        return text[len(_OK_PREFIX) : -1]
+    return memoryview(orjson.dumps(outcome.get("output")))
+
+
 class OutputStore:
     """Writes outputs too large to travel inline; `inline_limit` is the largest inline outcome."""
 
@@ -100,16 +128,17 @@ class OutputStore:
             text = memoryview(orjson.dumps(outcome))
         if len(text) <= self.inline_limit or outcome.get("status") != "ok":
             return str(text, "utf-8"), outcome
-        data = orjson.dumps(outcome.get("output"))
-        ref = await self.put(call_id, data)
+        ref = await self.put(call_id, output_json(outcome, text))
         small = {"status": "ok", "outputRef": ref}
         return orjson.dumps(small).decode(), small
 
-    async def put(self, name: str, data: bytes) -> dict[str, Any]:
+    async def put(self, name: str, data: bytes | memoryview) -> dict[str, Any]:
+        """Store `data` as object `name`, read a chunk at a time (no copy of the whole); its ref."""
         if self._store is None:
             await self.open()
         assert self._store is not None
-        await self._store.put(name, data)
+        source: Any = data if isinstance(data, bytes) else _Reader(data)
+        await self._store.put(name, source)
         return {
             "bucket": self.bucket,
             "name": name,

@@ -201,7 +201,7 @@ class DispatcherService:
         tool = stored.table.get(req.tool) if stored is not None else None
         if tool is None:
             raise UnknownTool(f"Tool '{req.tool}' is not in this run's toolset.", details={"tool": req.tool})
-        self._schemas.check(toolset_id, tool.name, tool.info.input_schema, req.input)
+        await self._schemas.validate(toolset_id, tool.name, tool.info.input_schema, req.input)
         fresh_key, fresh_call, fresh_approval = fresh_ids()
         key = req.idempotency_key or fresh_key
         call_id = "call_" + fresh_call

@@ -33,6 +33,11 @@ class DispatcherSettings(Settings):
     dispatcher_output_ttl: float | None = Field(default=None, gt=0)
     """How long a stored output is kept from when it was stored (see `output_ttl`): at least
     `dispatcher_run_retention` (refused at start otherwise)."""
+    dispatcher_output_memory: int = Field(default=256 * 1024 * 1024, gt=0)
+    """Bytes of memory that large outputs (answers over 1 MiB) in flight may hold in all: each
+    reserves three times its answer's size (four times an http.fetch body's) until its outcome is
+    stored; a call whose share does not fit waits (within its timeout), then completes. A single
+    answer larger than the bound reserves all of it and runs alone. See `output_memory`."""
     http_max_body: int | None = Field(default=None, gt=0)
     """Largest response body the http tool reads (default: `max_output_bytes`); larger is
     `outputTooLarge`."""

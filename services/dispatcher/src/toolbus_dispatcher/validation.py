@@ -2,7 +2,12 @@
 
 Draft 2020-12 unless the schema's `$schema` names another draft. A schema that is not valid JSON
 Schema (an MCP server may pin anything), or that nests deeper than `SCHEMA_DEPTH_MAX`, is not
-enforced rather than refusing every call. A `$ref` resolves within the schema (and the drafts' own
+enforced rather than refusing every call.
+
+Patterns (`pattern`, `patternProperties`) are matched by RE2, which cannot backtrack (`patterns`);
+a schema with a pattern only the bounded fallback engine runs is checked off the event loop, so
+no input stalls another call, and an input whose patterns take longer than
+`patterns.FALLBACK_SECONDS` in all is `invalidInput` saying so. A `$ref` resolves within the schema (and the drafts' own
 meta-schemas) only: nothing is fetched, so a schema cannot make the dispatcher send a request (past
 the allow-list) or wait on one; an input whose check needs a reference that does not resolve is
 `invalidInput` saying so.
@@ -10,6 +15,7 @@ the allow-list) or wait on one; an input whose check needs a reference that does
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import OrderedDict
 from typing import Any
@@ -22,6 +28,7 @@ from referencing.exceptions import NoSuchResource, Unresolvable
 from toolbus_contracts.base import SCHEMA_DEPTH_MAX, nesting_depth
 from toolbus_contracts.errors import InvalidInput
 
+from toolbus_dispatcher import patterns
 from toolbus_dispatcher.schema_fast import Accept, fast_accept
 
 log = logging.getLogger(__name__)
@@ -47,25 +54,37 @@ def _path(error: ValidationError) -> str:
     return path
 
 
+_EXTENDED: dict[type[Validator], type[Validator]] = {}
+
+
+def _linear(cls: type[Validator]) -> type[Validator]:
+    """`cls` with the pattern keywords of `patterns` (RE2) in place of its own (Python's `re`)."""
+    hit = _EXTENDED.get(cls)
+    if hit is None:
+        hit = _EXTENDED[cls] = jsonschema.validators.extend(cls, patterns.KEYWORDS)  # type: ignore[no-untyped-call]
+    return hit
+
+
+Compiled = tuple[Validator, Accept | None, bool]
+"""A schema's validator, its fast accept (or None) and whether it is checked off the loop."""
+
+
 class SchemaCache:
     """Compiled validators keyed by (toolset id, tool name): pinned schemas never change. Each
     comes with the schema's fast accept (`schema_fast`), when it has one: a value it accepts is
     valid without walking `jsonschema`; anything else is judged by the validator."""
 
     def __init__(self, size: int = 4096) -> None:
-        self._cache: OrderedDict[tuple[str, str], tuple[Validator, Accept | None] | None] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str], Compiled | None] = OrderedDict()
         self._size = size
 
-    def compiled(
-        self, toolset_id: str, tool: str, schema: dict[str, Any]
-    ) -> tuple[Validator, Accept | None] | None:
-        """(validator, fast accept or None), or None for a schema that is not enforced."""
+    def compiled(self, toolset_id: str, tool: str, schema: dict[str, Any]) -> Compiled | None:
+        """(validator, fast accept or None, off the loop), or None for a schema not enforced."""
         key = (toolset_id, tool)
         try:
             return self._cache[key]
         except KeyError:
-            validator = self._compile(tool, schema)
-            hit = self._cache[key] = (validator, fast_accept(schema)) if validator is not None else None
+            hit = self._cache[key] = self._compile(tool, schema)
             while len(self._cache) > self._size:
                 self._cache.popitem(last=False)
             return hit
@@ -75,7 +94,7 @@ class SchemaCache:
         return hit[0] if hit is not None else None
 
     @staticmethod
-    def _compile(tool: str, schema: dict[str, Any]) -> Validator | None:
+    def _compile(tool: str, schema: dict[str, Any]) -> Compiled | None:
         if nesting_depth(schema) > SCHEMA_DEPTH_MAX:  # an MCP server's: checking it would exhaust the stack
             log.warning(
                 "pinned input schema nests too deep to check; not enforced",
@@ -91,15 +110,44 @@ class SchemaCache:
                 extra={"tool": tool, "error": exc.message},
             )
             return None
-        validator: Validator = cls(schema, format_checker=cls.FORMAT_CHECKER, registry=NO_RETRIEVAL)
-        return validator
+        try:
+            slow = patterns.slow_patterns(schema)
+        except patterns.BadPattern as exc:
+            log.warning(
+                "pinned input schema has a pattern no engine compiles; not enforced",
+                extra={"tool": tool, "error": str(exc)[:200]},
+            )
+            return None
+        linear = _linear(cls)
+        validator: Validator = linear(schema, format_checker=cls.FORMAT_CHECKER, registry=NO_RETRIEVAL)
+        return validator, fast_accept(schema), slow
+
+    async def validate(
+        self, toolset_id: str, tool: str, schema: dict[str, Any], value: dict[str, Any]
+    ) -> None:
+        """`check`, off the event loop for a schema whose patterns need the bounded fallback."""
+        hit = self.compiled(toolset_id, tool, schema)
+        if hit is not None and hit[2]:
+            await asyncio.to_thread(self._bounded, hit, tool, value)
+        else:
+            self.check(toolset_id, tool, schema, value)
+
+    def _bounded(self, hit: Compiled, tool: str, value: dict[str, Any]) -> None:
+        patterns.within(patterns.FALLBACK_SECONDS)
+        try:
+            self._judge(hit, tool, value)
+        finally:
+            patterns.unbounded()
 
     def check(self, toolset_id: str, tool: str, schema: dict[str, Any], value: dict[str, Any]) -> None:
         """Raise `InvalidInput` naming the failing path when `value` fails the schema."""
         hit = self.compiled(toolset_id, tool, schema)
-        if hit is None:
-            return
-        validator, accept = hit
+        if hit is not None:
+            self._judge(hit, tool, value)
+
+    @staticmethod
+    def _judge(hit: Compiled, tool: str, value: dict[str, Any]) -> None:
+        validator, accept, _ = hit
         if accept is not None and accept(value):
             return
         try:
@@ -114,6 +162,13 @@ class SchemaCache:
                 f"The input schema of '{tool}' refers to '{ref[:200]}', which is not in the schema; "
                 "toolbus does not fetch schema references, so this input cannot be checked.",
                 details={"tool": tool, "ref": ref[:200]},
+            ) from None
+        except patterns.PatternTimeout as exc:
+            raise InvalidInput(
+                f"Input of '{tool}' could not be checked against its schema's pattern "
+                f"'{exc.pattern[:100]}' within {patterns.FALLBACK_SECONDS:g} s (a pattern with "
+                "lookaround or backreferences, matched by a backtracking engine); it was refused.",
+                details={"tool": tool, "pattern": exc.pattern[:100]},
             ) from None
         if error is None:
             return

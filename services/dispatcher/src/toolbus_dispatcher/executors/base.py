@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from toolbus_common.toolsets import Tool
 from toolbus_contracts import ToolbusError
 from toolbus_contracts.credentials import CredentialLevel
+from toolbus_mcp_client import Reserve
 
 from toolbus_dispatcher.records import CallRecord
 
@@ -53,6 +54,8 @@ class Attempt:
     http_allow: tuple[str, ...] = ()
     """The toolset's http allow-list (the http tool only)."""
     workflow_version: str | None = None
+    reserve: Reserve | None = field(default=None, compare=False)
+    """Awaited with an answer's size before a large answer is read on (`output_memory`)."""
     progress: Progress = field(default_factory=lambda: Progress(), compare=False)
     """Where the attempt is: an executor marks the steps before anything is sent, so an attempt
     that times out there is known not to have been sent."""

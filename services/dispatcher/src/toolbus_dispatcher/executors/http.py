@@ -33,6 +33,7 @@ from toolbus_contracts.errors import (
     UpstreamError,
     UpstreamUnreachable,
 )
+from toolbus_mcp_client import LARGE_BODY, Reserve
 from toolbus_mcp_client.decoding import MAX_CODINGS, BoundedDecoder, OverLimit, TooManyCodings, codings
 
 from toolbus_dispatcher.allowlist import AllowList
@@ -149,9 +150,10 @@ def _charset(content_type: str) -> str | None:
     return None
 
 
-def encode_body(data: bytes, content_type: str) -> tuple[str, str]:
+def encode_body(data: bytes | bytearray, content_type: str) -> tuple[str, str]:
     """(body, bodyEncoding): text when the content type says text and it decodes, else base64; an
-    empty body (a 204, a HEAD) is the empty text whatever its content type."""
+    empty body (a 204, a HEAD) is the empty text whatever its content type. A bytearray `data` is
+    emptied once its base64 is written (a body of up to 64 MiB need not outlive it)."""
     if not data:
         return "", "text"
     charset = _charset(content_type)
@@ -160,7 +162,10 @@ def encode_body(data: bytes, content_type: str) -> tuple[str, str]:
             return data.decode(charset), "text"
         except (UnicodeDecodeError, LookupError):
             pass
-    return base64.b64encode(data).decode("ascii"), "base64"
+    encoded = base64.b64encode(data)
+    if isinstance(data, bytearray):
+        data.clear()
+    return encoded.decode("ascii"), "base64"
 
 
 ACCEPT_ENCODING = "gzip, deflate"
@@ -298,7 +303,7 @@ class HttpExecutor:
                     continue
                 if status in INTERRUPTING:
                     raise Interrupted(UpstreamError(f"'{parts.hostname}' answered {status}."))
-                data = await self._read(response, parts.hostname or "")
+                data = await self._read(response, parts.hostname or "", attempt.reserve)
             finally:
                 await response.aclose()
             text, encoding = encode_body(data, response.headers.get("content-type", ""))
@@ -315,7 +320,10 @@ class HttpExecutor:
             details={"limit": self._max_body},
         )
 
-    async def _read(self, response: httpx.Response, host: str) -> bytes:
+    async def _read(self, response: httpx.Response, host: str, reserve: Reserve | None = None) -> bytearray:
+        """The body, decoded within the cap, in one growing buffer. A large one (`LARGE_BODY`)
+        waits for `reserve` first, sized as its base64 text (4/3 of it), which the output holds
+        beside the body and then beside its own JSON."""
         declared = response.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > self._max_body:
             raise self._too_large(host)
@@ -326,14 +334,20 @@ class HttpExecutor:
                 f"at most {MAX_CODINGS} are taken."
             )
         decoder = BoundedDecoder(content_encoding, self._max_body)
-        chunks: list[bytes] = []
+        data = bytearray()
         try:
+            if reserve is not None and declared and declared.isdigit() and int(declared) > LARGE_BODY:
+                await reserve(int(declared) * 4 // 3)
+                reserve = None
             async for raw in response.aiter_raw():  # raw: decoded here, within the cap
                 for piece in decoder.pieces(raw):
-                    chunks.append(piece)
+                    data += piece
                     await asyncio.sleep(0)  # a big body decodes in turns with the other calls
+                if reserve is not None and len(data) > LARGE_BODY:
+                    await reserve(self._max_body * 4 // 3)
+                    reserve = None
             for piece in decoder.flush_pieces():
-                chunks.append(piece)
+                data += piece
         except OverLimit:
             raise self._too_large(host) from None
         except TooManyCodings:  # pragma: no cover - refused above
@@ -346,4 +360,4 @@ class HttpExecutor:
             raise Interrupted(
                 UpstreamUnreachable(f"The connection to '{host}' failed mid-response: {type(exc).__name__}.")
             ) from None
-        return b"".join(chunks)
+        return data

@@ -21,6 +21,7 @@ from toolbus_common.outages import REDIS
 from toolbus_contracts import ToolbusError
 from toolbus_contracts.credentials import CredentialLevel
 from toolbus_contracts.errors import CredentialsRejected, ToolError, UpstreamError
+from toolbus_mcp_client import Reserve
 
 from toolbus_dispatcher.credentials import CredentialResolver
 from toolbus_dispatcher.executors.base import Attempt, Interrupted, NeedsCredentials
@@ -47,6 +48,7 @@ class McpConnectionLike(Protocol):
         *,
         idempotency_key: str,
         timeout: float | None,  # noqa: ASYNC109
+        reserve: Reserve | None = None,
     ) -> ToolResultLike: ...
 
 
@@ -96,6 +98,7 @@ class McpExecutor:
                 # An attempt's own timeout is the runner's timer around this whole attempt
                 # (`CallRunner._run`): the connection arms none of its own then.
                 timeout=None if attempt.timeout is not None else DEFAULT_TIMEOUT,
+                reserve=attempt.reserve,
             )
         except CredentialsRejected as exc:
             if exc.details.get("status") == 401:
