@@ -14,7 +14,7 @@ import asyncio
 import ctypes
 import ctypes.util
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 
@@ -204,21 +204,31 @@ class Searcher:
         index = self._indexes.get(toolset_id)
         return index is not None and index.dense
 
-    async def search(self, stored: StoredToolset, query: str, limit: int) -> ToolsetSearchReply:
+    async def search(
+        self, stored: StoredToolset, query: str, limit: int, namespaces: Sequence[str] | None = None
+    ) -> ToolsetSearchReply:
+        """The best `limit` tools for `query`, of `namespaces` only when given (names the caller
+        checked: an unknown one adds no tool)."""
         self._searches.enter()
         try:
             index = await self.index(stored)
-            reply = await asyncio.to_thread(self._search, index, query, limit)
+            reply = await asyncio.to_thread(self._search, index, query, limit, namespaces)
         finally:
             self._searches.leave()
         if not index.dense:
             self._start_embedding(stored.id, index)
         return reply
 
-    def _search(self, index: SearchIndex, query: str, limit: int) -> ToolsetSearchReply:
-        vector = self.embedder.encode_query(query) if index.dense else None
-        hits = index.search(query, limit, query_vector=vector)
-        return ToolsetSearchReply(tools=to_hits(hits, tool_prompt_line, tool_dts_fragment))
+    def _search(
+        self, index: SearchIndex, query: str, limit: int, namespaces: Sequence[str] | None
+    ) -> ToolsetSearchReply:
+        dense = index.dense
+        vector = self.embedder.encode_query(query) if dense else None
+        within = index.within(namespaces) if namespaces is not None else None
+        hits = index.search(query, limit, query_vector=vector, within=within)
+        return ToolsetSearchReply(
+            tools=to_hits(hits, tool_prompt_line, tool_dts_fragment), ranking="hybrid" if dense else "lexical"
+        )
 
 
 async def open_searcher(

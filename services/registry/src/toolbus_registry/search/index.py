@@ -105,6 +105,12 @@ def split_qualified_name(name: str) -> tuple[str, str]:
     return (namespace, local) if dot else ("", name)
 
 
+def scope_name(name: str) -> str:
+    """The namespace a search scopes a tool by: its name up to the first dot (the MCP server, the
+    host group, `http`, `workflows`), or the whole name of a host tool with no group."""
+    return name.partition(".")[0]
+
+
 def field_texts(name: str, description: str, params: str) -> dict[str, str]:
     """The text each BM25F field of a tool is made of (`DEFAULT_FIELDS`): what `SearchIndex.build`
     indexes and `PreparedTerms` works out ahead. `params`: the tool's `_schema_text`."""
@@ -292,6 +298,10 @@ class SearchIndex:
         position = {ns: k for k, ns in enumerate(namespaces)}
         self._namespace_of = np.asarray([position[ns] for ns, _ in locals_], dtype=np.intp)
         self._members = [np.flatnonzero(self._namespace_of == k) for k in range(len(namespaces))]
+        scopes: dict[str, list[int]] = {}
+        for i, tool in enumerate(self.tools):
+            scopes.setdefault(scope_name(tool.name), []).append(i)
+        self._scopes = {name: np.asarray(ids, dtype=np.intp) for name, ids in scopes.items()}
 
     @classmethod
     def build(
@@ -359,30 +369,52 @@ class SearchIndex:
         groups = expand(terms(query), self.options.synonym_weight)
         return self._lexical.scores(groups, self.options.coordination)
 
-    def search(self, query: str, limit: int = 5, *, query_vector: Vectors | None = None) -> list[ScoredTool]:
+    def within(self, namespaces: Sequence[str]) -> npt.NDArray[np.intp]:
+        """The ids of the tools of these namespaces (`scope_name`), ascending; unknown names
+        add nothing."""
+        found = [self._scopes[ns] for ns in dict.fromkeys(namespaces) if ns in self._scopes]
+        if not found:
+            return np.zeros(0, dtype=np.intp)
+        return np.sort(np.concatenate(found))
+
+    def search(
+        self,
+        query: str,
+        limit: int = 5,
+        *,
+        query_vector: Vectors | None = None,
+        within: npt.NDArray[np.intp] | None = None,
+    ) -> list[ScoredTool]:
         """The best `limit` tools for a natural-language query, best first, ties by name.
 
         Without vectors (none attached, or no `query_vector`): lexical only, and tools that share
         no term with the query are left out. With them: the dense ranking of every tool (cosine)
         and the lexical ranking are fused by reciprocal rank fusion; the fused head is re-ranked
         by the linear model `options.rerank` over `head_features`, which is the score.
+        `within`: only these tool ids (`within(namespaces)`) are ranked and returned.
         """
-        if limit < 1 or not self.tools:
+        if limit < 1 or not self.tools or (within is not None and within.size == 0):
             return []
         if self._vectors is None or query_vector is None:
             groups = expand(terms(query), self.options.synonym_weight)
             lex = self._lexical.scores(groups, self.options.coordination)
-            return self._top(lex, np.flatnonzero(lex > 0), limit)
-        head, features = self.head_features(query, query_vector, max(self.options.head, limit))
+            ids = np.flatnonzero(lex > 0) if within is None else within[lex[within] > 0]
+            return self._top(lex, ids, limit)
+        head, features = self.head_features(query, query_vector, max(self.options.head, limit), within)
         scores = np.zeros(len(self.tools), dtype=np.float32)
         scores[head] = features @ self.options.rerank.vector()
         return self._top(scores, head, limit)
 
     def head_features(
-        self, query: str, query_vector: Vectors, head_size: int | None = None
+        self,
+        query: str,
+        query_vector: Vectors,
+        head_size: int | None = None,
+        within: npt.NDArray[np.intp] | None = None,
     ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float32]]:
         """The fused head (tool ids, best fused first) and its features, one row per head tool,
-        columns as `FEATURES`. Needs the vectors attached."""
+        columns as `FEATURES`. Needs the vectors attached. `within`: both rankings are of these
+        tool ids only (a scoped search), so the head is too."""
         vectors, name_vectors, centroids = self._vectors, self._name_vectors, self._centroids
         if vectors is None or name_vectors is None or centroids is None:
             raise ValueError("no vectors attached")
@@ -395,15 +427,16 @@ class SearchIndex:
         cosine = vectors @ q
         ranks = np.arange(1, n + 1, dtype=np.float32)
         fused = np.zeros(n, dtype=np.float32)
-        fused[np.argsort(-cosine, kind="stable")] += 1.0 / (opts.rrf_k + ranks)
-        matched = np.flatnonzero(lex > 0)
+        ids = np.arange(n) if within is None else within
+        fused[ids[np.argsort(-cosine[ids], kind="stable")]] += 1.0 / (opts.rrf_k + ranks[: ids.size])
+        matched = ids[lex[ids] > 0]
         if matched.size:
             by_lex = matched[np.argsort(-lex[matched], kind="stable")]
             fused[by_lex] += 1.0 / (opts.rrf_k + ranks[: by_lex.size])
-        head = self._top_ids(fused, np.arange(n), head_size or opts.head)
+        head = self._top_ids(fused, ids, head_size or opts.head)
         asked = {t for group in groups for t in group}
         features = np.zeros((head.size, len(FEATURES)), dtype=np.float32)
-        best = float(lex.max())
+        best = float(lex[ids].max())
         features[:, 0] = cosine[head]
         features[:, 1] = lex[head] / best if best > 0 else 0.0
         features[:, 2] = name_vectors[head] @ q
