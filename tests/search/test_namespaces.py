@@ -187,7 +187,7 @@ async def test_a_scoped_search_answers_only_with_tools_of_its_scope(
             assert all(
                 h["name"] == h["namespace"] or h["name"].startswith(h["namespace"] + ".") for h in hits
             )
-            assert found["data"]["ranking"] in ("lexical", "hybrid")
+            assert found["data"]["ranking"] in ("lexical", "partial", "hybrid")
     both = await request(
         nc,
         subjects.toolsets_search,

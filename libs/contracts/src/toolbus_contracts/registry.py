@@ -226,10 +226,20 @@ class ToolsetGetRequest(WireModel):
     cursor: str | None = None
 
 
+class VectorState(WireModel):
+    """How many of a toolset's tools are embedded (search is at full quality when all are)."""
+
+    ready: int
+    tools: int
+
+
 class ToolsetGetReply(WireModel):
     id: str
     tools: list[ToolInfo]
     next_cursor: str | None = None
+    vectors: VectorState | None = None
+    """Absent when this replica holds no search index of the toolset (none searched or
+    registered here since it started, or dropped from its cache)."""
 
 
 DeclarationFormat = Literal["prompt", "dts"]
@@ -272,9 +282,11 @@ class SearchHit(WireModel):
     score: float
 
 
-SearchRanking = Literal["lexical", "hybrid"]
-"""How a search was answered: `lexical` (BM25F alone: the toolset's vectors are not all computed
-yet) or `hybrid` (BM25F and the embedding model, fused and re-ranked)."""
+SearchRanking = Literal["lexical", "partial", "hybrid"]
+"""How a search was answered: `hybrid` (BM25F and the embedding model over every tool, fused and
+re-ranked), `partial` (the same while the toolset is still being embedded: the query's lexical
+head was embedded first, tools without vectors yet rank lexically only) or `lexical` (BM25F
+alone: no vector could be had)."""
 
 
 class ToolsetSearchReply(WireModel):

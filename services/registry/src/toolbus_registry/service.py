@@ -237,11 +237,13 @@ class RegistryService:
         tools = stored.table.wire()
         scope = f"{req.id}:tools"
         page, nxt = page_items(tools, decode_cursor(req.cursor, scope, len(tools)), self._budget)
+        state = self._searcher.vectors(req.id)
         return ToolsetGetReply.model_validate(
             {
                 "id": req.id,
                 "tools": page,
                 "nextCursor": encode_cursor(scope, nxt) if nxt is not None else None,
+                "vectors": {"ready": state[0], "tools": state[1]} if state is not None else None,
             }
         )
 

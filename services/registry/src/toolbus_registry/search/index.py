@@ -94,6 +94,15 @@ class SearchOptions:
     bm25: Bm25Params = field(default_factory=Bm25Params)
 
 
+class _Partial(NamedTuple):
+    """Vectors of the tools embedded so far (zero rows for the others)."""
+
+    vectors: Vectors
+    name_vectors: Vectors
+    centroids: Vectors
+    has: npt.NDArray[np.bool_]
+
+
 class ScoredTool(NamedTuple):
     tool: ToolInfo
     score: float
@@ -287,6 +296,9 @@ class SearchIndex:
         self._vectors: Vectors | None = None
         self._name_vectors: Vectors | None = None
         self._centroids: Vectors | None = None
+        self._partial: _Partial | None = None
+        """Vectors of some tools (zero rows for the others), while the toolset is being embedded:
+        swapped whole on each `attach_some`, so a search reads one consistent state."""
         locals_ = [split_qualified_name(t.name) for t in self.tools]
         actions = [tool_action(local) for _, local in locals_]
         self._actions = {a: np.asarray([x == a for x in actions], dtype=np.float32) for a in ACTIONS}
@@ -357,12 +369,63 @@ class SearchIndex:
         if vectors.shape[0] != 2 * n:
             raise ValueError(f"{vectors.shape[0]} vectors for {n} tools (two a tool)")
         vectors = np.asarray(vectors, dtype=np.float32)
-        centroids = np.zeros((len(self._namespaces), vectors.shape[1]), dtype=np.float32)
-        np.add.at(centroids, self._namespace_of, vectors[:n])
-        centroids /= np.maximum(np.linalg.norm(centroids, axis=1, keepdims=True), 1e-12)
         self._name_vectors = np.ascontiguousarray(vectors[n:])
-        self._centroids = centroids
+        self._centroids = self._centroids_of(vectors[:n])
         self._vectors = np.ascontiguousarray(vectors[:n])  # last: `dense` turns true with all set
+        self._partial = None
+
+    @property
+    def embedded(self) -> int:
+        """Tools whose vectors are attached (all of them once `dense`)."""
+        if self._vectors is not None:
+            return len(self.tools)
+        partial = self._partial
+        return int(partial.has.sum()) if partial is not None else 0
+
+    def missing(self, ids: npt.NDArray[np.intp]) -> npt.NDArray[np.intp]:
+        """Those of `ids` whose vectors are not attached yet."""
+        if self._vectors is not None:
+            return ids[:0]
+        partial = self._partial
+        return ids if partial is None else ids[~partial.has[ids]]
+
+    def texts_of(self, ids: npt.NDArray[np.intp]) -> list[str]:
+        """What the vectors of these tools are made of: their texts, then their name texts (the
+        form `attach_some` takes)."""
+        order = ids.tolist()
+        return [self.texts[i] for i in order] + [self.name_texts[i] for i in order]
+
+    def attach_some(self, ids: npt.NDArray[np.intp], vectors: Vectors) -> None:
+        """Attach the vectors of some tools (`texts_of(ids)`, shape (2 * len(ids), dim)) while the
+        toolset is still being embedded: searches use them (`search`'s partial ranking)."""
+        k = ids.size
+        if vectors.shape[0] != 2 * k:
+            raise ValueError(f"{vectors.shape[0]} vectors for {k} tools (two a tool)")
+        if self._vectors is not None or k == 0:
+            return
+        n, dim = len(self.tools), vectors.shape[1]
+        old = self._partial
+        texts = old.vectors.copy() if old is not None else np.zeros((n, dim), dtype=np.float32)
+        names = old.name_vectors.copy() if old is not None else np.zeros((n, dim), dtype=np.float32)
+        has = old.has.copy() if old is not None else np.zeros(n, dtype=bool)
+        texts[ids] = vectors[:k]
+        names[ids] = vectors[k:]
+        has[ids] = True
+        self._partial = _Partial(texts, names, self._centroids_of(texts), has)
+
+    def _centroids_of(self, vectors: Vectors) -> Vectors:
+        centroids = np.zeros((len(self._namespaces), vectors.shape[1]), dtype=np.float32)
+        np.add.at(centroids, self._namespace_of, vectors)
+        centroids /= np.maximum(np.linalg.norm(centroids, axis=1, keepdims=True), 1e-12)
+        return centroids
+
+    def lexical_top(
+        self, query: str, k: int, within: npt.NDArray[np.intp] | None = None
+    ) -> npt.NDArray[np.intp]:
+        """The ids of the `k` best tools by BM25F (of `within` only when given), best first."""
+        lex = self.lexical_scores(query)
+        ids = np.flatnonzero(lex > 0) if within is None else within[lex[within] > 0]
+        return self._top_ids(lex, ids, k)
 
     def lexical_scores(self, query: str) -> npt.NDArray[np.float32]:
         """BM25F score of every tool for the query, synonyms included."""
@@ -388,14 +451,16 @@ class SearchIndex:
         """The best `limit` tools for a natural-language query, best first, ties by name.
 
         Without vectors (none attached, or no `query_vector`): lexical only, and tools that share
-        no term with the query are left out. With them: the dense ranking of every tool (cosine)
+        no term with the query are left out. With some (`attach_some`: the toolset is still being
+        embedded), as with all, tools without vectors scoring a cosine of 0 (the caller attaches
+        those of the lexical head first). With all: the dense ranking of every tool (cosine)
         and the lexical ranking are fused by reciprocal rank fusion; the fused head is re-ranked
         by the linear model `options.rerank` over `head_features`, which is the score.
         `within`: only these tool ids (`within(namespaces)`) are ranked and returned.
         """
         if limit < 1 or not self.tools or (within is not None and within.size == 0):
             return []
-        if self._vectors is None or query_vector is None:
+        if query_vector is None or (self._vectors is None and self._partial is None):
             groups = expand(terms(query), self.options.synonym_weight)
             lex = self._lexical.scores(groups, self.options.coordination)
             ids = np.flatnonzero(lex > 0) if within is None else within[lex[within] > 0]
@@ -416,6 +481,9 @@ class SearchIndex:
         columns as `FEATURES`. Needs the vectors attached. `within`: both rankings are of these
         tool ids only (a scoped search), so the head is too."""
         vectors, name_vectors, centroids = self._vectors, self._name_vectors, self._centroids
+        partial = self._partial
+        if (vectors is None or name_vectors is None or centroids is None) and partial is not None:
+            vectors, name_vectors, centroids = partial.vectors, partial.name_vectors, partial.centroids
         if vectors is None or name_vectors is None or centroids is None:
             raise ValueError("no vectors attached")
         opts = self.options
