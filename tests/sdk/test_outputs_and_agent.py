@@ -10,11 +10,16 @@ from typing import Any
 
 import orjson
 import pytest
+from anthropic.types import ToolResultBlockParam
+from anthropic.types.beta import BetaToolReferenceBlockParam
+from openai.types.responses import ResponseToolSearchOutputItemParamParam
+from openai.types.responses.response_input_item_param import FunctionCallOutput
 from toolbus import Internal, Toolbus, Unavailable
 from toolbus._outcomes import resolve
 from toolbus.agent import CALL_TOOL, LIST_TOOLS, SEARCH_TOOLS, AgentTools, DeferredTools
 
 from tests.support.mcp_servers import McpTestServer
+from tests.unit.test_agent_tools import conforms
 
 pytestmark = pytest.mark.e2e
 
@@ -232,6 +237,9 @@ async def test_a_scripted_agent_loop_reads_the_catalogue_scopes_a_search_browses
                 }
             )
             assert loaded["content"][0] == {"type": "tool_reference", "tool_name": "mail__send_message"}
+            conforms(ToolResultBlockParam, loaded)
+            for ref in loaded["content"]:
+                conforms(BetaToolReferenceBlockParam, ref)
             echoed = await deferred.answer_anthropic(
                 {"id": "toolu_10", "name": "everything__echo", "input": {"text": "hi"}}
             )
@@ -241,6 +249,7 @@ async def test_a_scripted_agent_loop_reads_the_catalogue_scopes_a_search_browses
             )
             assert output["type"] == "tool_search_output" and output["tools"][0]["name"] == "mail"
             assert output["tools"][0]["tools"][0]["name"] == "delete_message"
+            conforms(ResponseToolSearchOutputItemParamParam, output)
             answered = await deferred.answer_openai_function_call(
                 {
                     "type": "function_call",
@@ -251,4 +260,5 @@ async def test_a_scripted_agent_loop_reads_the_catalogue_scopes_a_search_browses
                 }
             )
             assert answered["type"] == "function_call_output"
+            conforms(FunctionCallOutput, answered)
             assert json.loads(answered["output"]) == {"ok": True, "output": {"text": "yo"}}

@@ -203,7 +203,7 @@ async def test_unknown_namespaces_are_refused_naming_the_field(
     nc: Any, subjects: Subjects, registry: RegistryApp, servers: dict[str, McpTestServer]
 ) -> None:
     tid = await _toolset(nc, subjects, servers)
-    cases = [
+    cases: list[tuple[str, dict[str, Any], str]] = [
         (
             subjects.toolsets_search,
             {"id": tid, "query": "x", "namespaces": ["mail", "nope"]},

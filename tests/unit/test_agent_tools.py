@@ -1,6 +1,8 @@
-"""The agent tools' definitions and answers in each provider's documented shape, checked against
-the providers' own SDK types (anthropic's and openai's TypedDicts, mcp_types' `Tool`), and the
-catalogue in `search_tools`' description bounded for toolsets of hundreds of namespaces."""
+"""The agent tools' definitions in each provider's documented shape, checked against the
+providers' own SDK types (anthropic's and openai's TypedDicts, mcp_types' `Tool`), and the
+catalogue in `search_tools`' description bounded for toolsets of hundreds of namespaces. (The
+answers' shapes are checked where they are made, against the real stack:
+tests/sdk/test_outputs_and_agent.py.)"""
 
 from __future__ import annotations
 
@@ -10,16 +12,10 @@ from typing import Any
 
 import mcp_types
 import pytest
-from anthropic.types import ToolParam, ToolResultBlockParam
-from anthropic.types.beta import BetaToolReferenceBlockParam
+from anthropic.types import ToolParam
 from openai.types.chat import ChatCompletionFunctionToolParam
-from openai.types.responses import (
-    NamespaceToolParam,
-    ResponseToolSearchOutputItemParamParam,
-    ToolSearchToolParam,
-)
+from openai.types.responses import NamespaceToolParam, ToolSearchToolParam
 from openai.types.responses.namespace_tool_param import ToolFunction
-from openai.types.responses.response_input_item_param import FunctionCallOutput
 from pydantic import TypeAdapter
 from toolbus.agent import (
     CATALOGUE_CHARS,
@@ -34,7 +30,7 @@ API_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 """A tool's name as both APIs document it (letters, digits, `_` and `-`, at most 64)."""
 
 
-def conforms(typed: Any, value: dict[str, Any]) -> None:
+def conforms(typed: Any, value: Any) -> None:
     """`value` validates as the provider's TypedDict and holds no key it does not declare."""
     TypeAdapter(typed).validate_python(value)
     declared = typed.__required_keys__ | typed.__optional_keys__
@@ -116,22 +112,14 @@ def test_deferred_tools_in_the_anthropic_tool_search_shape() -> None:
     deferred = DeferredTools(agent, _tools())
     tools = deferred.anthropic()
     assert tools[0]["name"] == "search_tools" and "defer_loading" not in tools[0]
-    for tool in tools:
-        conforms(ToolParam, tool)
-        assert API_NAME.fullmatch(tool["name"]), tool["name"]
+    for definition in tools:
+        conforms(ToolParam, definition)
+        assert API_NAME.fullmatch(definition["name"]), definition["name"]
     assert all(t["defer_loading"] is True for t in tools[1:])
     names = [t["name"] for t in tools[1:]]
     assert len(set(names)) == len(names) == 5
     for tool in _tools():
         assert deferred.qualified(api_name(tool.name)) == tool.name
-    # What answer_anthropic returns for a search: tool_reference blocks inside a tool_result.
-    block = {
-        "type": "tool_result",
-        "tool_use_id": "toolu_1",
-        "content": [{"type": "tool_reference", "tool_name": api_name("mail.send_message")}],
-    }
-    TypeAdapter(ToolResultBlockParam).validate_python(block)
-    conforms(BetaToolReferenceBlockParam, block["content"][0])  # type: ignore[index]
 
 
 def test_deferred_tools_in_the_openai_responses_tool_search_shape() -> None:
@@ -150,9 +138,6 @@ def test_deferred_tools_in_the_openai_responses_tool_search_shape() -> None:
     mail = next(n for n in namespaces if n["name"] == "mail")
     assert deferred.qualified(mail["tools"][0]["name"], "mail") in {"mail.send_message", "mail.list_messages"}
     assert deferred.qualified("tool__with-dots", "odd") == "odd.tool.with-dots"
-    output = {"type": "tool_search_output", "call_id": "c1", "execution": "client", "tools": [mail]}
-    conforms(ResponseToolSearchOutputItemParamParam, output)
-    conforms(FunctionCallOutput, {"type": "function_call_output", "call_id": "c2", "output": "{}"})
 
 
 @pytest.mark.parametrize(
