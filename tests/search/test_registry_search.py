@@ -174,6 +174,7 @@ async def test_a_search_during_background_embedding_embeds_its_head_and_answers_
     gate = threading.Event()
     gated = GatedEncoder(default_encoder(), gate)
     monkeypatch.setattr(searching, "default_encoder", lambda: gated)
+    monkeypatch.setattr(searching, "ON_DEMAND_WAIT", 60.0)  # however busy the machine
     server = McpTestServer(tools(f"gated {prefix}"), name="billing")
     await server.start()
     app = await started(settings)

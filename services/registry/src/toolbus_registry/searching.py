@@ -67,6 +67,9 @@ once, and counted in `toolsets.get`'s `vectors`)."""
 ON_DEMAND_TOOLS = 40
 """The lexical head of a search (the re-ranker's head size) embedded on demand while the toolset
 is not wholly embedded."""
+ON_DEMAND_WAIT = 1.5
+"""Seconds a search waits, at most, for its head to be embedded; past that it answers lexically
+(`ranking: lexical`) and the head is attached when done."""
 ON_DEMAND = Counter(
     "toolbus_search_tools_embedded_on_demand_total", "Tools embedded for a search before their turn."
 )
@@ -230,8 +233,9 @@ class Searcher:
         """The best `limit` tools for `query`, of `namespaces` only when given (names the caller
         checked: an unknown one adds no tool). Until every tool of the toolset is embedded, the
         query's lexical head (`ON_DEMAND_TOOLS`) is embedded first (at once, not behind the
-        background embedding) and the search ranks with the vectors there are: `ranking` is
-        `partial` then, `lexical` only where no vector could be had."""
+        background embedding; waited for `ON_DEMAND_WAIT` at most) and the search ranks with the
+        vectors there are: `ranking` is `partial` then, `lexical` where the head's vectors could
+        not be had in time."""
         self._searches.enter()
         try:
             index = await self.index(stored)
@@ -254,14 +258,25 @@ class Searcher:
         head = await asyncio.to_thread(index.lexical_top, query, ON_DEMAND_TOOLS, within)
         missing = index.missing(head)
         if missing.size:
+            job = asyncio.ensure_future(self._attach_head(toolset_id, index, missing))
             try:
-                vectors = await self.embedder.embed(index.texts_of(missing), foreground=True)
-            except Exception:
-                log.exception("embedding the head of a search of toolset %s failed", toolset_id)
+                # Not done by then (the model still loading, a busy machine): this search is
+                # answered lexically; the head is attached when it is done, for the next one.
+                if not await asyncio.wait_for(asyncio.shield(job), ON_DEMAND_WAIT):
+                    return False
+            except TimeoutError:
                 return False
-            index.attach_some(missing, vectors)
-            ON_DEMAND.inc(int(missing.size))
         return index.embedded > 0
+
+    async def _attach_head(self, toolset_id: str, index: SearchIndex, ids: npt.NDArray[np.intp]) -> bool:
+        try:
+            vectors = await self.embedder.embed(index.texts_of(ids), foreground=True)
+        except Exception:
+            log.exception("embedding the head of a search of toolset %s failed", toolset_id)
+            return False
+        index.attach_some(ids, vectors)
+        ON_DEMAND.inc(int(ids.size))
+        return True
 
     def _search(
         self,
