@@ -218,6 +218,7 @@ class RegistryService:
                 await self._searcher.warm(stored)  # the index now, the embedding in background
                 await self._searcher.after_searches()  # a first search waiting for the index first
                 await asyncio.to_thread(self._render, stored)
+                self._catalogue(stored)  # what an agent reads first (milliseconds)
             except Exception:  # a search or a declarations read tries again (and answers the error)
                 log.exception("warming toolset %s failed", stored.id)
                 return
