@@ -1,12 +1,13 @@
 """Tool search through NATS on two labelled corpora, beside plain BM25 over the same tool texts.
 
-    uv run python bench/search.py [--rounds 2] [--corpus small|large|both] [--registry-python PY]
+    uv run python bench/search.py [--rounds 2] [--corpus small|large|k8s|both|all] [--registry-python PY]
 
 Corpora: `small`, the 112 tools of six npm MCP servers with 116 labelled queries
 (tests/search/queries.json); `large`, Twilio's REST API as 1,239 MCP tools (from the
 `@twilio-alpha/mcp` npm package) plus those 112, with 178 labelled tasks
-(tests/search/twilio_tasks.json). Each corpus's servers are served by real MCP servers over
-streamable HTTP; a registry runs as its own process (`python -m toolbus_registry`, from
+(tests/search/twilio_tasks.json); `k8s`, Kubernetes' API as 999 MCP tools (from the
+`kubernetes` PyPI client) plus those 112, with 122 labelled tasks (tests/search/k8s_tasks.json).
+Each corpus's servers are served by real MCP servers over streamable HTTP; a registry runs as its own process (`python -m toolbus_registry`, from
 `--registry-python`: point it at another checkout's venv to measure that code) on a fresh subject
 prefix against NATS at TOOLBUS_NATS_URL (default 127.0.0.1:4222); its buckets are deleted after.
 
@@ -47,11 +48,13 @@ from toolbus_registry.search.lexical import Bm25Params, Field, LexicalIndex
 from toolbus_registry.search.text import split_identifier
 
 from bench.harness import percentile
+from tests.search.k8s_corpus import load_k8s_corpus
 from tests.search.labelled import (
     AgentQuery,
     LabelledQuery,
     evaluate,
     load_agent_queries,
+    load_k8s_tasks,
     load_queries,
     load_tools,
     load_twilio_tasks,
@@ -401,12 +404,12 @@ def report(results: list[dict[str, Any]]) -> None:
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--corpus", choices=("small", "large", "both"), default="both")
+    parser.add_argument("--corpus", choices=("small", "large", "k8s", "both", "all"), default="all")
     parser.add_argument("--registry-python", default=None, help="the Python whose toolbus_registry runs")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     results = []
-    if args.corpus in ("small", "both"):
+    if args.corpus in ("small", "both", "all"):
         results.append(
             await bench_corpus(
                 "small",
@@ -417,13 +420,24 @@ async def main() -> None:
                 args.registry_python,
             )
         )
-    if args.corpus in ("large", "both"):
+    if args.corpus in ("large", "both", "all"):
         results.append(
             await bench_corpus(
                 "large",
                 load_large_corpus(),
                 load_twilio_tasks(),
                 load_agent_queries("large"),
+                args.rounds,
+                args.registry_python,
+            )
+        )
+    if args.corpus in ("k8s", "all"):
+        results.append(
+            await bench_corpus(
+                "k8s",
+                load_k8s_corpus(),
+                load_k8s_tasks(),
+                load_agent_queries("k8s"),
                 args.rounds,
                 args.registry_python,
             )

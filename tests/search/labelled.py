@@ -49,11 +49,18 @@ class AgentQuery:
     namespaces: tuple[str, ...]
 
 
+def load_k8s_tasks() -> list[LabelledQuery]:
+    """The labelled tasks over the Kubernetes corpus (`k8s_corpus.load_k8s_corpus`)."""
+    data = json.loads((HERE / "k8s_tasks.json").read_text())
+    return [LabelledQuery(q["query"], frozenset(q["accept"]), False) for q in data["queries"]]
+
+
 def load_agent_queries(corpus: str) -> list[AgentQuery]:
-    """The agent-phrased queries beside the labelled tasks of `corpus` (`small` or `large`), in
-    the tasks' order: `small_agent_queries.json`, `twilio_agent_queries.json`."""
-    tasks = load_queries() if corpus == "small" else load_twilio_tasks()
-    name = "small_agent_queries.json" if corpus == "small" else "twilio_agent_queries.json"
+    """The agent-phrased queries beside the labelled tasks of `corpus` (`small`, `large` or
+    `k8s`), in the tasks' order: `small_agent_queries.json`, `twilio_agent_queries.json`,
+    `k8s_agent_queries.json`."""
+    tasks = {"small": load_queries, "large": load_twilio_tasks, "k8s": load_k8s_tasks}[corpus]()
+    name = {"small": "small", "large": "twilio", "k8s": "k8s"}[corpus] + "_agent_queries.json"
     data = json.loads((HERE / name).read_text())["queries"]
     if [d["task"] for d in data] != [t.query for t in tasks]:
         raise ValueError(f"{name} is not beside its tasks, one for one, in their order")
