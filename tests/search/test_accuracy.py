@@ -11,15 +11,18 @@ Vectors are cached across runs (tests/search/support.py).
 from __future__ import annotations
 
 import os
+from typing import NoReturn
 
 import pytest
 from toolbus_registry.search import Embedder, SearchIndex
 
+from tests.search.k8s_corpus import load_k8s_corpus
 from tests.search.labelled import (
     Accuracy,
     LabelledQuery,
     evaluate,
     load_agent_queries,
+    load_k8s_tasks,
     load_queries,
     load_tools,
     load_twilio_tasks,
@@ -32,7 +35,7 @@ from tests.search.support import cached_embedder, embedded_index, searcher
 pytestmark = pytest.mark.timeout(900)
 
 
-def unavailable(reason: str) -> None:
+def unavailable(reason: str) -> NoReturn:
     """A corpus that cannot be built: skipped on a developer's machine, a failure in CI."""
     if os.environ.get("CI"):
         pytest.fail(reason)
@@ -59,6 +62,15 @@ def large(embedder: Embedder) -> SearchIndex:
         tools = load_large_corpus()
     except LookupError as exc:
         unavailable(f"Twilio's API description (npm @twilio-alpha/mcp) unavailable: {exc}")
+    return embedded_index(tools, embedder)
+
+
+@pytest.fixture(scope="module")
+def k8s(embedder: Embedder) -> SearchIndex:
+    try:
+        tools = load_k8s_corpus()
+    except LookupError as exc:
+        unavailable(f"Kubernetes' API description (PyPI kubernetes) unavailable: {exc}")
     return embedded_index(tools, embedder)
 
 
@@ -118,8 +130,10 @@ def run_agent(index: SearchIndex, embedder: Embedder, corpus: str, *, scoped: bo
     return evaluate(search, keyed)
 
 
-def test_agent_queries_scope_only_namespaces_that_exist(small: SearchIndex, large: SearchIndex) -> None:
-    for index, corpus in ((small, "small"), (large, "large")):
+def test_agent_queries_scope_only_namespaces_that_exist(
+    small: SearchIndex, large: SearchIndex, k8s: SearchIndex
+) -> None:
+    for index, corpus in ((small, "small"), (large, "large"), (k8s, "k8s")):
         namespaces = {t.name.partition(".")[0] for t in index.tools}
         assert (
             sorted(n for a in load_agent_queries(corpus) for n in a.namespaces if n not in namespaces) == []
@@ -144,4 +158,25 @@ def test_small_corpus_agent_queries_reach_the_accuracy_floor(small: SearchIndex,
     assert unscoped.recall5 >= 0.98, unscoped.misses
     scoped = run_agent(small, embedder, "small", scoped=True)
     assert scoped.top1 >= 0.97, scoped.misses
+    assert scoped.recall5 >= 0.99, scoped.misses
+
+
+def test_k8s_labelled_set_is_over_tools_that_exist(k8s: SearchIndex) -> None:
+    known = {t.name for t in k8s.tools}
+    assert len(k8s) >= 1000 and len(load_k8s_tasks()) >= 120
+    assert sorted(name for q in load_k8s_tasks() for name in q.accept if name not in known) == []
+
+
+def test_k8s_corpus_reaches_the_accuracy_floors(k8s: SearchIndex, embedder: Embedder) -> None:
+    # Measured: the task as the query 0.566 / 0.770 (lexical alone 0.328 / 0.598); the agent's
+    # query unscoped 0.943 / 0.992, scoped 0.959 / 1.000 (122 tasks). Misses of the agent's query:
+    # `list namespaced pod` ranks `list_pod_for_all_namespaces` above `list_namespaced_pod`.
+    task = run(k8s, embedder, load_k8s_tasks())
+    assert task.top1 >= 0.55, task.misses
+    assert task.recall5 >= 0.75, task.misses
+    unscoped = run_agent(k8s, embedder, "k8s", scoped=False)
+    assert unscoped.top1 >= 0.93, unscoped.misses
+    assert unscoped.recall5 >= 0.98, unscoped.misses
+    scoped = run_agent(k8s, embedder, "k8s", scoped=True)
+    assert scoped.top1 >= 0.95, scoped.misses
     assert scoped.recall5 >= 0.99, scoped.misses
