@@ -63,10 +63,11 @@ def derived_summary(local_names: Iterable[str]) -> str:
 def _summary(
     server: str | None, user: str | None, local_names: Sequence[str], single: str | None = None
 ) -> tuple[str, SummarySource]:
-    for text, source in ((server, "server"), (user, "user")):
+    given: tuple[tuple[str | None, SummarySource], ...] = ((server, "server"), (user, "user"))
+    for text, source in given:
         line = _line(text or "")
         if line:
-            return line, source  # type: ignore[return-value]
+            return line, source
     if single is not None and (line := _line(single)):
         return line, "derived"
     return derived_summary(local_names) or "tools", "derived"
