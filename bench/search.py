@@ -1,17 +1,21 @@
 """Tool search through NATS on two labelled corpora, beside plain BM25 over the same tool texts.
 
-    uv run python bench/search.py [--rounds 2] [--corpus small|large|both] [--registry-python PY]
+    uv run python bench/search.py [--rounds 2] [--corpus small|large|k8s|both|all] [--registry-python PY]
 
 Corpora: `small`, the 112 tools of six npm MCP servers with 116 labelled queries
 (tests/search/queries.json); `large`, Twilio's REST API as 1,239 MCP tools (from the
 `@twilio-alpha/mcp` npm package) plus those 112, with 178 labelled tasks
-(tests/search/twilio_tasks.json). Each corpus's servers are served by real MCP servers over
-streamable HTTP; a registry runs as its own process (`python -m toolbus_registry`, from
+(tests/search/twilio_tasks.json); `k8s`, Kubernetes' API as 999 MCP tools (from the
+`kubernetes` PyPI client) plus those 112, with 122 labelled tasks (tests/search/k8s_tasks.json).
+Each corpus's servers are served by real MCP servers over streamable HTTP; a registry runs as its own process (`python -m toolbus_registry`, from
 `--registry-python`: point it at another checkout's venv to measure that code) on a fresh subject
 prefix against NATS at TOOLBUS_NATS_URL (default 127.0.0.1:4222); its buckets are deleted after.
 
-Printed per corpus: top-1, recall@5, p50 and p99 of `toolsets.search` through NATS (warm: the last
-of `--rounds` passes), registration time of a toolset not seen before, the registry's CPU time per
+Printed per corpus, each beside plain BM25 over the same query: top-1 and recall@5 of three query
+sets, the labelled task as the query, the agent's query (tests/search/*_agent_queries.json: what
+a model sends after reading the namespace catalogue) unscoped, and the agent's query scoped to the
+namespaces it chose; p50 and p99 of `toolsets.search` through NATS (warm: the last of `--rounds`
+passes) and of `toolsets.namespaces`, registration time of a toolset not seen before, the registry's CPU time per
 search in that pass (from /proc: steadier than latency on a loaded machine), the first search
 right after it (lexical while the tools are embedded in the background), how long the background
 embedding took, then the same registration and first search after a registry restart (vectors
@@ -44,7 +48,17 @@ from toolbus_registry.search.lexical import Bm25Params, Field, LexicalIndex
 from toolbus_registry.search.text import split_identifier
 
 from bench.harness import percentile
-from tests.search.labelled import LabelledQuery, evaluate, load_queries, load_tools, load_twilio_tasks
+from tests.search.k8s_corpus import load_k8s_corpus
+from tests.search.labelled import (
+    AgentQuery,
+    LabelledQuery,
+    evaluate,
+    load_agent_queries,
+    load_k8s_tasks,
+    load_queries,
+    load_tools,
+    load_twilio_tasks,
+)
 from tests.search.openapi_corpus import load_large_corpus
 from tests.support.mcp_servers import McpTestServer
 
@@ -64,11 +78,38 @@ class PlainBm25:
             docs.append({"all": split_identifier(f"{t.name} {t.description} {params}")})
         self.index = LexicalIndex(docs, Bm25Params(fields={"all": Field(weight=1.0, b=0.75)}))
 
-    def search(self, query: str, k: int) -> list[str]:
+    def search(self, query: str, k: int, namespaces: Sequence[str] | None = None) -> list[str]:
+        """The best `k` tool names, of `namespaces` only when given."""
         groups = [{w: 1.0} for w in dict.fromkeys(split_identifier(query))]
         scores = self.index.scores(groups, coordination=0.0)
-        order = sorted(range(len(self.tools)), key=lambda i: (-float(scores[i]), self.tools[i].name))
+        ids = [
+            i
+            for i in range(len(self.tools))
+            if namespaces is None or self.tools[i].name.partition(".")[0] in namespaces
+        ]
+        order = sorted(ids, key=lambda i: (-float(scores[i]), self.tools[i].name))
         return [self.tools[i].name for i in order[:k] if scores[i] > 0]
+
+
+QuerySet = list[tuple[str, LabelledQuery, tuple[str, ...] | None]]
+"""(query sent, its labelled task, the namespaces it is scoped to or None), in the tasks' order."""
+
+
+def query_sets(queries: list[LabelledQuery], agent: list[AgentQuery]) -> dict[str, QuerySet]:
+    """The three ways one task is searched: the task as the query, the agent's query unscoped,
+    the agent's query scoped."""
+    return {
+        "task": [(q.query, q, None) for q in queries],
+        "agent": [(a.query, a.task, None) for a in agent],
+        "scoped": [(a.query, a.task, a.namespaces) for a in agent],
+    }
+
+
+def score(results: Sequence[Sequence[str]], sets: QuerySet) -> Any:
+    """Accuracy of `results` (names per query, in `sets` order) against the labelled tasks."""
+    keyed = [LabelledQuery(f"{i}:{q}", task.accept, False) for i, (q, task, _) in enumerate(sets)]
+    by_key = {k.query: list(r) for k, r in zip(keyed, results, strict=True)}
+    return evaluate(lambda q, k: by_key[q][:k], keyed)
 
 
 def ms(seconds: float) -> str:
@@ -146,22 +187,25 @@ async def serve(tools: Sequence[ToolInfo]) -> list[McpTestServer]:
 
 
 async def bench_corpus(
-    label: str, tools: list[ToolInfo], queries: list[LabelledQuery], rounds: int, python: str | None
+    label: str,
+    tools: list[ToolInfo],
+    queries: list[LabelledQuery],
+    agent: list[AgentQuery],
+    rounds: int,
+    python: str | None,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {"corpus": label, "tools": len(tools), "queries": len(queries)}
     bm25 = PlainBm25(tools)
-    acc = evaluate(bm25.search, queries)
+    sets = query_sets(queries, agent)
     lat = []
     for q in queries:
         t0 = time.perf_counter()
         bm25.search(q.query, 5)
         lat.append(time.perf_counter() - t0)
-    out["bm25"] = {
-        "top1": acc.top1,
-        "recall5": acc.recall5,
-        "p50": percentile(lat, 0.5),
-        "p99": percentile(lat, 0.99),
-    }
+    out["bm25"] = {"p50": percentile(lat, 0.5), "p99": percentile(lat, 0.99)}
+    for name, qs in sets.items():
+        acc = score([bm25.search(q, 5, scope) for q, _, scope in qs], qs)
+        out["bm25"][name] = {"top1": acc.top1, "recall5": acc.recall5}
 
     servers = await serve(tools)
     prefix = f"tbbench{uuid.uuid4().hex[:8]}"
@@ -176,6 +220,16 @@ async def bench_corpus(
         if not reply.get("ok"):
             raise RuntimeError(reply)
         return reply["data"]  # type: ignore[no-any-return]
+
+    async def serves_scopes(toolset_id: str, query: str) -> bool:
+        """Whether the registry takes `namespaces` (one from before it refuses the field)."""
+        namespace = tools[0].name.partition(".")[0]
+        body_ = {"id": toolset_id, "query": query, "limit": 1, "namespaces": [namespace]}
+        try:
+            await ask("toolsets.search", json.dumps(body_).encode())
+        except RuntimeError:
+            return False
+        return True
 
     async def register_and_first_search() -> tuple[str, float, float]:
         t0 = time.perf_counter()
@@ -198,36 +252,72 @@ async def bench_corpus(
         try:
             idle = rss_mib(registry.proc.pid)
             toolset_id, registered, first = await register_and_first_search()
-            embedded = await wait_embedded(registry.base_url)
+            # The agent's queries sent right after registration, one after another, while the
+            # tools are embedded in the background: what quality a fresh toolset gets, and when.
+            began = time.perf_counter() - first
+            early: list[list[str]] = []
+            rankings: dict[str, int] = {}
+            for sent, _task, _scope in sets["agent"]:
+                payload = json.dumps({"id": toolset_id, "query": sent, "limit": 5}).encode()
+                data = await ask("toolsets.search", payload)
+                early.append([t["name"] for t in data["tools"]])
+                ranking = str(data.get("ranking"))
+                rankings[ranking] = rankings.get(ranking, 0) + 1
+            early_time = time.perf_counter() - began
+            early_acc = score(early, sets["agent"])
+            embedded = await wait_embedded(registry.base_url) + early_time
             out["cold"] = {
                 "register": registered,
                 "first_search": first,
                 "embedding": embedded,
                 "encoded": metric(registry.base_url, "toolbus_search_texts_encoded_total"),
+                "on_demand": metric(registry.base_url, "toolbus_search_tools_embedded_on_demand_total"),
+                "early": {
+                    "top1": early_acc.top1,
+                    "recall5": early_acc.recall5,
+                    "seconds": early_time,
+                    "rankings": rankings,
+                },
             }
 
-            names: dict[str, list[str]] = {}
-            lat = []
-            cpu = 0.0
-            for _ in range(rounds):
+            out["toolbus"] = {}
+            for name, qs in sets.items():
+                if name == "scoped" and not await serves_scopes(toolset_id, qs[0][0]):
+                    continue  # a registry from before scoped search (--registry-python)
+                results: list[list[str]] = []
                 lat = []
-                cpu = cpu_seconds(registry.proc.pid)
-                for q in queries:
-                    payload = json.dumps({"id": toolset_id, "query": q.query, "limit": 5}).encode()
-                    t0 = time.perf_counter()
-                    data = await ask("toolsets.search", payload)
-                    lat.append(time.perf_counter() - t0)
-                    names[q.query] = [t["name"] for t in data["tools"]]
-                cpu = (cpu_seconds(registry.proc.pid) - cpu) / len(queries)
-            acc = evaluate(lambda q, k: names[q][:k], queries)
-            out["toolbus"] = {
-                "top1": acc.top1,
-                "recall5": acc.recall5,
-                "p50": percentile(lat, 0.5),
-                "p99": percentile(lat, 0.99),
-                "cpu": cpu,
-                "misses": acc.misses,
-            }
+                cpu = 0.0
+                for _ in range(rounds):
+                    results, lat = [], []
+                    cpu = cpu_seconds(registry.proc.pid)
+                    for sent, _task, scope in qs:
+                        body_: dict[str, Any] = {"id": toolset_id, "query": sent, "limit": 5}
+                        if scope is not None:
+                            body_["namespaces"] = list(scope)
+                        t0 = time.perf_counter()
+                        data = await ask("toolsets.search", json.dumps(body_).encode())
+                        lat.append(time.perf_counter() - t0)
+                        results.append([t["name"] for t in data["tools"]])
+                    cpu = (cpu_seconds(registry.proc.pid) - cpu) / len(qs)
+                acc = score(results, qs)
+                out["toolbus"][name] = {
+                    "top1": acc.top1,
+                    "recall5": acc.recall5,
+                    "p50": percentile(lat, 0.5),
+                    "p99": percentile(lat, 0.99),
+                    "cpu": cpu,
+                    "misses": acc.misses,
+                }
+            lat = []
+            for _ in range(50):
+                t0 = time.perf_counter()
+                try:
+                    await ask("toolsets.namespaces", json.dumps({"id": toolset_id}).encode(), 5)
+                except Exception:  # not served by a registry from before it (--registry-python)
+                    break
+                lat.append(time.perf_counter() - t0)
+            if lat:
+                out["namespaces"] = {"p50": percentile(lat, 0.5), "p99": percentile(lat, 0.99)}
             out["rss"] = {
                 "idle": idle[0],
                 "after": rss_mib(registry.proc.pid)[0],
@@ -264,22 +354,55 @@ def report(results: list[dict[str, Any]]) -> None:
         + " |"
     )
     print("|---|" + "---|" * len(results))
-    row("top-1: toolbus / plain BM25", lambda r: f"{r['toolbus']['top1']:.3f} / {r['bm25']['top1']:.3f}")
+    for name, what in (
+        ("task", "the task as the query"),
+        ("agent", "agent's query, unscoped"),
+        ("scoped", "agent's query, scoped"),
+    ):
+        row(
+            f"{what}: top-1 / recall@5, toolbus (plain BM25)",
+            lambda r, n=name: (  # type: ignore[misc]
+                (
+                    f"{r['toolbus'][n]['top1']:.3f} / {r['toolbus'][n]['recall5']:.3f} "
+                    if n in r["toolbus"]
+                    else "not served "
+                )
+                + f"({r['bm25'][n]['top1']:.3f} / {r['bm25'][n]['recall5']:.3f})"
+            ),
+        )
+        row(
+            f"{what}: p50 / p99 (NATS)",
+            lambda r, n=name: (  # type: ignore[misc]
+                f"{ms(r['toolbus'][n]['p50'])} / {ms(r['toolbus'][n]['p99'])}" if n in r["toolbus"] else "-"
+            ),
+        )
     row(
-        "recall@5: toolbus / plain BM25",
-        lambda r: f"{r['toolbus']['recall5']:.3f} / {r['bm25']['recall5']:.3f}",
+        "plain BM25 p50 / p99 (in-process, task as query)",
+        lambda r: f"{ms(r['bm25']['p50'])} / {ms(r['bm25']['p99'])}",
     )
     row(
-        "p50: toolbus (NATS) / BM25 (in-process)",
-        lambda r: f"{ms(r['toolbus']['p50'])} / {ms(r['bm25']['p50'])}",
+        "toolsets.namespaces p50 / p99 (NATS)",
+        lambda r: (
+            f"{ms(r['namespaces']['p50'])} / {ms(r['namespaces']['p99'])}"
+            if "namespaces" in r
+            else "not served"
+        ),
     )
-    row(
-        "p99: toolbus (NATS) / BM25 (in-process)",
-        lambda r: f"{ms(r['toolbus']['p99'])} / {ms(r['bm25']['p99'])}",
-    )
-    row("registry CPU per search (warm round)", lambda r: ms(r["toolbus"]["cpu"]))
+    row("registry CPU per search (warm round, task as query)", lambda r: ms(r["toolbus"]["task"]["cpu"]))
     row("registration, toolset not seen before", lambda r: ms(r["cold"]["register"]))
     row("first search after it", lambda r: ms(r["cold"]["first_search"]))
+    row(
+        "agent's queries (unscoped) right after registration: top-1 / recall@5",
+        lambda r: f"{r['cold']['early']['top1']:.3f} / {r['cold']['early']['recall5']:.3f}",
+    )
+    row(
+        "... all sent within (s), rankings",
+        lambda r: (
+            f"{r['cold']['early']['seconds']:.1f} s, "
+            + ", ".join(f"{k} {v}" for k, v in sorted(r["cold"]["early"]["rankings"].items()))
+        ),
+    )
+    row("... tools embedded on demand", lambda r: f"{r['cold']['on_demand']}")  # None: before it
     row(
         "background embedding (texts encoded)",
         lambda r: f"{r['cold']['embedding']:.1f} s ({r['cold']['encoded']})",
@@ -297,27 +420,54 @@ def report(results: list[dict[str, Any]]) -> None:
         lambda r: f"{r['rss']['idle']:.0f} / {r['rss']['after']:.0f} / {r['rss']['peak']:.0f}",
     )
     for r in results:
-        print(f"\n{r['corpus']}: toolbus misses at top-1 ({len(r['toolbus']['misses'])}):")
-        for query, got in r["toolbus"]["misses"]:
-            print(f"    {query!r} -> {', '.join(got)}")
+        for name in ("task", "agent", "scoped"):
+            if name not in r["toolbus"]:
+                continue
+            misses = r["toolbus"][name]["misses"]
+            print(f"\n{r['corpus']}, {name}: toolbus misses at top-1 ({len(misses)}):")
+            for query, got in misses:
+                print(f"    {query!r} -> {', '.join(got)}")
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--corpus", choices=("small", "large", "both"), default="both")
+    parser.add_argument("--corpus", choices=("small", "large", "k8s", "both", "all"), default="all")
     parser.add_argument("--registry-python", default=None, help="the Python whose toolbus_registry runs")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     results = []
-    if args.corpus in ("small", "both"):
-        results.append(
-            await bench_corpus("small", load_tools(), load_queries(), args.rounds, args.registry_python)
-        )
-    if args.corpus in ("large", "both"):
+    if args.corpus in ("small", "both", "all"):
         results.append(
             await bench_corpus(
-                "large", load_large_corpus(), load_twilio_tasks(), args.rounds, args.registry_python
+                "small",
+                load_tools(),
+                load_queries(),
+                load_agent_queries("small"),
+                args.rounds,
+                args.registry_python,
+            )
+        )
+    if args.corpus in ("large", "both", "all"):
+        results.append(
+            await bench_corpus(
+                "large",
+                load_large_corpus(),
+                load_twilio_tasks(),
+                load_agent_queries("large"),
+                args.rounds,
+                args.registry_python,
+            )
+        )
+    if args.corpus in ("k8s", "all"):
+        results.append(
+            await bench_corpus(
+                "k8s",
+                load_k8s_corpus(),
+                load_k8s_tasks(),
+                load_agent_queries("k8s"),
+                args.rounds,
+                args.registry_python,
             )
         )
     if args.json:

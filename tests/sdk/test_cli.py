@@ -59,6 +59,16 @@ async def test_cli_commands_json_and_exit_codes(
     assert [t["name"] for t in got["tools"]] == [t["name"] for t in created["tools"]]
     hits = await ok_json(env, "toolsets", "search", toolset_id, "report a tool error", "--limit", "1")
     assert [h["name"] for h in hits["tools"]] == ["everything.fail"]
+    namespaces = await ok_json(env, "toolsets", "namespaces", toolset_id)
+    assert [(n["name"], n["kind"], n["toolCount"]) for n in namespaces["namespaces"]] == [
+        ("everything", "mcp", 4)
+    ]
+    scoped = await ok_json(env, "toolsets", "search", toolset_id, "echo", "-s", "everything", "-n", "2")
+    assert {h["namespace"] for h in scoped["tools"]} == {"everything"}
+    outside = await cli(env, "toolsets", "search", toolset_id, "echo", "--namespace", "nope")
+    assert outside.returncode == 5 and outside.stderr.startswith("error: invalidRequest: ")
+    browsed = await cli(env, "toolsets", "declarations", toolset_id, "--namespace", "everything")
+    assert browsed.returncode == 0 and browsed.stdout.startswith("everything.")
     dts = await cli(env, "toolsets", "declarations", toolset_id, "--format", "dts")
     assert dts.returncode == 0 and dts.stdout == created["declarations"]["dts"].rstrip("\n") + "\n"
 

@@ -10,11 +10,16 @@ from typing import Any
 
 import orjson
 import pytest
+from anthropic.types import ToolResultBlockParam
+from anthropic.types.beta import BetaToolReferenceBlockParam
+from openai.types.responses import ResponseToolSearchOutputItemParamParam
+from openai.types.responses.response_input_item_param import FunctionCallOutput
 from toolbus import Internal, Toolbus, Unavailable
 from toolbus._outcomes import resolve
-from toolbus.agent import CALL_TOOL, SEARCH_TOOLS, AgentTools
+from toolbus.agent import CALL_TOOL, LIST_TOOLS, SEARCH_TOOLS, AgentTools, DeferredTools
 
 from tests.support.mcp_servers import McpTestServer
+from tests.unit.test_agent_tools import conforms
 
 pytestmark = pytest.mark.e2e
 
@@ -75,7 +80,7 @@ def test_definitions_in_each_api_shape() -> None:
     assert set(mcp) == {"name", "description", "inputSchema"}
     import jsonschema
 
-    for definition in (SEARCH_TOOLS, CALL_TOOL):
+    for definition in (SEARCH_TOOLS, LIST_TOOLS, CALL_TOOL):
         jsonschema.Draft202012Validator.check_schema(definition.input_schema)
 
 
@@ -85,9 +90,10 @@ async def test_search_tools_and_call_tool_handlers_in_each_format(
     toolset = await tb.toolsets.create(mcp=[{"name": "everything", "url": mcp_server.url}])
     async with await tb.runs.open(toolset) as run:
         agent = AgentTools(run)
-        assert [t["name"] for t in agent.anthropic()] == ["search_tools", "call_tool"]
-        assert [t["function"]["name"] for t in agent.openai()] == ["search_tools", "call_tool"]
-        assert [t["name"] for t in agent.mcp()] == ["search_tools", "call_tool"]
+        names = ["search_tools", "list_tools", "call_tool"]
+        assert [t["name"] for t in agent.anthropic()] == names
+        assert [t["function"]["name"] for t in agent.openai()] == names
+        assert [t["name"] for t in agent.mcp()] == names
 
         # Anthropic: a tool_use block in, a tool_result block out.
         block = await agent.answer_anthropic(
@@ -146,3 +152,113 @@ async def test_search_tools_and_call_tool_handlers_in_each_format(
         assert (
             unknown["is_error"] is True and json.loads(unknown["content"])["error"]["code"] == "unknownTool"
         )
+
+
+MAIL_TOOLS = {
+    "send_message": "Send an email message to a recipient.",
+    "list_messages": "List the messages of a mailbox.",
+    "delete_message": "Delete one email message.",
+}
+
+
+async def test_a_scripted_agent_loop_reads_the_catalogue_scopes_a_search_browses_and_calls(
+    tb: Toolbus, mcp_server: McpTestServer
+) -> None:
+    """The loop a model drives: the catalogue in search_tools' description, a search scoped to
+    the namespace it names, a namespace listed, a tool called; printed as a transcript (-s)."""
+    tools = [
+        {
+            "name": n,
+            "description": d,
+            "inputSchema": {"type": "object", "properties": {"to": {"type": "string"}}},
+        }
+        for n, d in MAIL_TOOLS.items()
+    ]
+    async with McpTestServer(tools, name="mail", instructions="Company email: send and read mail.") as mail:
+        toolset = await tb.toolsets.create(
+            mcp=[
+                {
+                    "name": "everything",
+                    "url": mcp_server.url,
+                    "description": "Test tools that echo and fail.",
+                },
+                {"name": "mail", "url": mail.url},
+            ]
+        )
+        async with await tb.runs.open(toolset) as run:
+            agent = await AgentTools.open(run)
+            transcript: list[str] = []
+            search = agent.anthropic()[0]
+            catalogue = search["description"].split("\n\n", 1)[1]
+            transcript.append(f"[search_tools description, catalogue part]\n{catalogue}")
+            assert catalogue.splitlines() == [
+                "Namespaces:",
+                "- everything (mcp, 4 tools): Test tools that echo and fail.",
+                "- mail (mcp, 3 tools): Company email: send and read mail.",
+            ]
+            steps: list[tuple[str, dict[str, Any]]] = [
+                ("search_tools", {"query": "send message", "namespaces": ["mail"], "limit": 3}),
+                ("list_tools", {"namespace": "everything"}),
+                ("call_tool", {"name": "everything.echo", "input": {"text": "hello"}}),
+            ]
+            results = []
+            for i, (name, arguments) in enumerate(steps):
+                block = await agent.answer_anthropic(
+                    {"type": "tool_use", "id": f"toolu_{i}", "name": name, "input": arguments}
+                )
+                result = json.loads(block["content"])
+                results.append(result)
+                transcript.append(
+                    f"[tool_use {name}] {json.dumps(arguments)}\n[tool_result] {json.dumps(result)[:600]}"
+                )
+            print("\n\n".join(transcript))
+            found, listed, called = results
+            assert found["ok"] and found["tools"][0]["name"] == "mail.send_message"
+            assert {t["namespace"] for t in found["tools"]} == {"mail"}
+            assert listed["ok"] and listed["pages"] == 1
+            assert [line.split("(")[0] for line in listed["tools"]] == [
+                "everything.big",
+                "everything.echo",
+                "everything.fail",
+                "everything.plain",
+            ]
+            assert called == {"ok": True, "output": {"text": "hello"}}
+            refused = await agent.handle("search_tools", {"query": "x", "namespaces": ["nope"]})
+            assert refused["ok"] is False and refused["error"]["code"] == "invalidRequest"
+
+            # The providers' deferred loading over the same toolset: the search answers with
+            # tool_reference blocks (Anthropic) or a tool_search_output (OpenAI Responses).
+            deferred = await DeferredTools.open(run)
+            loaded = await deferred.answer_anthropic(
+                {
+                    "id": "toolu_9",
+                    "name": "search_tools",
+                    "input": {"query": "send message", "namespaces": ["mail"]},
+                }
+            )
+            assert loaded["content"][0] == {"type": "tool_reference", "tool_name": "mail__send_message"}
+            conforms(ToolResultBlockParam, loaded)
+            for ref in loaded["content"]:
+                conforms(BetaToolReferenceBlockParam, ref)
+            echoed = await deferred.answer_anthropic(
+                {"id": "toolu_10", "name": "everything__echo", "input": {"text": "hi"}}
+            )
+            assert json.loads(echoed["content"]) == {"ok": True, "output": {"text": "hi"}}
+            output = await deferred.answer_openai_tool_search(
+                {"type": "tool_search_call", "call_id": "c1", "arguments": {"query": "delete message"}}
+            )
+            assert output["type"] == "tool_search_output" and output["tools"][0]["name"] == "mail"
+            assert output["tools"][0]["tools"][0]["name"] == "delete_message"
+            conforms(ResponseToolSearchOutputItemParamParam, output)
+            answered = await deferred.answer_openai_function_call(
+                {
+                    "type": "function_call",
+                    "call_id": "c2",
+                    "namespace": "everything",
+                    "name": "echo",
+                    "arguments": '{"text": "yo"}',
+                }
+            )
+            assert answered["type"] == "function_call_output"
+            conforms(FunctionCallOutput, answered)
+            assert json.loads(answered["output"]) == {"ok": True, "output": {"text": "yo"}}

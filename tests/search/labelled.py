@@ -40,6 +40,33 @@ def load_twilio_tasks() -> list[LabelledQuery]:
     return [LabelledQuery(q["query"], frozenset(q["accept"]), False) for q in data["queries"]]
 
 
+@dataclass(frozen=True)
+class AgentQuery:
+    """The first search an agent sends for a labelled task, after reading the catalogue."""
+
+    task: LabelledQuery
+    query: str
+    namespaces: tuple[str, ...]
+
+
+def load_k8s_tasks() -> list[LabelledQuery]:
+    """The labelled tasks over the Kubernetes corpus (`k8s_corpus.load_k8s_corpus`)."""
+    data = json.loads((HERE / "k8s_tasks.json").read_text())
+    return [LabelledQuery(q["query"], frozenset(q["accept"]), False) for q in data["queries"]]
+
+
+def load_agent_queries(corpus: str) -> list[AgentQuery]:
+    """The agent-phrased queries beside the labelled tasks of `corpus` (`small`, `large` or
+    `k8s`), in the tasks' order: `small_agent_queries.json`, `twilio_agent_queries.json`,
+    `k8s_agent_queries.json`."""
+    tasks = {"small": load_queries, "large": load_twilio_tasks, "k8s": load_k8s_tasks}[corpus]()
+    name = {"small": "small", "large": "twilio", "k8s": "k8s"}[corpus] + "_agent_queries.json"
+    data = json.loads((HERE / name).read_text())["queries"]
+    if [d["task"] for d in data] != [t.query for t in tasks]:
+        raise ValueError(f"{name} is not beside its tasks, one for one, in their order")
+    return [AgentQuery(t, d["query"], tuple(d["namespaces"])) for t, d in zip(tasks, data, strict=True)]
+
+
 def _raw_catalogues() -> Mapping[str, list[dict[str, Any]]]:
     from tests.catalogues.fetch import load_catalogues
 

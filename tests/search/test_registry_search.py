@@ -151,7 +151,8 @@ async def test_vectors_persist_across_a_restart_and_are_shared_by_a_replica(
 
 
 class GatedEncoder(Encoder):
-    """The real encoder, holding every batch of tool texts until `gate` is set (queries pass)."""
+    """The real encoder, holding every batch of tool texts the background embedding encodes
+    until `gate` is set (queries, and a search's own head, pass)."""
 
     def __init__(self, inner: Encoder, gate: threading.Event) -> None:
         self.__dict__.update(inner.__dict__)
@@ -159,18 +160,21 @@ class GatedEncoder(Encoder):
         self.held = threading.Event()
 
     def encode(self, texts: Sequence[str], batch_size: int = 32) -> Vectors:
-        if len(texts) > 1:
+        if threading.current_thread().name.startswith("toolbus-embed"):
             self.held.set()
             assert self.gate.wait(60), "the test never opened the gate"
         return super().encode(texts, batch_size)
 
 
-async def test_a_search_during_background_embedding_answers_lexically(
+async def test_a_search_during_background_embedding_embeds_its_head_and_answers_at_once(
     nc: Any, subjects: Subjects, settings: Settings, prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The background embedding is held; a search embeds the tools of its lexical head itself
+    # (not behind that queue) and ranks with them: `ranking: partial`, the state in toolsets.get.
     gate = threading.Event()
     gated = GatedEncoder(default_encoder(), gate)
     monkeypatch.setattr(searching, "default_encoder", lambda: gated)
+    monkeypatch.setattr(searching, "ON_DEMAND_WAIT", 60.0)  # however busy the machine
     server = McpTestServer(tools(f"gated {prefix}"), name="billing")
     await server.start()
     app = await started(settings)
@@ -183,13 +187,20 @@ async def test_a_search_during_background_embedding_answers_lexically(
         )
         assert reply["ok"], reply
         assert reply["data"]["tools"][0]["name"] == "billing.refund_payment"
+        assert reply["data"]["ranking"] == "partial"
         assert searcher_of(app).embedding(toolset_id) and not searcher_of(app).dense(toolset_id)
+        state = await request(nc, subjects.toolsets_get, {"id": toolset_id})
+        ready = state["data"]["vectors"]
+        assert 1 <= ready["ready"] < ready["tools"] == len(TASKS), ready
         gate.set()
         await until(lambda: searcher_of(app).dense(toolset_id), "embedding finished", 60)
         reply = await request(
             nc, subjects.toolsets_search, {"id": toolset_id, "query": "money back", "limit": 1}
         )
         assert reply["data"]["tools"][0]["name"] == "billing.refund_payment", reply
+        assert reply["data"]["ranking"] == "hybrid"
+        state = await request(nc, subjects.toolsets_get, {"id": toolset_id})
+        assert state["data"]["vectors"] == {"ready": len(TASKS), "tools": len(TASKS)}
     finally:
         gate.set()
         await app.stop()

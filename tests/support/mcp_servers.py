@@ -178,6 +178,7 @@ class McpTestServer:
     `page_size` pages `tools/list`; `required_token` makes every request without
     `Authorization: Bearer <token>` get 401 (assign `server.required_token` to rotate it);
     `port` 0 picks a free one, and a stopped server starts again on the same port (a restart).
+    `instructions` and `title` are what it says of itself when a client connects.
     `legacy` makes it a 2025-era server: it refuses the 2026 `server/discover` probe (HTTP 400, as
     a server that does not know the method may), so clients fall back to `initialize` and
     sessions (protocol 2025-11-25); `initializations` counts the `initialize` requests it got.
@@ -196,8 +197,12 @@ class McpTestServer:
         json_response: bool = False,
         port: int = 0,
         legacy: bool = False,
+        instructions: str | None = None,
+        title: str | None = None,
     ) -> None:
         self.name = name
+        self.instructions = instructions
+        self.title = title
         self.tools = echo_tools() if tools is None else tools  # a property: reassign to change them
         self.handler = handler or echo_handler
         self.page_size = page_size
@@ -330,6 +335,8 @@ class McpTestServer:
         # Mcp-Param-* headers), which costs ~4 ms per call with 100 tools.
         server: Server[Any] = Server(
             self.name,
+            title=self.title,
+            instructions=self.instructions,
             on_list_tools=on_list_tools,
             on_call_tool=on_call_tool,
             get_tool_input_schema=lambda name: self._schemas.get(name),

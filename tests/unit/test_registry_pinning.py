@@ -22,7 +22,7 @@ from toolbus_contracts import (
     Workflow,
 )
 from toolbus_contracts.errors import InvalidRequest
-from toolbus_registry.pinning import Pinned, Pinner, toolset_id
+from toolbus_registry.pinning import Pinned, Pinner, ServerListing, toolset_id
 
 from tests.support.mcp_servers import synthetic_tools
 
@@ -33,8 +33,8 @@ SCHEMA = {"type": "object", "properties": {"n": {"type": "number", "minimum": 0.
 
 
 def _lister(listings: dict[str, list[dict[str, Any]]]) -> Any:
-    async def lister(server: str, url: str, headers: Mapping[str, str]) -> list[dict[str, Any]]:
-        return listings[server]
+    async def lister(server: str, url: str, headers: Mapping[str, str]) -> ServerListing:
+        return ServerListing(listings[server])
 
     return lister
 

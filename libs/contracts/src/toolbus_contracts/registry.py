@@ -113,10 +113,20 @@ def _effective_policy(kind: ToolKind, spec: PolicySpec | None) -> EffectivePolic
     return EffectivePolicy.model_validate(given)
 
 
+SUMMARY_MAX = 300
+"""Longest `description` a user gives an MCP server (one line of the namespace catalogue)."""
+ABOUT_MAX = 2000
+"""Characters of an MCP server's own account of itself (`instructions`, else its title or
+description) pinned with its tools."""
+
+
 class McpServerSpec(WireModel):
     name: ServerName
     url: str
     policies: Annotated[dict[str, PolicySpec], null_as(dict)] = Field(default_factory=dict)
+    description: str | None = Field(default=None, min_length=1, max_length=SUMMARY_MAX)
+    """What the server is for, in a line: the namespace's summary in `toolsets.namespaces` when the
+    server says nothing of itself. Pinned (part of the toolset id: a model reads it)."""
 
 
 class HostToolSpec(WireModel):
@@ -162,6 +172,11 @@ class PinnedServer(WireModel):
     url: str
     tools: list[PinnedTool]
     policies: dict[str, PolicySpec] = Field(default_factory=dict)
+    about: str | None = None
+    """The server's own account of itself when it was listed: its `instructions`, else its
+    `serverInfo` title or description (at most `ABOUT_MAX` characters)."""
+    description: str | None = None
+    """The user's one-line description of the server (`McpServerSpec.description`)."""
 
 
 class PinnedWorkflow(WireModel):
@@ -211,10 +226,20 @@ class ToolsetGetRequest(WireModel):
     cursor: str | None = None
 
 
+class VectorState(WireModel):
+    """How many of a toolset's tools are embedded (search is at full quality when all are)."""
+
+    ready: int
+    tools: int
+
+
 class ToolsetGetReply(WireModel):
     id: str
     tools: list[ToolInfo]
     next_cursor: str | None = None
+    vectors: VectorState | None = None
+    """Absent when this replica holds no search index of the toolset (none searched or
+    registered here since it started, or dropped from its cache)."""
 
 
 DeclarationFormat = Literal["prompt", "dts"]
@@ -224,6 +249,8 @@ class ToolsetDeclarationsRequest(WireModel):
     id: ToolsetId
     format: DeclarationFormat
     cursor: str | None = None
+    namespace: str | None = Field(default=None, min_length=1, max_length=NAME_MAX)
+    """Only this namespace's tools (`toolsets.namespaces` names them): a model browsing one."""
 
 
 class ToolsetDeclarationsReply(WireModel):
@@ -232,21 +259,66 @@ class ToolsetDeclarationsReply(WireModel):
     next_cursor: str | None = None
 
 
+NAMESPACES_MAX = 100
+"""Namespaces one search may be scoped to."""
+
+
 class ToolsetSearchRequest(WireModel):
     id: ToolsetId
     query: str = Field(min_length=1)
     limit: Annotated[int, null_as(5)] = Field(default=5, ge=1, le=50)
+    namespaces: list[Annotated[str, Field(min_length=1, max_length=NAME_MAX)]] | None = Field(
+        default=None, min_length=1, max_length=NAMESPACES_MAX
+    )
+    """Search only the tools of these namespaces (`toolsets.namespaces`); absent: every tool."""
 
 
 class SearchHit(WireModel):
     name: str
+    namespace: str
+    """The namespace the tool belongs to (what a search's `namespaces` scopes by)."""
     prompt: str
     dts: str
     score: float
 
 
+SearchRanking = Literal["lexical", "partial", "hybrid"]
+"""How a search was answered: `hybrid` (BM25F and the embedding model over every tool, fused and
+re-ranked), `partial` (the same while the toolset is still being embedded: the query's lexical
+head was embedded first, tools without vectors yet rank lexically only) or `lexical` (BM25F
+alone: no vector could be had)."""
+
+
 class ToolsetSearchReply(WireModel):
     tools: list[SearchHit]
+    ranking: SearchRanking | None = None
+
+
+NamespaceKind = Literal["mcp", "host", "http", "workflows"]
+SummarySource = Literal["server", "user", "derived"]
+
+
+class NamespaceInfo(WireModel):
+    """One namespace of a toolset in the catalogue a model picks from."""
+
+    name: str
+    kind: NamespaceKind
+    tool_count: int
+    summary: str
+    """One line: the MCP server's own (`server`), the user's `description` (`user`), else made
+    from the namespace's tools (`derived`)."""
+    summary_source: SummarySource
+
+
+class ToolsetNamespacesRequest(WireModel):
+    id: ToolsetId
+    cursor: str | None = None
+
+
+class ToolsetNamespacesReply(WireModel):
+    id: str
+    namespaces: list[NamespaceInfo]
+    next_cursor: str | None = None
 
 
 class WorkflowPublishRequest(WireModel):

@@ -89,6 +89,10 @@ class Subjects:
         return self._s("toolsets.search")
 
     @property
+    def toolsets_namespaces(self) -> str:
+        return self._s("toolsets.namespaces")
+
+    @property
     def workflows_publish(self) -> str:
         return self._s("workflows.publish")
 

@@ -130,7 +130,13 @@ def roles(prefix: str = "toolbus") -> list[Role]:
     workflows = f"KV_{js_name(prefix, 'workflows')}"
     embeddings = f"KV_{js_name(prefix, 'embeddings')}"
     calls = [s.runs_open, s.runs_close, s.calls_start, s.calls_invoke, s.calls_get]
-    registry_api = [s.toolsets_create, s.toolsets_get, s.toolsets_declarations, s.toolsets_search]
+    registry_api = [
+        s.toolsets_create,
+        s.toolsets_get,
+        s.toolsets_declarations,
+        s.toolsets_search,
+        s.toolsets_namespaces,
+    ]
     credential_sets = [s.toolsets_credentials_set, s.namespaces_credentials_set, s.runs_credentials_set]
     out: list[Role] = [
         Role(

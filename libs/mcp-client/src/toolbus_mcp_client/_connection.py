@@ -222,6 +222,20 @@ class McpConnection:
         live = self._live
         return live.client.protocol_version if live is not None and live.client is not None else None
 
+    @property
+    def about(self) -> str | None:
+        """What the server says of itself on the current connection: its `instructions`, else its
+        `serverInfo` title, else its description (None when it says nothing)."""
+        live = self._live
+        client = live.client if live is not None else None
+        if client is None:
+            return None
+        info = client.server_info
+        for text in (client.instructions, info.title if info else None, info.description if info else None):
+            if text and text.strip():
+                return text.strip()
+        return None
+
     # opening and closing ---------------------------------------------------------------------
 
     async def _start(self) -> _Live:

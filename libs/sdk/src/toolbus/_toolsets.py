@@ -23,6 +23,8 @@ from toolbus_contracts import (
     ToolsetDeclarationsRequest,
     ToolsetGetReply,
     ToolsetGetRequest,
+    ToolsetNamespacesReply,
+    ToolsetNamespacesRequest,
     ToolsetSearchReply,
     ToolsetSearchRequest,
     Workflow,
@@ -30,7 +32,7 @@ from toolbus_contracts import (
     WorkflowPublishReply,
     WorkflowPublishRequest,
 )
-from toolbus_contracts.registry import SearchHit
+from toolbus_contracts.registry import NamespaceInfo, SearchHit
 
 from toolbus._client import build
 
@@ -150,13 +152,25 @@ class Toolsets:
             cursor = page.next_cursor
 
     async def declarations(
-        self, toolset: Toolset | str, format: Format = "prompt", *, progress: Progress | None = None
+        self,
+        toolset: Toolset | str,
+        format: Format = "prompt",
+        *,
+        namespace: str | None = None,
+        progress: Progress | None = None,
     ) -> str:
-        """The whole `prompt` or `dts` document of a toolset (every page concatenated)."""
+        """The whole `prompt` or `dts` document of a toolset (every page concatenated), or of one
+        of its namespaces' tools (`namespace`; one it does not have is `InvalidRequest`)."""
         parts: list[str] = []
         cursor: str | None = None
         while True:
-            body = build(ToolsetDeclarationsRequest, id=toolset_id(toolset), format=format, cursor=cursor)
+            body = build(
+                ToolsetDeclarationsRequest,
+                id=toolset_id(toolset),
+                format=format,
+                cursor=cursor,
+                namespace=namespace,
+            )
             page = ToolsetDeclarationsReply.model_validate(
                 await self._tb.request(self._tb.subjects.toolsets_declarations, body, retry=True)
             )
@@ -167,13 +181,41 @@ class Toolsets:
                 return "".join(parts)
             cursor = page.next_cursor
 
-    async def search(self, toolset: Toolset | str, query: str, limit: int = 5) -> list[SearchHit]:
-        """The `limit` tools (1..50) that best match `query`, best first."""
-        body = build(ToolsetSearchRequest, id=toolset_id(toolset), query=query, limit=limit)
-        reply = ToolsetSearchReply.model_validate(
+    async def search(
+        self, toolset: Toolset | str, query: str, limit: int = 5, *, namespaces: Sequence[str] | None = None
+    ) -> list[SearchHit]:
+        """The `limit` tools (1..50) that best match `query`, best first; only tools of
+        `namespaces` when given (a name the toolset does not have is `InvalidRequest`)."""
+        return list((await self.search_reply(toolset, query, limit, namespaces=namespaces)).tools)
+
+    async def search_reply(
+        self, toolset: Toolset | str, query: str, limit: int = 5, *, namespaces: Sequence[str] | None = None
+    ) -> ToolsetSearchReply:
+        """`search`'s whole reply: the hits and how they were ranked (`ranking`)."""
+        body = build(
+            ToolsetSearchRequest,
+            id=toolset_id(toolset),
+            query=query,
+            limit=limit,
+            namespaces=list(namespaces) if namespaces is not None else None,
+        )
+        return ToolsetSearchReply.model_validate(
             await self._tb.request(self._tb.subjects.toolsets_search, body, retry=True)
         )
-        return list(reply.tools)
+
+    async def namespaces(self, toolset: Toolset | str) -> list[NamespaceInfo]:
+        """Every namespace of a toolset (every page): name, kind, tool count, one-line summary."""
+        out: list[NamespaceInfo] = []
+        cursor: str | None = None
+        while True:
+            body = build(ToolsetNamespacesRequest, id=toolset_id(toolset), cursor=cursor)
+            page = ToolsetNamespacesReply.model_validate(
+                await self._tb.request(self._tb.subjects.toolsets_namespaces, body, retry=True)
+            )
+            out.extend(page.namespaces)
+            if page.next_cursor is None:
+                return out
+            cursor = page.next_cursor
 
     async def set_credentials(self, toolset: Toolset | str, credentials: CredentialsLike) -> str:
         """Replace the toolset-level credentials (`{"servers": {name: {"headers": {...}}}}`);

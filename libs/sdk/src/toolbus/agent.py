@@ -1,22 +1,32 @@
 """Tools for a model, answered by toolbus: `search_tools` (find tools of a toolset too large for the
-prompt) and `call_tool` (call any tool of the run by its qualified name), as definitions in the
-shapes of the main model APIs and with the handlers that answer them.
+prompt, scoped to the namespaces the model picks from the catalogue in its description),
+`list_tools` (read one namespace's tools) and `call_tool` (call any tool of the run by its
+qualified name), as definitions in the shapes of the main model APIs and with the handlers that
+answer them.
 
-    agent = AgentTools(run)                          # a Run of the toolset
+    agent = await AgentTools.open(run)                # a Run of the toolset; reads its catalogue
     request["tools"] = agent.anthropic()              # or .openai(), .mcp()
     reply_block = await agent.answer_anthropic(tool_use_block)
 
 `answer_*` take the API's own tool-call object (an Anthropic `tool_use` block, an OpenAI
 `tool_calls[]` item, MCP `tools/call` params) as a dict and return that API's result object. A
 failed call is reported to the model as a result (`ok: false` with the code), not raised.
+
+`DeferredTools` gives the providers' own deferred loading instead: every tool of the toolset
+with `defer_loading`, found by toolbus's search (Anthropic: a custom search tool answering with
+`tool_reference` blocks; OpenAI Responses: namespaces of deferred functions with `tool_search`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
+
+from toolbus_contracts.registry import NamespaceInfo
 
 from toolbus._errors import ToolbusError
 
@@ -50,24 +60,91 @@ class ToolDefinition:
         return {"name": self.name, "description": self.description, "inputSchema": self.input_schema}
 
 
+SEARCH_GUIDE = (
+    "Search the tools available to you. Write the query in the API's own terms: the resource and "
+    "the action (e.g. 'create message', 'list call recordings', 'request reviewers pull request'), "
+    "not the user's words. Pass `namespaces` with the one or few namespaces below that fit the "
+    "task. If the hits don't fit, search again with other words or other namespaces, or read a "
+    "namespace's whole list with list_tools. Returns the best matching tools, best first, each "
+    "with its qualified name, its namespace and its declaration; call one with call_tool."
+)
+CATALOGUE_CHARS = 6000
+"""Most characters of namespace catalogue a `search_tools` description carries (~1,500 tokens)."""
+
+
+def catalogue_text(namespaces: Sequence[NamespaceInfo], max_chars: int = CATALOGUE_CHARS) -> str:
+    """The namespaces as lines for a model (`- name (kind, N tools): summary`), at most
+    `max_chars`: past that, the rest are named without summaries, then only counted."""
+    head = "Namespaces:"
+    lines = [head]
+    used = len(head)
+    rest = list(namespaces)
+    while rest:
+        n = rest[0]
+        line = f"- {n.name} ({n.kind}, {n.tool_count} tools): {n.summary}"
+        if used + 1 + len(line) > max_chars * 3 // 4:
+            break
+        lines.append(line)
+        used += 1 + len(line)
+        rest.pop(0)
+    if rest:
+        names: list[str] = []
+        for n in list(rest):
+            tail = f"\n(and {len(rest)} more namespaces: search without `namespaces` to reach them)"
+            item = f"{n.name} ({n.tool_count})"
+            if used + len(", ".join([*names, item])) + 8 + len(tail) > max_chars:
+                break
+            names.append(item)
+            rest.pop(0)
+        if names:
+            lines.append("Also: " + ", ".join(names))
+        if rest:
+            lines.append(f"(and {len(rest)} more namespaces: search without `namespaces` to reach them)")
+    return "\n".join(lines)
+
+
 SEARCH_TOOLS = ToolDefinition(
     name="search_tools",
-    description=(
-        "Search the tools available to you by what you want to do. Returns the best matching tools, "
-        "best first, each with its qualified name and its TypeScript declaration (input and output "
-        "types). Call one with call_tool, giving its name and an input of its input type."
-    ),
+    description=SEARCH_GUIDE,
     input_schema={
         "type": "object",
         "properties": {
             "query": {
                 "type": "string",
                 "minLength": 1,
-                "description": "What you want to do, in a few words.",
+                "description": "The resource and the action, in the API's terms, in a few words.",
+            },
+            "namespaces": {
+                "type": "array",
+                "items": {"type": "string"},
+                "minItems": 1,
+                "maxItems": 100,
+                "description": "Search only these namespaces (from the list in this tool's description).",
             },
             "limit": {"type": "integer", "minimum": 1, "maximum": 50, "default": 5},
         },
         "required": ["query"],
+        "additionalProperties": False,
+    },
+)
+
+LIST_PAGE_LINES = 60
+"""Tools one `list_tools` page shows."""
+
+LIST_TOOLS = ToolDefinition(
+    name="list_tools",
+    description=(
+        "List the tools of one namespace (a name from search_tools' description), one line each: "
+        "qualified name, input and what it does. Long namespaces come in pages of "
+        f"{LIST_PAGE_LINES}; ask for the next with `page`."
+    ),
+    input_schema={
+        "type": "object",
+        "properties": {
+            "namespace": {"type": "string", "minLength": 1, "description": "The namespace to list."},
+            "page": {"type": "integer", "minimum": 1, "default": 1},
+        },
+        "required": ["namespace"],
         "additionalProperties": False,
     },
 )
@@ -89,58 +166,119 @@ CALL_TOOL = ToolDefinition(
     },
 )
 
-DEFINITIONS = (SEARCH_TOOLS, CALL_TOOL)
+DEFINITIONS = (SEARCH_TOOLS, LIST_TOOLS, CALL_TOOL)
+
+
+def _error(code: str, message: str) -> dict[str, Any]:
+    return {"ok": False, "error": {"code": code, "message": message}}
 
 
 class AgentTools:
-    """The handlers of `search_tools` and `call_tool` for one run (its toolset is what is searched)."""
+    """The handlers of `search_tools`, `list_tools` and `call_tool` for one run (its toolset is
+    what is searched). `catalogue`: the toolset's namespaces, shown in `search_tools`'
+    description (`open` reads them)."""
 
-    def __init__(self, run: Run, *, style: Style = "dts", call_timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        run: Run,
+        *,
+        style: Style = "dts",
+        call_timeout: float | None = None,
+        catalogue: Sequence[NamespaceInfo] = (),
+        catalogue_chars: int = CATALOGUE_CHARS,
+    ) -> None:
         if run.toolset_id is None:
             raise ValueError("AgentTools needs a run opened with runs.open (its toolset id is known)")
         self.run = run
         self.toolset_id = run.toolset_id
         self.style = style
         self.call_timeout = call_timeout
+        self.catalogue = tuple(catalogue)
+        self._namespaces = frozenset(n.name for n in self.catalogue)
+        search = SEARCH_TOOLS
+        if self.catalogue:
+            text = catalogue_text(self.catalogue, catalogue_chars)
+            search = replace(SEARCH_TOOLS, description=f"{SEARCH_GUIDE}\n\n{text}")
+        self.definitions: tuple[ToolDefinition, ...] = (search, LIST_TOOLS, CALL_TOOL)
+        self._listed: dict[str, list[str]] = {}
+
+    @classmethod
+    async def open(cls, run: Run, **options: Any) -> AgentTools:
+        """The agent tools of a run, with its toolset's namespace catalogue read first."""
+        if run.toolset_id is None:
+            raise ValueError("AgentTools needs a run opened with runs.open (its toolset id is known)")
+        return cls(run, catalogue=await run._tb.toolsets.namespaces(run.toolset_id), **options)
 
     def anthropic(self) -> list[dict[str, Any]]:
-        return [d.anthropic() for d in DEFINITIONS]
+        return [d.anthropic() for d in self.definitions]
 
     def openai(self) -> list[dict[str, Any]]:
-        return [d.openai() for d in DEFINITIONS]
+        return [d.openai() for d in self.definitions]
 
     def mcp(self) -> list[dict[str, Any]]:
-        return [d.mcp() for d in DEFINITIONS]
+        return [d.mcp() for d in self.definitions]
 
     async def handle(self, name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
-        """Answer one call of `search_tools` or `call_tool`; the result is a JSON object."""
+        """Answer one call of `search_tools`, `list_tools` or `call_tool`; the result is a JSON
+        object."""
         try:
             if name == SEARCH_TOOLS.name:
                 return await self._search(arguments)
+            if name == LIST_TOOLS.name:
+                return await self._list(arguments)
             if name == CALL_TOOL.name:
                 return await self._call(arguments)
         except ToolbusError as exc:
-            return {"ok": False, "error": {"code": exc.code.value, "message": exc.message}}
-        return {"ok": False, "error": {"code": "unknownTool", "message": f"No tool '{name}' here."}}
+            return _error(exc.code.value, exc.message)
+        return _error("unknownTool", f"No tool '{name}' here.")
 
     async def _search(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
         query = arguments.get("query")
         limit = arguments.get("limit", 5)
+        namespaces = arguments.get("namespaces")
         if not isinstance(query, str) or not query.strip():
-            return {
-                "ok": False,
-                "error": {"code": "invalidInput", "message": "query must be a non-empty string"},
-            }
+            return _error("invalidInput", "query must be a non-empty string")
         if not isinstance(limit, int) or isinstance(limit, bool):
-            return {"ok": False, "error": {"code": "invalidInput", "message": "limit must be an integer"}}
-        hits = await self.run._tb.toolsets.search(self.toolset_id, query, limit=max(1, min(50, limit)))
+            return _error("invalidInput", "limit must be an integer")
+        if namespaces is not None and (
+            not isinstance(namespaces, list) or not all(isinstance(n, str) and n for n in namespaces)
+        ):
+            return _error("invalidInput", "namespaces must be a list of namespace names")
+        if isinstance(namespaces, list) and not namespaces:
+            namespaces = None
+        reply = await self.run._tb.toolsets.search_reply(
+            self.toolset_id, query, limit=max(1, min(50, limit)), namespaces=namespaces
+        )
         return {
             "ok": True,
             "tools": [
-                {"name": h.name, "declaration": h.dts if self.style == "dts" else h.prompt, "score": h.score}
-                for h in hits
+                {
+                    "name": h.name,
+                    "namespace": h.namespace,
+                    "declaration": h.dts if self.style == "dts" else h.prompt,
+                    "score": h.score,
+                }
+                for h in reply.tools
             ],
         }
+
+    async def _list(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        namespace = arguments.get("namespace")
+        page = arguments.get("page", 1)
+        if not isinstance(namespace, str) or not namespace:
+            return _error("invalidInput", "namespace must be a namespace's name")
+        if not isinstance(page, int) or isinstance(page, bool) or page < 1:
+            return _error("invalidInput", "page must be an integer from 1")
+        lines = self._listed.get(namespace)
+        if lines is None:
+            text = await self.run._tb.toolsets.declarations(self.toolset_id, "prompt", namespace=namespace)
+            lines = [line for line in text.splitlines() if line.strip()]
+            self._listed[namespace] = lines
+        pages = max(1, -(-len(lines) // LIST_PAGE_LINES))
+        if page > pages:
+            return _error("invalidInput", f"namespace '{namespace}' has {pages} page(s)")
+        shown = lines[(page - 1) * LIST_PAGE_LINES : page * LIST_PAGE_LINES]
+        return {"ok": True, "namespace": namespace, "page": page, "pages": pages, "tools": shown}
 
     async def _call(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
         tool = arguments.get("name")
@@ -195,3 +333,190 @@ class AgentTools:
             "structuredContent": result,
             "isError": not result.get("ok"),
         }
+
+
+# ---- the providers' own deferred loading ------------------------------------------------------
+
+_API_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_NOT_NAME = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def api_name(name: str) -> str:
+    """`name` as the Anthropic and OpenAI APIs take a tool's name (`^[A-Za-z0-9_-]{1,64}$`):
+    dots as `__`, other characters as `_`, and a longer name cut with a hash of the whole."""
+    out = _NOT_NAME.sub("_", name.replace(".", "__"))
+    if _API_NAME.fullmatch(out):
+        return out
+    return f"{out[:55]}_{hashlib.blake2s(name.encode(), digest_size=4).hexdigest()}"
+
+
+@dataclass(frozen=True)
+class _Deferred:
+    qualified: str
+    namespace: str
+    local: str
+    """The tool's name inside its namespace, in API form (OpenAI's namespaced functions)."""
+    definition: ToolDefinition
+    """Named in API form (`api_name` of the qualified name)."""
+
+
+class DeferredTools:
+    """Every tool of a run's toolset for the providers' deferred loading, found by toolbus's
+    search: the model sees only the search tool (its description carries the catalogue) until a
+    search loads the tools it needs, then calls them by name.
+
+    Anthropic Messages (tool search): `anthropic()` is the `tools` list, every toolset tool with
+    `defer_loading: true`; `answer_anthropic` answers `search_tools` with `tool_reference` blocks
+    and a call of a loaded tool with its result.
+    OpenAI Responses (tool search): `openai_responses()` is the `tools` list, a client-executed
+    `tool_search` and one `namespace` of deferred functions per toolset namespace;
+    `answer_openai_tool_search` answers a `tool_search_call` item with the `tool_search_output`
+    item of the hits, `answer_openai_function_call` a `function_call` item."""
+
+    def __init__(self, agent: AgentTools, tools: Sequence[Any]) -> None:
+        self.agent = agent
+        self._by_api: dict[str, _Deferred] = {}
+        self._by_qualified: dict[str, _Deferred] = {}
+        for tool in tools:
+            namespace, dot, local = tool.name.partition(".")
+            entry = _Deferred(
+                qualified=tool.name,
+                namespace=namespace,
+                local=api_name(local if dot else tool.name),
+                definition=ToolDefinition(
+                    api_name(tool.name), tool.description or tool.name, tool.input_schema
+                ),
+            )
+            self._by_api[entry.definition.name] = entry
+            self._by_qualified[tool.name] = entry
+        self._by_namespace_local = {(e.namespace, e.local): e for e in self._by_api.values()}
+        self._namespaces = {api_name(e.namespace): e.namespace for e in self._by_api.values()}
+        """Namespace names in API form -> as the toolset names them."""
+
+    @classmethod
+    async def open(cls, run: Run, **options: Any) -> DeferredTools:
+        """The deferred tools of a run: its toolset's catalogue and every tool read first."""
+        agent = await AgentTools.open(run, **options)
+        toolset = await run._tb.toolsets.get(agent.toolset_id)
+        return cls(agent, toolset.tools)
+
+    @property
+    def search(self) -> ToolDefinition:
+        """The search tool (its description carries the catalogue)."""
+        return self.agent.definitions[0]
+
+    def qualified(self, name: str, namespace: str | None = None) -> str | None:
+        """The qualified name of a tool as the API names it (with OpenAI's `namespace`)."""
+        entry = self._by_namespace_local.get((namespace, name)) if namespace else self._by_api.get(name)
+        return entry.qualified if entry is not None else None
+
+    # Anthropic ---------------------------------------------------------------------------------
+
+    def anthropic(self) -> list[dict[str, Any]]:
+        """The Messages API `tools`: the search tool, then every tool with `defer_loading`."""
+        deferred = [{**e.definition.anthropic(), "defer_loading": True} for e in self._by_api.values()]
+        return [self.search.anthropic(), *deferred]
+
+    async def answer_anthropic(self, tool_use: Mapping[str, Any]) -> dict[str, Any]:
+        """A `tool_use` block -> its `tool_result`: for `search_tools`, `tool_reference` blocks of
+        the hits (the API loads those tools); for a loaded tool, its result as JSON text."""
+        name = str(tool_use.get("name"))
+        arguments = tool_use.get("input") or {}
+        if name == self.search.name:
+            result = await self.agent.handle(name, arguments)
+            if result.get("ok"):
+                refs = [
+                    {"type": "tool_reference", "tool_name": self._by_qualified[t["name"]].definition.name}
+                    for t in result["tools"]
+                    if t["name"] in self._by_qualified
+                ]
+                if refs:
+                    return {"type": "tool_result", "tool_use_id": tool_use.get("id"), "content": refs}
+                result = _error("noMatch", "No tool matched; search again with other words or namespaces.")
+        else:
+            qualified = self.qualified(name)
+            result = (
+                await self.agent.handle(CALL_TOOL.name, {"name": qualified, "input": arguments})
+                if qualified is not None
+                else _error("unknownTool", f"No tool '{name}' here.")
+            )
+        block: dict[str, Any] = {
+            "type": "tool_result",
+            "tool_use_id": tool_use.get("id"),
+            "content": json.dumps(result),
+        }
+        if not result.get("ok"):
+            block["is_error"] = True
+        return block
+
+    # OpenAI Responses --------------------------------------------------------------------------
+
+    def _namespace(self, namespace: str, entries: Sequence[_Deferred]) -> dict[str, Any]:
+        summary = next((n.summary for n in self.agent.catalogue if n.name == namespace), namespace)
+        return {
+            "type": "namespace",
+            "name": api_name(namespace),
+            "description": summary,
+            "tools": [
+                {
+                    "type": "function",
+                    "name": e.local,
+                    "description": e.definition.description,
+                    "parameters": e.definition.input_schema,
+                    "defer_loading": True,
+                }
+                for e in entries
+            ],
+        }
+
+    def _grouped(self, entries: Sequence[_Deferred]) -> list[dict[str, Any]]:
+        groups: dict[str, list[_Deferred]] = {}
+        for e in entries:
+            groups.setdefault(e.namespace, []).append(e)
+        return [self._namespace(ns, group) for ns, group in groups.items()]
+
+    def openai_responses(self) -> list[dict[str, Any]]:
+        """The Responses API `tools`: a client-executed `tool_search` (toolbus's search, its
+        description carrying the catalogue) and every tool, deferred, in its namespace."""
+        search = {
+            "type": "tool_search",
+            "execution": "client",
+            "description": self.search.description,
+            "parameters": self.search.input_schema,
+        }
+        return [search, *self._grouped(list(self._by_api.values()))]
+
+    async def answer_openai_tool_search(self, call: Mapping[str, Any]) -> dict[str, Any]:
+        """A `tool_search_call` item -> the `tool_search_output` item loading the hits (none when
+        the search failed or found nothing)."""
+        arguments = call.get("arguments")
+        result = await self.agent.handle(
+            self.search.name, arguments if isinstance(arguments, Mapping) else {}
+        )
+        found = [
+            self._by_qualified[t["name"]] for t in result.get("tools", []) if t["name"] in self._by_qualified
+        ]
+        return {
+            "type": "tool_search_output",
+            "call_id": call.get("call_id"),
+            "execution": "client",
+            "tools": self._grouped(found),
+        }
+
+    async def answer_openai_function_call(self, call: Mapping[str, Any]) -> dict[str, Any]:
+        """A `function_call` item (with its `namespace`) -> the `function_call_output` item."""
+        try:
+            arguments = json.loads(call.get("arguments") or "{}")
+        except json.JSONDecodeError:
+            arguments = None
+        namespace = call.get("namespace")
+        qualified = self.qualified(
+            str(call.get("name")), self._namespaces.get(namespace) if isinstance(namespace, str) else None
+        )
+        if not isinstance(arguments, dict):
+            result = _error("invalidInput", "arguments must be a JSON object")
+        elif qualified is None:
+            result = _error("unknownTool", f"No tool '{call.get('name')}' here.")
+        else:
+            result = await self.agent.handle(CALL_TOOL.name, {"name": qualified, "input": arguments})
+        return {"type": "function_call_output", "call_id": call.get("call_id"), "output": json.dumps(result)}

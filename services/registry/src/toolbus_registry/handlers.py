@@ -10,6 +10,8 @@ from toolbus_contracts import (
     ToolsetDeclarationsRequest,
     ToolsetGetReply,
     ToolsetGetRequest,
+    ToolsetNamespacesReply,
+    ToolsetNamespacesRequest,
     ToolsetSearchReply,
     ToolsetSearchRequest,
     Workflow,
@@ -50,6 +52,14 @@ async def handle_toolsets_search(
 ) -> ToolsetSearchReply:
     """The toolset's tools that best match a query, best first."""
     return await service.search(request)
+
+
+@routes.request(lambda s: s.toolsets_namespaces)
+async def handle_toolsets_namespaces(
+    service: RegistryService, request: ToolsetNamespacesRequest
+) -> ToolsetNamespacesReply:
+    """The toolset's namespaces (kind, tool count, one-line summary), paged with `cursor`."""
+    return await service.namespaces(request)
 
 
 @routes.request(lambda s: s.workflows_publish)

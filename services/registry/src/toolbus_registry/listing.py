@@ -9,10 +9,11 @@ listing: `upstreamError` naming the server, like an invalid answer or endless pa
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from toolbus_contracts.errors import OutputTooLarge, UpstreamError
 from toolbus_mcp_client import EgressCheck, McpConnection
+
+from toolbus_registry.pinning import ServerListing
 
 DEFAULT_MAX_LISTING_BYTES = 64 * 1024 * 1024
 
@@ -33,16 +34,17 @@ async def list_server_tools(
     *,
     max_bytes: int = DEFAULT_MAX_LISTING_BYTES,
     egress: EgressCheck | None = None,
-) -> list[dict[str, Any]]:
-    """Every tool the server lists (all pages), at most `max_bytes` of it, connecting only where
-    `egress` allows. Raises `HostNotAllowed` (nothing sent), `UpstreamUnreachable`,
-    `CredentialsRejected` or `UpstreamError`, naming the server."""
+) -> ServerListing:
+    """Every tool the server lists (all pages), at most `max_bytes` of it, and its own account
+    of itself, connecting only where `egress` allows. Raises `HostNotAllowed` (nothing sent),
+    `UpstreamUnreachable`, `CredentialsRejected` or `UpstreamError`, naming the server."""
     try:
         connection = await McpConnection.open(
             url, dict(headers), server_name=server, max_body=max_bytes, egress=egress
         )
         try:
-            return await connection.list_tools(max_bytes=max_bytes)
+            tools = await connection.list_tools(max_bytes=max_bytes)
+            return ServerListing(tools, connection.about)
         finally:
             await connection.aclose()
     except OutputTooLarge:

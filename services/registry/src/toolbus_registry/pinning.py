@@ -43,15 +43,24 @@ from toolbus_contracts import (
 from toolbus_contracts.base import SCHEMA_DEPTH_MAX, bounded, nesting_depth
 from toolbus_contracts.errors import HostNotAllowed, InvalidRequest, NotFound
 from toolbus_contracts.names import TOOL_NAME_MAX, normalize_allow_entry, split_allow_entry
-from toolbus_contracts.registry import WORKFLOW_REF, ToolKind
+from toolbus_contracts.registry import ABOUT_MAX, WORKFLOW_REF, ToolKind
 
 _PINNED_TOOL_FIELDS = ("name", "title", "description", "inputSchema", "outputSchema", "annotations")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerListing:
+    """What registration reads of an MCP server: its tools (wire form) and what it says of
+    itself (its `instructions`, else its title or description; None when it says nothing)."""
+
+    tools: list[dict[str, Any]]
+    about: str | None = None
 
 
 class ToolLister(Protocol):
     """Lists every tool of one MCP server (all pages) with the given headers."""
 
-    async def __call__(self, server: str, url: str, headers: Mapping[str, str]) -> list[dict[str, Any]]: ...
+    async def __call__(self, server: str, url: str, headers: Mapping[str, str]) -> ServerListing: ...
 
 
 WorkflowLookup = Callable[[str, str | None], Awaitable[Workflow | None]]
@@ -181,7 +190,9 @@ def _check_tool_size(wire: dict[str, Any], limit: int, field: str, **named: str)
         )
 
 
-def _pin_server(i: int, server: McpServerSpec, listed: list[dict[str, Any]], tool_limit: int) -> ServerPin:
+def _pin_server(
+    i: int, server: McpServerSpec, listed: list[dict[str, Any]], about: str | None, tool_limit: int
+) -> ServerPin:
     listing = {"field": f"mcp[{i}].url", "server": server.name}  # what listed the tools
     tools = sorted((_pin_tool(t, listing) for t in listed), key=itemgetter("name"))
     names = {t["name"] for t in tools}
@@ -205,14 +216,20 @@ def _pin_server(i: int, server: McpServerSpec, listed: list[dict[str, Any]], too
     policies = {
         k: p for k, v in sorted(server.policies.items()) if (p := _normalise_policy("mcp", v)) is not None
     }
+    said: dict[str, str] = {}
+    if about:
+        said["about"] = about[:ABOUT_MAX]
+    if server.description is not None:
+        said["description"] = server.description
     model = _pinned_server(
-        {"name": server.name, "url": server.url, "tools": tools, "policies": policies}, listing
+        {"name": server.name, "url": server.url, "tools": tools, "policies": policies, **said}, listing
     )
     wire = {
         "name": server.name,
         "url": server.url,
         "tools": tools,  # each already the wire form of its PinnedTool
         "policies": {k: p.wire() for k, p in policies.items()},
+        **said,  # absent when not given: a toolset pinned before these fields keeps its id
     }
     canonical = canonical_json(wire)
     if len(canonical) > tool_limit:  # only then can one of its tools be too large
@@ -398,23 +415,25 @@ class Pinner:
             server = spec.mcp[i]
             headers = creds[server.name].plain_headers() if server.name in creds else {}
             try:
-                listed = await self._list(server.name, server.url, headers)
+                listing = await self._list(server.name, server.url, headers)
             except HostNotAllowed as exc:  # a name resolving where the egress policy refuses
                 raise egress_refused(
                     f"mcp[{i}].url", f"(server '{server.name}') ", exc.message, server=server.name
                 ) from None
+            listed, about = listing.tools, listing.about
             # Pinning is a pure function of the server's spec and what it listed: a server that
             # lists the same tools again (re-registration, the common case) is not pinned again.
             policies = {k: v.wire() for k, v in server.policies.items()}
+            said = [about, server.description]
             try:
-                key = orjson.dumps([server.name, server.url, policies, listed])
+                key = orjson.dumps([server.name, server.url, policies, said, listed])
             except TypeError:  # an integer beyond 64 bits: pin it as the double the id takes it for
                 listed = json_safe(listed)
-                key = orjson.dumps([server.name, server.url, policies, listed])
+                key = orjson.dumps([server.name, server.url, policies, said, listed])
             key = hashlib.blake2b(key, digest_size=32).digest()
             hit = self._memo.get(key)
             if hit is None:
-                hit = _pin_server(i, server, listed, self._tool_limit)
+                hit = _pin_server(i, server, listed, about, self._tool_limit)
                 self._memo.put(key, hit)
                 if on_pinned is not None:
                     on_pinned(hit.model)

@@ -16,11 +16,14 @@ from toolbus_common.toolsets import StoredToolset, ToolsetStore
 from toolbus_contracts import (
     Credentials,
     Declarations,
+    NamespaceInfo,
     ToolsetCreateRequest,
     ToolsetDeclarationsReply,
     ToolsetDeclarationsRequest,
     ToolsetGetReply,
     ToolsetGetRequest,
+    ToolsetNamespacesReply,
+    ToolsetNamespacesRequest,
     ToolsetSearchReply,
     ToolsetSearchRequest,
     Workflow,
@@ -28,8 +31,10 @@ from toolbus_contracts import (
     WorkflowPublishReply,
     WorkflowPublishRequest,
 )
-from toolbus_contracts.errors import NotFound
+from toolbus_contracts.base import bounded
+from toolbus_contracts.errors import InvalidRequest, NotFound
 
+from toolbus_registry.catalogue import catalogue
 from toolbus_registry.declarations import declarations_floor, render_dts, render_prompt
 from toolbus_registry.paging import (
     ENVELOPE_SLACK,
@@ -41,6 +46,7 @@ from toolbus_registry.paging import (
 )
 from toolbus_registry.pinning import Pinner, ToolLister, check_json_schema
 from toolbus_registry.search import PreparedTerms
+from toolbus_registry.search.index import scope_name
 from toolbus_registry.searching import Searcher
 from toolbus_registry.workflows import WorkflowStore
 
@@ -64,6 +70,10 @@ REPLY_CACHE_BYTES = 16 * 1024 * 1024
 """Create replies kept per toolset id (content-addressed, so never stale), by total size."""
 RENDERED_SIZE = 64
 """Toolsets whose declarations are kept rendered."""
+CATALOGUE_SIZE = 256
+"""Toolsets whose namespace catalogue is kept (a few KiB each)."""
+NAMESPACE_RENDERED_SIZE = 256
+"""Namespaces whose declarations (one namespace browsed) are kept rendered."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +104,8 @@ class RegistryService:
         self._budget = max_payload - ENVELOPE_SLACK
         self._pinner = Pinner(lister, workflows.get, self._pinned, page_bytes=self._budget, egress=egress)
         self._rendered: Lru[str, Rendered] = Lru(RENDERED_SIZE)
+        self._catalogues: Lru[str, list[NamespaceInfo]] = Lru(CATALOGUE_SIZE)
+        self._namespace_rendered: Lru[tuple[str, str], Rendered] = Lru(NAMESPACE_RENDERED_SIZE)
         self._replies: Lru[str, RawJson] = Lru(REPLY_CACHE_BYTES, weight=lambda _, reply: len(reply))
         self._searcher = searcher or Searcher()
         self._warming: dict[str, asyncio.Task[None]] = {}
@@ -120,6 +132,36 @@ class RegistryService:
             infos = stored.table.infos()
             hit = Rendered(prompt=render_prompt(infos), dts=render_dts(infos, self._module_name))
             self._rendered.put(stored.id, hit)
+        return hit
+
+    def _catalogue(self, stored: StoredToolset) -> list[NamespaceInfo]:
+        """The toolset's namespaces (content-addressed: computed once, cached)."""
+        hit = self._catalogues.get(stored.id)
+        if hit is None:
+            hit = catalogue(stored.pinned)
+            self._catalogues.put(stored.id, hit)
+        return hit
+
+    def _check_namespaces(self, stored: StoredToolset, namespaces: list[str], field: str) -> None:
+        """Refuse a namespace the toolset does not have, naming the field (`namespaces[1]`)."""
+        known = {n.name for n in self._catalogue(stored)}
+        for i, name in enumerate(namespaces):
+            if name not in known:
+                where = f"{field}[{i}]" if field == "namespaces" else field
+                raise InvalidRequest(
+                    f"Field '{where}': toolset '{stored.id}' has no namespace '{bounded(name, 80)}' "
+                    "(toolsets.namespaces lists them).",
+                    details={"field": where},
+                )
+
+    def _render_namespace(self, stored: StoredToolset, namespace: str) -> Rendered:
+        """One namespace's declarations (a model browsing it), rendered once and cached."""
+        key = (stored.id, namespace)
+        hit = self._namespace_rendered.get(key)
+        if hit is None:
+            infos = [t.info for t in stored.table.tools if scope_name(t.name) == namespace]
+            hit = Rendered(prompt=render_prompt(infos), dts=render_dts(infos, self._module_name))
+            self._namespace_rendered.put(key, hit)
         return hit
 
     # ---- toolsets ---------------------------------------------------------------------------
@@ -180,6 +222,7 @@ class RegistryService:
                 await self._searcher.warm(stored)  # the index now, the embedding in background
                 await self._searcher.after_searches()  # a first search waiting for the index first
                 await asyncio.to_thread(self._render, stored)
+                self._catalogue(stored)  # what an agent reads first (milliseconds)
             except Exception:  # a search or a declarations read tries again (and answers the error)
                 log.exception("warming toolset %s failed", stored.id)
                 return
@@ -199,19 +242,39 @@ class RegistryService:
         tools = stored.table.wire()
         scope = f"{req.id}:tools"
         page, nxt = page_items(tools, decode_cursor(req.cursor, scope, len(tools)), self._budget)
+        state = self._searcher.vectors(req.id)
         return ToolsetGetReply.model_validate(
             {
                 "id": req.id,
                 "tools": page,
+                "nextCursor": encode_cursor(scope, nxt) if nxt is not None else None,
+                "vectors": {"ready": state[0], "tools": state[1]} if state is not None else None,
+            }
+        )
+
+    async def namespaces(self, req: ToolsetNamespacesRequest) -> ToolsetNamespacesReply:
+        stored = await self._stored(req.id)
+        items = [n.wire() for n in self._catalogue(stored)]
+        scope = f"{req.id}:namespaces"
+        page, nxt = page_items(items, decode_cursor(req.cursor, scope, len(items)), self._budget)
+        return ToolsetNamespacesReply.model_validate(
+            {
+                "id": req.id,
+                "namespaces": page,
                 "nextCursor": encode_cursor(scope, nxt) if nxt is not None else None,
             }
         )
 
     async def declarations(self, req: ToolsetDeclarationsRequest) -> ToolsetDeclarationsReply:
         stored = await self._stored(req.id)
-        rendered = await asyncio.to_thread(self._render, stored)
+        if req.namespace is None:
+            rendered = await asyncio.to_thread(self._render, stored)
+            scope = f"{req.id}:{req.format}"
+        else:
+            self._check_namespaces(stored, [req.namespace], "namespace")
+            rendered = await asyncio.to_thread(self._render_namespace, stored, req.namespace)
+            scope = f"{req.id}:{req.format}:{req.namespace}"
         text = rendered.prompt if req.format == "prompt" else rendered.dts
-        scope = f"{req.id}:{req.format}"
         chunk, nxt = page_text(text, decode_cursor(req.cursor, scope, len(text)), self._budget)
         return ToolsetDeclarationsReply(
             format=req.format, text=chunk, next_cursor=encode_cursor(scope, nxt) if nxt is not None else None
@@ -219,8 +282,10 @@ class RegistryService:
 
     async def search(self, req: ToolsetSearchRequest) -> ToolsetSearchReply:
         stored = await self._stored(req.id)
-        reply = await self._searcher.search(stored, req.query, req.limit)
-        return ToolsetSearchReply(tools=fitting(reply.tools, self._budget))
+        if req.namespaces is not None:
+            self._check_namespaces(stored, req.namespaces, "namespaces")
+        reply = await self._searcher.search(stored, req.query, req.limit, req.namespaces)
+        return ToolsetSearchReply(tools=fitting(reply.tools, self._budget), ranking=reply.ranking)
 
     # ---- workflows --------------------------------------------------------------------------
 

@@ -312,15 +312,34 @@ def toolsets_get(toolset_id: str, json_: JsonOpt = False) -> None:
     _emit(json_, {"id": toolset.id, "tools": toolset.tools}, lambda: _toolset_table(toolset))
 
 
+@toolsets_app.command("namespaces")
+def toolsets_namespaces(toolset_id: str, json_: JsonOpt = False) -> None:
+    """A toolset's namespaces: kind, tool count and a one-line summary of each."""
+    found = _run(json_, lambda tb: tb.toolsets.namespaces(toolset_id))
+
+    def human() -> None:
+        table = Table(title=f"{toolset_id}  ({len(found)} namespaces)", title_justify="left")
+        for column in ("namespace", "kind", "tools", "summary"):
+            table.add_column(column, overflow="fold")
+        for n in found:
+            table.add_row(n.name, n.kind, str(n.tool_count), n.summary)
+        out.print(table)
+
+    _emit(json_, {"namespaces": found}, human)
+
+
 @toolsets_app.command("search")
 def toolsets_search(
     toolset_id: str,
     query: str,
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, max=50)] = 5,
+    namespace: Annotated[
+        list[str] | None, typer.Option("--namespace", "-s", help="search only this namespace (repeatable)")
+    ] = None,
     json_: JsonOpt = False,
 ) -> None:
     """The tools of a toolset that best match a query, best first."""
-    hits = _run(json_, lambda tb: tb.toolsets.search(toolset_id, query, limit))
+    hits = _run(json_, lambda tb: tb.toolsets.search(toolset_id, query, limit, namespaces=namespace or None))
 
     def human() -> None:
         for hit in hits:
@@ -333,12 +352,16 @@ def toolsets_search(
 def toolsets_declarations(
     toolset_id: str,
     format: Annotated[str, typer.Option("--format", help="prompt or dts")] = "prompt",
+    namespace: Annotated[str | None, typer.Option("--namespace", "-s", help="only this namespace")] = None,
     json_: JsonOpt = False,
 ) -> None:
     """Print a toolset's declarations: `--format dts > tools.d.ts`."""
     if format not in ("prompt", "dts"):
         _usage(json_, f"--format must be prompt or dts, not {format!r}")
-    text = _run(json_, lambda tb: tb.toolsets.declarations(toolset_id, format))  # type: ignore[arg-type]
+    text = _run(
+        json_,
+        lambda tb: tb.toolsets.declarations(toolset_id, format, namespace=namespace),  # type: ignore[arg-type]
+    )
 
     def human() -> None:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")

@@ -89,8 +89,9 @@ class Embedder:
             rows.append(v)
         return _from_halves(rows) if rows else np.zeros((0, 0), dtype=np.float32)
 
-    async def embed(self, texts: Sequence[str]) -> Vectors:
-        """Unit vectors of `texts`, shape (len(texts), dim), in order."""
+    async def embed(self, texts: Sequence[str], *, foreground: bool = False) -> Vectors:
+        """Unit vectors of `texts`, shape (len(texts), dim), in order. `foreground`: texts a
+        search waits for, encoded at the normal priority (not behind the background queue)."""
         keys = [text_key(t) for t in texts]
         hits: dict[str, bytes] = {}
         for k in keys:
@@ -115,8 +116,11 @@ class Embedder:
             fresh: dict[str, Vectors] = {}
             for start in range(0, len(missing), ENCODE_CHUNK):
                 chunk = missing[start : start + ENCODE_CHUNK]
-                vectors = await loop.run_in_executor(
-                    self._background, self._encode, [by_key[k] for k in chunk]
+                batch = [by_key[k] for k in chunk]
+                vectors = await (
+                    asyncio.to_thread(self._encode, batch)
+                    if foreground
+                    else loop.run_in_executor(self._background, self._encode, batch)
                 )
                 fresh.update(zip(chunk, vectors, strict=True))
             found.update(fresh)

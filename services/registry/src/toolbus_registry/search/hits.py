@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from toolbus_contracts import ToolInfo
 from toolbus_contracts.registry import SearchHit
 
-from toolbus_registry.search.index import ScoredTool
+from toolbus_registry.search.index import ScoredTool, scope_name
 
 
 def to_hits(
@@ -19,7 +19,11 @@ def to_hits(
     """`SearchHit`s in the order given; scores rounded to 4 decimals (more is noise)."""
     return [
         SearchHit(
-            name=r.tool.name, prompt=prompt_line(r.tool), dts=dts_fragment(r.tool), score=round(r.score, 4)
+            name=r.tool.name,
+            namespace=scope_name(r.tool.name),
+            prompt=prompt_line(r.tool),
+            dts=dts_fragment(r.tool),
+            score=round(r.score, 4),
         )
         for r in results
     ]

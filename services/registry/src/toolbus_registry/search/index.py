@@ -94,6 +94,15 @@ class SearchOptions:
     bm25: Bm25Params = field(default_factory=Bm25Params)
 
 
+class _Partial(NamedTuple):
+    """Vectors of the tools embedded so far (zero rows for the others)."""
+
+    vectors: Vectors
+    name_vectors: Vectors
+    centroids: Vectors
+    has: npt.NDArray[np.bool_]
+
+
 class ScoredTool(NamedTuple):
     tool: ToolInfo
     score: float
@@ -103,6 +112,12 @@ def split_qualified_name(name: str) -> tuple[str, str]:
     """`"github.list_issues" -> ("github", "list_issues")`; a name with no dot has no namespace."""
     namespace, dot, local = name.rpartition(".")
     return (namespace, local) if dot else ("", name)
+
+
+def scope_name(name: str) -> str:
+    """The namespace a search scopes a tool by: its name up to the first dot (the MCP server, the
+    host group, `http`, `workflows`), or the whole name of a host tool with no group."""
+    return name.partition(".")[0]
 
 
 def field_texts(name: str, description: str, params: str) -> dict[str, str]:
@@ -281,6 +296,9 @@ class SearchIndex:
         self._vectors: Vectors | None = None
         self._name_vectors: Vectors | None = None
         self._centroids: Vectors | None = None
+        self._partial: _Partial | None = None
+        """Vectors of some tools (zero rows for the others), while the toolset is being embedded:
+        swapped whole on each `attach_some`, so a search reads one consistent state."""
         locals_ = [split_qualified_name(t.name) for t in self.tools]
         actions = [tool_action(local) for _, local in locals_]
         self._actions = {a: np.asarray([x == a for x in actions], dtype=np.float32) for a in ACTIONS}
@@ -292,6 +310,10 @@ class SearchIndex:
         position = {ns: k for k, ns in enumerate(namespaces)}
         self._namespace_of = np.asarray([position[ns] for ns, _ in locals_], dtype=np.intp)
         self._members = [np.flatnonzero(self._namespace_of == k) for k in range(len(namespaces))]
+        scopes: dict[str, list[int]] = {}
+        for i, tool in enumerate(self.tools):
+            scopes.setdefault(scope_name(tool.name), []).append(i)
+        self._scopes = {name: np.asarray(ids, dtype=np.intp) for name, ids in scopes.items()}
 
     @classmethod
     def build(
@@ -347,43 +369,121 @@ class SearchIndex:
         if vectors.shape[0] != 2 * n:
             raise ValueError(f"{vectors.shape[0]} vectors for {n} tools (two a tool)")
         vectors = np.asarray(vectors, dtype=np.float32)
-        centroids = np.zeros((len(self._namespaces), vectors.shape[1]), dtype=np.float32)
-        np.add.at(centroids, self._namespace_of, vectors[:n])
-        centroids /= np.maximum(np.linalg.norm(centroids, axis=1, keepdims=True), 1e-12)
         self._name_vectors = np.ascontiguousarray(vectors[n:])
-        self._centroids = centroids
+        self._centroids = self._centroids_of(vectors[:n])
         self._vectors = np.ascontiguousarray(vectors[:n])  # last: `dense` turns true with all set
+        self._partial = None
+
+    @property
+    def embedded(self) -> int:
+        """Tools whose vectors are attached (all of them once `dense`)."""
+        if self._vectors is not None:
+            return len(self.tools)
+        partial = self._partial
+        return int(partial.has.sum()) if partial is not None else 0
+
+    def missing(self, ids: npt.NDArray[np.intp]) -> npt.NDArray[np.intp]:
+        """Those of `ids` whose vectors are not attached yet."""
+        if self._vectors is not None:
+            return ids[:0]
+        partial = self._partial
+        return ids if partial is None else ids[~partial.has[ids]]
+
+    def texts_of(self, ids: npt.NDArray[np.intp]) -> list[str]:
+        """What the vectors of these tools are made of: their texts, then their name texts (the
+        form `attach_some` takes)."""
+        order = ids.tolist()
+        return [self.texts[i] for i in order] + [self.name_texts[i] for i in order]
+
+    def attach_some(self, ids: npt.NDArray[np.intp], vectors: Vectors) -> None:
+        """Attach the vectors of some tools (`texts_of(ids)`, shape (2 * len(ids), dim)) while the
+        toolset is still being embedded: searches use them (`search`'s partial ranking)."""
+        k = ids.size
+        if vectors.shape[0] != 2 * k:
+            raise ValueError(f"{vectors.shape[0]} vectors for {k} tools (two a tool)")
+        if self._vectors is not None or k == 0:
+            return
+        n, dim = len(self.tools), vectors.shape[1]
+        old = self._partial
+        texts = old.vectors.copy() if old is not None else np.zeros((n, dim), dtype=np.float32)
+        names = old.name_vectors.copy() if old is not None else np.zeros((n, dim), dtype=np.float32)
+        has = old.has.copy() if old is not None else np.zeros(n, dtype=bool)
+        texts[ids] = vectors[:k]
+        names[ids] = vectors[k:]
+        has[ids] = True
+        self._partial = _Partial(texts, names, self._centroids_of(texts), has)
+
+    def _centroids_of(self, vectors: Vectors) -> Vectors:
+        centroids = np.zeros((len(self._namespaces), vectors.shape[1]), dtype=np.float32)
+        np.add.at(centroids, self._namespace_of, vectors)
+        centroids /= np.maximum(np.linalg.norm(centroids, axis=1, keepdims=True), 1e-12)
+        return centroids
+
+    def lexical_top(
+        self, query: str, k: int, within: npt.NDArray[np.intp] | None = None
+    ) -> npt.NDArray[np.intp]:
+        """The ids of the `k` best tools by BM25F (of `within` only when given), best first."""
+        lex = self.lexical_scores(query)
+        ids = np.flatnonzero(lex > 0) if within is None else within[lex[within] > 0]
+        return self._top_ids(lex, ids, k)
 
     def lexical_scores(self, query: str) -> npt.NDArray[np.float32]:
         """BM25F score of every tool for the query, synonyms included."""
         groups = expand(terms(query), self.options.synonym_weight)
         return self._lexical.scores(groups, self.options.coordination)
 
-    def search(self, query: str, limit: int = 5, *, query_vector: Vectors | None = None) -> list[ScoredTool]:
+    def within(self, namespaces: Sequence[str]) -> npt.NDArray[np.intp]:
+        """The ids of the tools of these namespaces (`scope_name`), ascending; unknown names
+        add nothing."""
+        found = [self._scopes[ns] for ns in dict.fromkeys(namespaces) if ns in self._scopes]
+        if not found:
+            return np.zeros(0, dtype=np.intp)
+        return np.sort(np.concatenate(found))
+
+    def search(
+        self,
+        query: str,
+        limit: int = 5,
+        *,
+        query_vector: Vectors | None = None,
+        within: npt.NDArray[np.intp] | None = None,
+    ) -> list[ScoredTool]:
         """The best `limit` tools for a natural-language query, best first, ties by name.
 
         Without vectors (none attached, or no `query_vector`): lexical only, and tools that share
-        no term with the query are left out. With them: the dense ranking of every tool (cosine)
+        no term with the query are left out. With some (`attach_some`: the toolset is still being
+        embedded), as with all, tools without vectors scoring a cosine of 0 (the caller attaches
+        those of the lexical head first). With all: the dense ranking of every tool (cosine)
         and the lexical ranking are fused by reciprocal rank fusion; the fused head is re-ranked
         by the linear model `options.rerank` over `head_features`, which is the score.
+        `within`: only these tool ids (`within(namespaces)`) are ranked and returned.
         """
-        if limit < 1 or not self.tools:
+        if limit < 1 or not self.tools or (within is not None and within.size == 0):
             return []
-        if self._vectors is None or query_vector is None:
+        if query_vector is None or (self._vectors is None and self._partial is None):
             groups = expand(terms(query), self.options.synonym_weight)
             lex = self._lexical.scores(groups, self.options.coordination)
-            return self._top(lex, np.flatnonzero(lex > 0), limit)
-        head, features = self.head_features(query, query_vector, max(self.options.head, limit))
+            ids = np.flatnonzero(lex > 0) if within is None else within[lex[within] > 0]
+            return self._top(lex, ids, limit)
+        head, features = self.head_features(query, query_vector, max(self.options.head, limit), within)
         scores = np.zeros(len(self.tools), dtype=np.float32)
         scores[head] = features @ self.options.rerank.vector()
         return self._top(scores, head, limit)
 
     def head_features(
-        self, query: str, query_vector: Vectors, head_size: int | None = None
+        self,
+        query: str,
+        query_vector: Vectors,
+        head_size: int | None = None,
+        within: npt.NDArray[np.intp] | None = None,
     ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float32]]:
         """The fused head (tool ids, best fused first) and its features, one row per head tool,
-        columns as `FEATURES`. Needs the vectors attached."""
+        columns as `FEATURES`. Needs the vectors attached. `within`: both rankings are of these
+        tool ids only (a scoped search), so the head is too."""
         vectors, name_vectors, centroids = self._vectors, self._name_vectors, self._centroids
+        partial = self._partial
+        if (vectors is None or name_vectors is None or centroids is None) and partial is not None:
+            vectors, name_vectors, centroids = partial.vectors, partial.name_vectors, partial.centroids
         if vectors is None or name_vectors is None or centroids is None:
             raise ValueError("no vectors attached")
         opts = self.options
@@ -395,15 +495,16 @@ class SearchIndex:
         cosine = vectors @ q
         ranks = np.arange(1, n + 1, dtype=np.float32)
         fused = np.zeros(n, dtype=np.float32)
-        fused[np.argsort(-cosine, kind="stable")] += 1.0 / (opts.rrf_k + ranks)
-        matched = np.flatnonzero(lex > 0)
+        ids = np.arange(n) if within is None else within
+        fused[ids[np.argsort(-cosine[ids], kind="stable")]] += 1.0 / (opts.rrf_k + ranks[: ids.size])
+        matched = ids[lex[ids] > 0]
         if matched.size:
             by_lex = matched[np.argsort(-lex[matched], kind="stable")]
             fused[by_lex] += 1.0 / (opts.rrf_k + ranks[: by_lex.size])
-        head = self._top_ids(fused, np.arange(n), head_size or opts.head)
+        head = self._top_ids(fused, ids, head_size or opts.head)
         asked = {t for group in groups for t in group}
         features = np.zeros((head.size, len(FEATURES)), dtype=np.float32)
-        best = float(lex.max())
+        best = float(lex[ids].max())
         features[:, 0] = cosine[head]
         features[:, 1] = lex[head] / best if best > 0 else 0.0
         features[:, 2] = name_vectors[head] @ q
