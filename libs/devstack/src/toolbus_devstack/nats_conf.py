@@ -218,6 +218,22 @@ def roles(prefix: str = "toolbus") -> list[Role]:
             subscribe=[*credential_sets],
             service=True,
         ),
+        Role(
+            "gateway",
+            "MCP endpoint: opens runs and calls tools for MCP clients, searches toolsets, reads "
+            "toolsets and stored outputs; serves tokens.*",
+            publish=[
+                f"{INBOX}.>",
+                "$JS.API.INFO",
+                *calls,
+                s.toolsets_search,
+                *js_read(toolsets),
+                *js_create(toolsets),
+                *js_read(outputs),
+            ],
+            subscribe=[s.tokens_create, s.tokens_list, s.tokens_revoke],
+            service=True,
+        ),
     ]
     return out
 

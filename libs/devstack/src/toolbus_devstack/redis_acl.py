@@ -41,6 +41,7 @@ def redis_users(prefix: str = "toolbus") -> list[RedisUser]:
             "pending approvals, their outbox and webhooks",
             (f"{k}:{{approvals}}:*", f"{k}:webhooks:*", f"{k}:webhook:*"),
         ),
+        RedisUser("gateway", "bearer tokens of the MCP endpoint (hashed)", (f"{k}:gw:*",)),
     ]
 
 
