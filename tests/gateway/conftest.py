@@ -42,7 +42,7 @@ class Jwks:
         body = json.dumps({"keys": [{**jwk, "kid": "test-key", "use": "sig", "alg": "RS256"}]}).encode()
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            def do_GET(self) -> None:
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -90,7 +90,9 @@ class Deployment:
 
 
 @contextlib.asynccontextmanager
-async def mcp_client(url: str, token: str | None, *, mode: str = "auto", headers: dict[str, str] | None = None) -> AsyncIterator[Client]:
+async def mcp_client(
+    url: str, token: str | None, *, mode: str = "auto", headers: dict[str, str] | None = None
+) -> AsyncIterator[Client]:
     """The `mcp` package's client on `url` with a bearer token (mode `auto`: 2026-07-28;
     `legacy`: 2025-11-25 with a session)."""
     sent = dict(headers or {})
@@ -99,7 +101,7 @@ async def mcp_client(url: str, token: str | None, *, mode: str = "auto", headers
     async with AsyncExitStack() as stack:
         http = await stack.enter_async_context(create_mcp_http_client(headers=sent))
         client = await stack.enter_async_context(
-            Client(streamable_http_client(url, http_client=http), mode=mode)  # type: ignore[arg-type]
+            Client(streamable_http_client(url, http_client=http), mode=mode)
         )
         yield client
 
@@ -117,7 +119,9 @@ async def mcp_servers() -> AsyncIterator[dict[str, McpTestServer]]:
     servers = {
         "shop": McpTestServer(name="shop", tools=echo_tools(), handler=echo_handler),
         "many": McpTestServer(name="many", tools=synthetic_tools(12)),
-        "locked": McpTestServer(name="locked", tools=echo_tools(), handler=echo_handler, required_token="good"),
+        "locked": McpTestServer(
+            name="locked", tools=echo_tools(), handler=echo_handler, required_token="good"
+        ),
     }
     async with AsyncExitStack() as stack:
         for server in servers.values():

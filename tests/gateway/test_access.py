@@ -18,10 +18,17 @@ pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")
 
 OTHER_TOOLSET = "ts_" + "0" * 64
 HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
-LIST = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": {
-    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-    "io.modelcontextprotocol/clientCapabilities": {},
-}}}
+LIST: dict[str, Any] = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "tools/list",
+    "params": {
+        "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+        }
+    },
+}
 
 
 async def _post(url: str, token: str | None, body: Any = LIST, raw: bytes | None = None) -> httpx.Response:
@@ -60,7 +67,10 @@ async def test_unknown_expired_and_revoked_tokens_are_401(deployment: Deployment
     assert token not in str(listed)  # only the hash is stored, never shown again
     token_id = listed["tokens"][0]["id"]
     assert (await _post(deployment.url(toolset), token)).status_code == 200
-    assert (await deployment.ok(deployment.subjects.tokens_revoke, {"id": token_id})) == {"id": token_id, "revoked": True}
+    assert (await deployment.ok(deployment.subjects.tokens_revoke, {"id": token_id})) == {
+        "id": token_id,
+        "revoked": True,
+    }
     assert (await _post(deployment.url(toolset), token)).status_code == 401
     again = await deployment.ok(deployment.subjects.tokens_list, {"namespace": "revoked-user"})
     assert again["tokens"] == []
@@ -75,13 +85,21 @@ async def test_a_token_for_another_toolset_is_403(deployment: Deployment, toolse
 
 def _claims(toolset: str, **overrides: Any) -> dict[str, Any]:
     now = int(time.time())
-    claims = {"iss": ISSUER, "aud": AUDIENCE, "sub": "jwt-user", "exp": now + 60, "iat": now,
-              "toolbus_toolsets": [toolset]}
+    claims = {
+        "iss": ISSUER,
+        "aud": AUDIENCE,
+        "sub": "jwt-user",
+        "exp": now + 60,
+        "iat": now,
+        "toolbus_toolsets": [toolset],
+    }
     claims.update(overrides)
     return claims
 
 
-async def test_a_jwt_of_the_identity_provider_gives_its_namespace(deployment: Deployment, toolset: str) -> None:
+async def test_a_jwt_of_the_identity_provider_gives_its_namespace(
+    deployment: Deployment, toolset: str
+) -> None:
     jwt_token = deployment.jwks.token(_claims(toolset))
     async with mcp_client(deployment.url(toolset), jwt_token) as client:
         result = await client.call_tool("shop.echo", {"text": "as jwt"})
@@ -106,7 +124,9 @@ async def test_a_jwt_of_the_identity_provider_gives_its_namespace(deployment: De
         ("another toolset", {"toolbus_toolsets": [OTHER_TOOLSET]}, 403),
     ],
 )
-async def test_refused_jwts(deployment: Deployment, toolset: str, why: str, overrides: dict[str, Any], status: int) -> None:
+async def test_refused_jwts(
+    deployment: Deployment, toolset: str, why: str, overrides: dict[str, Any], status: int
+) -> None:
     reply = await _post(deployment.url(toolset), deployment.jwks.token(_claims(toolset, **overrides)))
     assert reply.status_code == status, why
 
@@ -131,7 +151,7 @@ async def test_malformed_requests_get_a_jsonrpc_error(
     token = await deployment.token([toolset])
     reply = await _post(deployment.url(toolset), token, body if body is not None else LIST, raw=raw)
     assert reply.status_code < 500, what
-    assert "Traceback" not in reply.text and "File \"" not in reply.text
+    assert "Traceback" not in reply.text and 'File "' not in reply.text
     assert reply.json()["error"]["code"] < 0, what
 
 

@@ -30,7 +30,9 @@ async def _all_tools(client: Any) -> tuple[list[Any], int]:
 
 
 @pytest.mark.parametrize("mode", MODES)
-async def test_lists_pinned_tools_paged_under_qualified_names(deployment: Deployment, toolset: str, mode: str) -> None:
+async def test_lists_pinned_tools_paged_under_qualified_names(
+    deployment: Deployment, toolset: str, mode: str
+) -> None:
     token = await deployment.token([toolset])
     async with mcp_client(deployment.url(toolset), token, mode=mode) as client:
         tools, pages = await _all_tools(client)
@@ -75,7 +77,9 @@ async def test_a_session_is_one_run_and_its_events_replay(deployment: Deployment
     completed: set[str] = set()
     for _ in range(100):
         sub = await js.subscribe(
-            deployment.subjects.run_events(run_id), stream=js_name(deployment.prefix, "EVENTS"), ordered_consumer=True
+            deployment.subjects.run_events(run_id),
+            stream=js_name(deployment.prefix, "EVENTS"),
+            ordered_consumer=True,
         )
         events = []
         try:
@@ -105,7 +109,9 @@ async def test_a_named_run_is_joined(deployment: Deployment, toolset: str) -> No
     assert status["state"] == "done"
 
 
-async def test_unknown_tool_is_a_jsonrpc_error_and_bad_input_a_tool_error(deployment: Deployment, toolset: str) -> None:
+async def test_unknown_tool_is_a_jsonrpc_error_and_bad_input_a_tool_error(
+    deployment: Deployment, toolset: str
+) -> None:
     token = await deployment.token([toolset])
     async with mcp_client(deployment.url(toolset), token) as client:
         with pytest.raises(MCPError) as raised:

@@ -26,7 +26,9 @@ async def _pending(deployment: Deployment, namespace: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
-async def test_approval_sends_progress_until_approved(deployment: Deployment, toolset: str, mode: str) -> None:
+async def test_approval_sends_progress_until_approved(
+    deployment: Deployment, toolset: str, mode: str
+) -> None:
     namespace = f"approver-{mode}"
     token = await deployment.token([toolset], namespace=namespace)
     notes: list[tuple[float, str | None]] = []
@@ -35,12 +37,18 @@ async def test_approval_sends_progress_until_approved(deployment: Deployment, to
         notes.append((progress, message))
 
     async with mcp_client(deployment.url(toolset), token, mode=mode) as client:
-        call = asyncio.create_task(client.call_tool("gated.echo", {"text": "refund 5"}, progress_callback=on_progress))
+        call = asyncio.create_task(
+            client.call_tool("gated.echo", {"text": "refund 5"}, progress_callback=on_progress)
+        )
         approval = await _pending(deployment, namespace)
         assert approval["tool"] == "gated.echo" and approval["input"] == {"text": "refund 5"}
-        while len(notes) < 2:
+        for _ in range(200):  # two progress notifications while it waits
+            if len(notes) >= 2:
+                break
             await asyncio.sleep(0.05)
-        await deployment.ok(deployment.subjects.approvals_decide, {"approvalId": approval["approvalId"], "approve": True})
+        await deployment.ok(
+            deployment.subjects.approvals_decide, {"approvalId": approval["approvalId"], "approve": True}
+        )
         result = await asyncio.wait_for(call, 30)
     assert result.is_error is False and result.structured_content == {"text": "refund 5"}
     assert [m for _, m in notes[:2]] == ["awaiting approval", "awaiting approval"]
@@ -61,7 +69,10 @@ async def test_denied_call_is_a_tool_error_with_the_reason(deployment: Deploymen
     text = result.content[0].text  # type: ignore[union-attr]
     assert text.startswith("denied: the call was not approved, so the tool did not run.")
     assert "too large" in text
-    assert result.meta is not None and result.meta["toolbus/error"] == {"code": "denied", "message": "too large"}
+    assert result.meta is not None and result.meta["toolbus/error"] == {
+        "code": "denied",
+        "message": "too large",
+    }
 
 
 async def test_outcome_unknown_says_the_tool_may_have_run(

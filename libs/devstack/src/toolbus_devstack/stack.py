@@ -545,7 +545,9 @@ def up(ready_timeout: float, only: list[str] | None, as_json: bool = False) -> i
             f"{name:<15} {state}: http://127.0.0.1:{row['port']}/healthz /readyz /metrics, log {row['log']}"
         )
         if name == "gateway" and row["state"] != "failed":
-            print(f"{'':<15} MCP: {_gateway_url()}/mcp/<toolsetId> (toolbus tokens create gives a bearer token)")
+            print(
+                f"{'':<15} MCP: {_gateway_url()}/mcp/<toolsetId> (toolbus tokens create gives a bearer token)"
+            )
     print(f"logs in {_rel(LOGS)}/ (make logs, toolbus logs); stop with make down or toolbus down")
     return 1 if failed else 0
 

@@ -78,7 +78,11 @@ class GatewayApp:
         await store.open()
         requester = Requester(nc)
         calls = Calls(
-            requester, js, s.subjects, watch_interval=g.watch_interval_seconds, call_timeout=g.call_timeout_seconds
+            requester,
+            js,
+            s.subjects,
+            watch_interval=g.watch_interval_seconds,
+            call_timeout=g.call_timeout_seconds,
         )
         self.runs = Runs(calls, idle=g.run_idle_seconds)
         servers = [a.strip() for a in (g.authorization_servers or g.jwt_issuer or "").split(",") if a.strip()]

@@ -114,7 +114,9 @@ class Authenticator:
         scheme, _, token = authorization.partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
-            raise Unauthenticated("The Authorization header is not 'Bearer <token>'.", error="invalid_request")
+            raise Unauthenticated(
+                "The Authorization header is not 'Bearer <token>'.", error="invalid_request"
+            )
         if token.count(".") == 2 and self._jwt is not None:
             return await self._jwt.verify(token)
         info = await self._tokens.check(token)

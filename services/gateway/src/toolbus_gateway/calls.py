@@ -185,5 +185,7 @@ def parked_result(call_id: str, reconnect: str | None, meta: dict[str, Any]) -> 
 def refused_result(exc: ToolbusError, meta: dict[str, Any]) -> types.CallToolResult:
     """A request the dispatcher refused (bad input, ...) as a tool error."""
     if isinstance(exc, Timeout):
-        return error_result("timeout", f"{exc.message} The call goes on; its outcome is in the run's events.", meta)
+        return error_result(
+            "timeout", f"{exc.message} The call goes on; its outcome is in the run's events.", meta
+        )
     return error_result(exc.code.value, exc.message, meta)

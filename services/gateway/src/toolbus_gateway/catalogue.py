@@ -55,9 +55,7 @@ class Catalogues:
         stored = await self._store.get(toolset_id)
         if stored is None:
             return None
-        pinned = {
-            mcp_tool_name(s.name, t.name): t for s in stored.pinned.servers for t in s.tools
-        }
+        pinned = {mcp_tool_name(s.name, t.name): t for s in stored.pinned.servers for t in s.tools}
         tools: list[types.Tool] = []
         schemas: dict[str, dict[str, Any]] = {}
         for tool in stored.table.tools:

@@ -137,7 +137,9 @@ class Gateway:
             return await self._meta_tool(catalogue, name, arguments, principal, named_run, session, progress)
         if name not in catalogue.schemas:
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {name[:200]} is not in this toolset.")
-        return await self._call(principal, catalogue.toolset_id, name, arguments, named_run, session, progress)
+        return await self._call(
+            principal, catalogue.toolset_id, name, arguments, named_run, session, progress
+        )
 
     async def _call(
         self,
@@ -170,7 +172,11 @@ class Gateway:
                     continue  # the run was closed elsewhere: open a new one, once
                 return error_result("notFound", f"Run {run_id} is closed.", meta)
             except Parked as parked:
-                return parked_result(parked.call_id, self._reconnect(toolset_id, principal), result_meta(run_id, parked.call_id))
+                return parked_result(
+                    parked.call_id,
+                    self._reconnect(toolset_id, principal),
+                    result_meta(run_id, parked.call_id),
+                )
             except UnknownTool as exc:
                 raise MCPError(types.INVALID_PARAMS, exc.message) from None
             except ToolbusError as exc:
@@ -185,8 +191,12 @@ class Gateway:
                 try:
                     return ok_result(await self._calls.output(outcome, call_id), meta)
                 except Exception as exc:
-                    log.warning("stored output not read", extra={"callId": call_id, "error": type(exc).__name__})
-                    return error_result("unavailable", f"The output of call {call_id} could not be read.", meta)
+                    log.warning(
+                        "stored output not read", extra={"callId": call_id, "error": type(exc).__name__}
+                    )
+                    return error_result(
+                        "unavailable", f"The output of call {call_id} could not be read.", meta
+                    )
             error = outcome.get("error") or {}
             return error_result(str(error.get("code", "internal")), str(error.get("message", "")), meta)
         raise AssertionError("unreachable")
@@ -194,7 +204,9 @@ class Gateway:
     def _reconnect(self, toolset_id: str, principal: Principal) -> str | None:
         if not self._reconnect_url:
             return None
-        return self._reconnect_url.replace("{namespace}", principal.namespace).replace("{toolsetId}", toolset_id)
+        return self._reconnect_url.replace("{namespace}", principal.namespace).replace(
+            "{toolsetId}", toolset_id
+        )
 
     async def _meta_tool(
         self,
@@ -209,23 +221,35 @@ class Gateway:
         if name == CALL_TOOL:
             target, args = arguments.get("name"), arguments.get("arguments", {})
             if not isinstance(target, str) or not isinstance(args, dict):
-                return error_result("invalidInput", "call_tool takes a 'name' (string) and 'arguments' (object).", {})
+                return error_result(
+                    "invalidInput", "call_tool takes a 'name' (string) and 'arguments' (object).", {}
+                )
             if target not in catalogue.schemas:
-                return error_result("unknownTool", f"{target[:200]} is not in this toolset: search_tools finds tools.", {})
-            return await self._call(principal, catalogue.toolset_id, target, args, named_run, session, progress)
+                return error_result(
+                    "unknownTool", f"{target[:200]} is not in this toolset: search_tools finds tools.", {}
+                )
+            return await self._call(
+                principal, catalogue.toolset_id, target, args, named_run, session, progress
+            )
         if name == LIST_TOOLS:
             cursor = arguments.get("cursor")
             try:
-                page, next_cursor = catalogue.page(cursor if isinstance(cursor, str) else None, self.page_size)
+                page, next_cursor = catalogue.page(
+                    cursor if isinstance(cursor, str) else None, self.page_size
+                )
             except ValueError:
                 return error_result("invalidInput", "The cursor is not one list_tools gave.", {})
-            listed: dict[str, Any] = {"tools": [{"name": t.name, "description": t.description or ""} for t in page]}
+            listed: dict[str, Any] = {
+                "tools": [{"name": t.name, "description": t.description or ""} for t in page]
+            }
             if next_cursor is not None:
                 listed["nextCursor"] = next_cursor
             return ok_result(listed, {})
         query, limit = arguments.get("query"), arguments.get("limit", 5)
         if not isinstance(query, str) or not query or not isinstance(limit, int) or not 1 <= limit <= 50:
-            return error_result("invalidInput", "search_tools takes a 'query' (text) and a 'limit' (1-50).", {})
+            return error_result(
+                "invalidInput", "search_tools takes a 'query' (text) and a 'limit' (1-50).", {}
+            )
         try:
             data = await self._req.request(
                 self._s.toolsets_search, {"id": catalogue.toolset_id, "query": query, "limit": limit}
@@ -233,7 +257,11 @@ class Gateway:
         except ToolbusError as exc:
             return refused_result(exc, {})
         hits = [
-            {"name": h["name"], "description": h["prompt"], "inputSchema": catalogue.schemas.get(h["name"], {})}
+            {
+                "name": h["name"],
+                "description": h["prompt"],
+                "inputSchema": catalogue.schemas.get(h["name"], {}),
+            }
             for h in data.get("tools", [])
         ]
         return ok_result({"tools": hits}, {})

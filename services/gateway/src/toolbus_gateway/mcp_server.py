@@ -33,7 +33,9 @@ log = logging.getLogger(__name__)
 STATE_KEY = "toolbus.gateway"
 RUN_HEADER = "mcp-run"
 SESSION_HEADER = "mcp-session-id"
-_catalogue: contextvars.ContextVar[Catalogue | None] = contextvars.ContextVar("gateway_catalogue", default=None)
+_catalogue: contextvars.ContextVar[Catalogue | None] = contextvars.ContextVar(
+    "gateway_catalogue", default=None
+)
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,9 @@ def _quoted(text: str) -> str:
 class McpEndpoint:
     """ASGI: the bearer check, the toolset, the body limit, then the MCP SDK's transport."""
 
-    def __init__(self, gateway: Gateway, inner: StreamableHTTPASGIApp, *, base_url: str, max_body: int) -> None:
+    def __init__(
+        self, gateway: Gateway, inner: StreamableHTTPASGIApp, *, base_url: str, max_body: int
+    ) -> None:
         self._gateway = gateway
         self._inner = inner
         self._base_url = base_url
@@ -133,7 +137,9 @@ class McpEndpoint:
         request = Request(scope, receive)
         toolset_id = str(scope.get("path_params", {}).get("toolset_id", ""))
         if not TOOLSET_ID.fullmatch(toolset_id):
-            await _json_error(404, "No such toolset: the path is /mcp/ts_<64 hex digits>.")(scope, receive, send)
+            await _json_error(404, "No such toolset: the path is /mcp/ts_<64 hex digits>.")(
+                scope, receive, send
+            )
             return
         try:
             principal = await self._gateway.authenticate(request.headers.get("authorization"))

@@ -22,7 +22,12 @@ class Requester:
         self._nc = nc
 
     async def request(
-        self, subject: str, body: dict[str, Any], *, timeout: float = 30.0, retry: bool = True
+        self,
+        subject: str,
+        body: dict[str, Any],
+        *,
+        timeout: float = 30.0,  # noqa: ASYNC109 - the deadline of the reply, retries included
+        retry: bool = True,
     ) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         wait = 0.1
@@ -35,7 +40,9 @@ class Requester:
                 try:
                     msg = await self._nc.request(subject, payload, timeout=left)
                 except nats.errors.NoRespondersError:
-                    raise Unavailable(f"No service answers {subject}.", details={"subject": subject}) from None
+                    raise Unavailable(
+                        f"No service answers {subject}.", details={"subject": subject}
+                    ) from None
                 except nats.errors.TimeoutError:
                     raise Timeout(f"No reply on {subject} within {timeout:g}s.") from None
                 reply = orjson.loads(msg.data)

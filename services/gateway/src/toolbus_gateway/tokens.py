@@ -14,8 +14,8 @@ from datetime import UTC, datetime, timedelta
 
 import orjson
 from redis.asyncio import Redis
-from toolbus_contracts.errors import NotFound
 from toolbus_contracts.base import parse_duration
+from toolbus_contracts.errors import NotFound
 from toolbus_contracts.gateway import TokenCreateRequest, TokenInfo
 
 TOKEN_PREFIX = "tbg_"
