@@ -219,6 +219,12 @@ def roles(prefix: str = "toolbus") -> list[Role]:
             service=True,
         ),
         Role(
+            "token-issuer",
+            "issue, list and revoke the gateway's bearer tokens (tokens.*)",
+            publish=[s.tokens_create, s.tokens_list, s.tokens_revoke],
+            subscribe=[],
+        ),
+        Role(
             "gateway",
             "MCP endpoint: opens runs and calls tools for MCP clients, searches toolsets, reads "
             "toolsets and stored outputs; serves tokens.*",

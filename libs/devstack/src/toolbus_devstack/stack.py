@@ -251,7 +251,7 @@ def _secure_credentials() -> dict[str, str]:
     path = SECURE_DIR / "passwords.json"
     if path.exists():
         stored: dict[str, str] = json.loads(path.read_text())
-        if {"redis", "redis-dispatcher", "gateway", "redis-gateway"} <= stored.keys():
+        if {"redis", "redis-dispatcher", "gateway", "redis-gateway", "token-issuer"} <= stored.keys():
             return stored
     more = dev_credentials()
     passwords = {**dev_credentials(), "redis": more["harness"]}
