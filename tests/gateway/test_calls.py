@@ -5,13 +5,14 @@ outputs as structuredContent and text, tool errors, and the run's events replaya
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
 from mcp.shared.exceptions import MCPError
 
 from tests.gateway.conftest import Deployment, mcp_client
-from tests.support.infra import js_name
+from tests.support.infra import js_name, request
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
@@ -121,3 +122,24 @@ async def test_unknown_tool_is_a_jsonrpc_error_and_bad_input_a_tool_error(
     assert "not in this toolset" in raised.value.error.message
     assert bad.is_error is True
     assert bad.meta is not None and bad.meta["toolbus/error"]["code"] == "invalidInput"
+
+
+async def test_an_idle_run_is_closed_and_the_next_call_opens_another(
+    deployment: Deployment, toolset: str
+) -> None:
+    token = await deployment.token([toolset], namespace="idle-user")
+    runs = deployment.gateway.runs
+    assert runs is not None
+    async with mcp_client(deployment.url(toolset), token) as client:
+        first = await client.call_tool("shop.echo", {"text": "before"})
+        assert first.meta is not None
+        assert await runs.close_idle(now=time.monotonic() + 10_000) >= 1
+        reopened = await request(
+            deployment.nc,
+            deployment.subjects.runs_open,
+            {"toolsetId": toolset, "namespace": "idle-user", "runId": first.meta["toolbus/runId"]},
+        )
+        assert reopened["ok"] is False and reopened["error"]["code"] == "conflict"  # a closed run's id
+        second = await client.call_tool("shop.echo", {"text": "after"})
+    assert second.meta is not None and second.structured_content == {"text": "after"}
+    assert second.meta["toolbus/runId"] != first.meta["toolbus/runId"]
