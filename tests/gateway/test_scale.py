@@ -7,6 +7,7 @@ import asyncio
 from collections import Counter
 
 import pytest
+from mcp.shared.exceptions import MCPError
 
 from tests.gateway.conftest import Deployment, mcp_client
 from tests.support.mcp_servers import McpTestServer
@@ -61,3 +62,23 @@ async def test_thousand_calls_from_fifty_clients_each_answered_once(
     assert sorted(answered) == sorted(f"c{c}-{i}" for c in range(50) for i in range(20))
     sent = Counter(r.arguments["text"] for r in shop.calls_to("echo")[before:])
     assert len(sent) == 1000 and set(sent.values()) == {1}
+
+
+async def test_declarations_are_resources(deployment: Deployment, toolset: str) -> None:
+    token = await deployment.token([toolset])
+    async with mcp_client(deployment.url(toolset), token, mode="legacy") as client:
+        listed = await client.list_resources()
+        uris = [str(r.uri) for r in listed.resources]
+        prompt = await client.read_resource(f"toolbus://toolsets/{toolset}/declarations.txt")
+        dts = await client.read_resource(f"toolbus://toolsets/{toolset}/declarations.d.ts")
+        with pytest.raises(MCPError) as missing:
+            await client.read_resource(f"toolbus://toolsets/{toolset}/nothing")
+    assert uris == [
+        f"toolbus://toolsets/{toolset}/declarations.txt",
+        f"toolbus://toolsets/{toolset}/declarations.d.ts",
+    ]
+    prompt_text = prompt.contents[0].text  # type: ignore[union-attr]
+    assert len(prompt_text.strip().splitlines()) == 18 and "shop.echo" in prompt_text
+    dts_text = dts.contents[0].text  # type: ignore[union-attr]
+    assert 'declare module "rewind:tools"' in dts_text and "export const shop" in dts_text
+    assert missing.value.error.code == -32002

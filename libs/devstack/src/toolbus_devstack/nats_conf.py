@@ -226,13 +226,15 @@ def roles(prefix: str = "toolbus") -> list[Role]:
         ),
         Role(
             "gateway",
-            "MCP endpoint: opens runs and calls tools for MCP clients, searches toolsets, reads "
+            "MCP endpoint: opens runs and calls tools for MCP clients, searches toolsets and reads their "
+            "declarations, reads "
             "toolsets and stored outputs; serves tokens.*",
             publish=[
                 f"{INBOX}.>",
                 "$JS.API.INFO",
                 *calls,
                 s.toolsets_search,
+                s.toolsets_declarations,
                 *js_read(toolsets),
                 *js_create(toolsets),
                 *js_read(outputs),

@@ -76,6 +76,17 @@ META_TOOLS = (
 )
 
 
+DECLARATIONS = {
+    "declarations.txt": ("prompt", "text/plain"),
+    "declarations.d.ts": ("dts", "text/x-typescript"),
+}
+"""The toolset's declarations offered as resources: one line per tool, and TypeScript."""
+
+
+def declarations_uri(toolset_id: str, name: str) -> str:
+    return f"toolbus://toolsets/{toolset_id}/{name}"
+
+
 class Gateway:
     """The gateway's logic, shared by every connection."""
 
@@ -118,6 +129,37 @@ class Gateway:
                 raise ValueError("cursor")
             return list(META_TOOLS), None
         return catalogue.page(cursor, self.page_size)
+
+    def resources(self, catalogue: Catalogue) -> list[types.Resource]:
+        return [
+            types.Resource(
+                name=name,
+                title="Tool declarations, one line per tool"
+                if fmt == "prompt"
+                else "Tool declarations, TypeScript",
+                uri=declarations_uri(catalogue.toolset_id, name),
+                mime_type=mime,
+            )
+            for name, (fmt, mime) in DECLARATIONS.items()
+        ]
+
+    async def read_resource(self, catalogue: Catalogue, uri: str) -> types.TextResourceContents | None:
+        """A declarations resource of this toolset, every page of `toolsets.declarations`
+        joined; None for a URI it does not offer."""
+        for name, (fmt, mime) in DECLARATIONS.items():
+            if uri == declarations_uri(catalogue.toolset_id, name):
+                parts: list[str] = []
+                cursor: str | None = None
+                while True:
+                    body: dict[str, Any] = {"id": catalogue.toolset_id, "format": fmt}
+                    if cursor is not None:
+                        body["cursor"] = cursor
+                    page = await self._req.request(self._s.toolsets_declarations, body)
+                    parts.append(str(page["text"]))
+                    cursor = page.get("nextCursor")
+                    if cursor is None:
+                        return types.TextResourceContents(uri=uri, mime_type=mime, text="".join(parts))
+        return None
 
     async def call_tool(
         self,

@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
+from toolbus_contracts.errors import ToolbusError
 from toolbus_contracts.names import TOOLSET_ID
 
 from toolbus_gateway.auth import Principal, Unauthenticated
@@ -30,6 +31,8 @@ from toolbus_gateway.gateway import Gateway
 
 log = logging.getLogger(__name__)
 
+RESOURCE_NOT_FOUND = -32002
+"""MCP's code for a resource URI the server does not have."""
 STATE_KEY = "toolbus.gateway"
 RUN_HEADER = "mcp-run"
 SESSION_HEADER = "mcp-session-id"
@@ -90,6 +93,26 @@ def build_server(gateway: Gateway) -> Server[Any]:
             search_mode=caller.search_mode,
         )
 
+    async def on_list_resources(
+        ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
+        caller, _ = _caller(ctx)
+        return types.ListResourcesResult(resources=gateway.resources(caller.catalogue))
+
+    async def on_read_resource(
+        ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
+        caller, _ = _caller(ctx)
+        try:
+            contents = await gateway.read_resource(caller.catalogue, str(params.uri))
+        except ToolbusError as exc:
+            raise MCPError(
+                types.INTERNAL_ERROR, f"The declarations could not be read: {exc.code.value}."
+            ) from None
+        if contents is None:
+            raise MCPError(RESOURCE_NOT_FOUND, f"No resource {str(params.uri)[:200]} in this toolset.")
+        return types.ReadResourceResult(contents=[contents])
+
     def input_schema(name: str) -> Mapping[str, Any] | None:
         catalogue = _catalogue.get()
         return None if catalogue is None else catalogue.schemas.get(name)
@@ -100,6 +123,8 @@ def build_server(gateway: Gateway) -> Server[Any]:
         instructions="The tools of one toolbus toolset; each call runs under the toolset's policies.",
         on_list_tools=on_list_tools,
         on_call_tool=on_call_tool,
+        on_list_resources=on_list_resources,
+        on_read_resource=on_read_resource,
         get_tool_input_schema=input_schema,
     )
 
