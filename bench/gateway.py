@@ -2,9 +2,11 @@
 NATS `calls.invoke` (toolbus without the gateway), and through the gateway with the `mcp`
 package's client (2026-07-28 and 2025-11-25): p50/p99 latency sequentially, calls/s with 16 in
 flight, and the gateway's CPU per call and RSS. Everything runs as processes on this machine
-(`BenchStack` plus `python -m toolbus_gateway`); bounded loops, stops by itself.
+(`BenchStack` plus `python -m toolbus_gateway`); bounded loops, stops by itself. With
+`--contextforge`, the same call through IBM ContextForge's virtual server too (stateful
+sessions; installed into .cache/contextforge-venv as `make bench-peers` does).
 
-    uv run python bench/gateway.py [--calls 500]
+    uv run python bench/gateway.py [--calls 500] [--contextforge]
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def line(label: str, row: Row, gateway_cpu: float | None = None) -> str:
     return f"{label:<44} p50 {p50:6.2f} ms   p99 {p99:6.2f} ms   {rate:6.0f} calls/s{cpu}"
 
 
-async def main(calls: int) -> None:
+async def main(calls: int, contextforge: bool) -> None:
     port = _free_port()
     stack = BenchStack((*SERVICES, "gateway"))
     stack.env["TOOLBUS_GATEWAY_PORT"] = str(port)
@@ -81,6 +83,28 @@ async def main(calls: int) -> None:
             ("gateway: mcp.Client 2026-07-28", call_modern, True),
             ("gateway: mcp.Client 2025-11-25 session", call_legacy, True),
         ]
+        peer = None
+        finished = asyncio.Event()
+        if contextforge:
+            from bench.peers import VERSION, ContextForge, install, own_client
+
+            why = install(VERSION)
+            if why is not None:
+                print(f"ContextForge {VERSION} not measured: {why}")
+            else:
+                peer = ContextForge(stateful=True)
+                clients.callback(peer.stop)
+                clients.callback(finished.set)
+                mcp_url = await asyncio.to_thread(peer.start_serving, stack.url)
+                opened: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+                owner = asyncio.create_task(own_client(peer.token, mcp_url, opened, finished))
+                peer_client = await opened
+                tool = peer.tool
+
+                async def call_peer() -> object:
+                    return await peer_client.call_tool(tool, {"text": "hi"})
+
+                rows.append((f"ContextForge {VERSION} stateful sessions", call_peer, False))
         for _, call, _ in rows:  # warm up
             await sequential(call, 30)
             await in_flight(call, 100)
@@ -96,9 +120,15 @@ async def main(calls: int) -> None:
             used = (cpu_seconds(gateway_pid) - before) / (calls * 2) if through else None
             print(line(f"{label} x16", row, used))
         print(f"gateway RSS after the run: {rss_mib(gateway_pid):.1f} MiB")
+        if peer is not None and peer.proc is not None:
+            print(f"ContextForge RSS after the run: {rss_mib(peer.proc.pid):.1f} MiB")
+            finished.set()
+            await asyncio.wait_for(owner, 30)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=500)
-    asyncio.run(main(parser.parse_args().calls))
+    parser.add_argument("--contextforge", action="store_true", help="ContextForge's virtual server too")
+    args = parser.parse_args()
+    asyncio.run(main(args.calls, args.contextforge))

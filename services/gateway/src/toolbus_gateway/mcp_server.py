@@ -172,6 +172,12 @@ class McpEndpoint:
             headers = self._challenge(toolset_id, exc.error, exc.reason)
             await _json_error(401, exc.reason, headers)(scope, receive, send)
             return
+        except Exception as exc:  # the token store (Redis) or the JWKS away: not the client's fault
+            log.warning("bearer check failed", extra={"error": type(exc).__name__})
+            await _json_error(503, "The gateway cannot check tokens right now; try again.")(
+                scope, receive, send
+            )
+            return
         if not principal.may_reach(toolset_id):
             reason = "This token does not give access to this toolset."
             await _json_error(403, reason, self._challenge(toolset_id, "insufficient_scope", reason))(
@@ -182,7 +188,14 @@ class McpEndpoint:
         if length is not None and length.isdigit() and int(length) > self._max_body:
             await _json_error(413, f"The body is over {self._max_body} bytes.")(scope, receive, send)
             return
-        catalogue = await self._gateway.catalogue(toolset_id)
+        try:
+            catalogue = await self._gateway.catalogue(toolset_id)
+        except Exception as exc:  # the toolsets object store (NATS) away
+            log.warning("toolset not read", extra={"toolsetId": toolset_id, "error": type(exc).__name__})
+            await _json_error(503, "The gateway cannot read this toolset right now; try again.")(
+                scope, receive, send
+            )
+            return
         if catalogue is None:
             await _json_error(404, f"No toolset {toolset_id} is registered.")(scope, receive, send)
             return
