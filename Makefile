@@ -14,7 +14,7 @@ export UV_PYTHON_DOWNLOADS ?= never
 # the legacy-protocol client tests. `make test` installs them into .cache/npm, as CI does.
 NPM_DIR := .cache/npm
 NPM_BIN := $(CURDIR)/$(NPM_DIR)/node_modules/.bin
-NPM_TOOLS := $(NPM_DIR)/node_modules/.bin/tsc $(NPM_DIR)/node_modules/@modelcontextprotocol/server-everything/dist/index.js
+NPM_TOOLS := $(NPM_DIR)/node_modules/.bin/tsc $(NPM_DIR)/node_modules/@modelcontextprotocol/server-everything/dist/index.js $(NPM_DIR)/node_modules/@modelcontextprotocol/sdk/package.json
 
 .PHONY: help install up down logs status test lint docs bench bench-peers bench-alternatives bench-profile bench-memory bench-cpu bench-cpu-all bench-callgrind images compose-env charts helm-lint npm-tools
 
@@ -40,9 +40,9 @@ npm-tools: $(NPM_TOOLS) ## install the npm tools the tests need into .cache/npm 
 
 $(NPM_TOOLS):
 	@if command -v npm >/dev/null 2>&1; then \
-		echo "installing typescript@7 and @modelcontextprotocol/server-everything into $(NPM_DIR)"; \
+		echo "installing typescript@7, @modelcontextprotocol/server-everything and @modelcontextprotocol/sdk into $(NPM_DIR)"; \
 		npm install --prefix $(NPM_DIR) --no-audit --no-fund --loglevel=error \
-			typescript@7 @modelcontextprotocol/server-everything >/dev/null || exit $$?; \
+			typescript@7 @modelcontextprotocol/server-everything @modelcontextprotocol/sdk >/dev/null || exit $$?; \
 	else \
 		echo "warning: npm not found: the tsc and reference-server tests will skip (CI has npm)" >&2; \
 	fi

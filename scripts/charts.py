@@ -45,6 +45,8 @@ class ServiceChart:
     requests_cpu: str
     requests_memory: str
     limits_memory: str
+    mcp_port: int | None = None
+    """The gateway's MCP endpoint (TOOLBUS_GATEWAY_PORT), exposed beside the health port."""
 
 
 # Resident memory of each service right after /readyz, measured here (one process, idle): registry
@@ -95,6 +97,18 @@ SERVICES = (
         requests_memory="128Mi",
         limits_memory="256Mi",
     ),
+    ServiceChart(
+        "gateway",
+        "toolbus gateway: any toolset as an MCP server (streamable HTTP) under toolbus's policies",
+        redis=True,
+        secret_key=False,
+        webhook_secret=False,
+        # 95 MiB idle, ~103 MiB after 2,400 calls (bench/gateway.py); MCP over HTTP costs CPU.
+        requests_cpu="250m",
+        requests_memory="160Mi",
+        limits_memory="512Mi",
+        mcp_port=8787,
+    ),
 )
 
 SERVICES_BY_NAME = {s.name: s for s in SERVICES}
@@ -136,11 +150,17 @@ def template(include: str) -> str:
 
 
 def notes(s: ServiceChart) -> str:
+    mcp = (
+        "MCP clients connect to port {{ .Values.mcpPort }} at /mcp/<toolsetId> with a bearer token\n"
+        "(toolbus tokens create, or a JWT of the identity provider: docs/gateway.md).\n"
+        if s.mcp_port
+        else ""
+    )
     return f"""toolbus {s.name} {{{{ .Chart.AppVersion }}}} is deployed as {{{{ include "toolbus.fullname" . }}}}.
 
 It serves the toolbus subjects over NATS ({{{{ .Values.config.TOOLBUS_NATS_URL | default "TOOLBUS_NATS_URL unset" }}}});
 its HTTP port {{{{ .Values.containerPort }}}} answers /healthz, /readyz and /metrics.
-
+{mcp}
   kubectl -n {{{{ .Release.Namespace }}}} rollout status deployment/{{{{ include "toolbus.fullname" . }}}}
 """
 
@@ -205,6 +225,17 @@ def _file(param: str, what: str, variable: str, key: str) -> str:
 
 
 def values_yaml(s: ServiceChart) -> str:
+    mcp_port = (
+        "## @param mcpPort Port of the MCP endpoint /mcp/<toolsetId> in the container (TOOLBUS_GATEWAY_PORT)\n"
+        f"mcpPort: {s.mcp_port}\n"
+        if s.mcp_port
+        else ""
+    )
+    mcp_service = (
+        f"  ## @param service.mcpPort Port of the MCP endpoint on that Service\n  mcpPort: {s.mcp_port}\n"
+        if s.mcp_port
+        else ""
+    )
     redis_config = (
         "  TOOLBUS_REDIS_URL: redis://redis:6379/0\n"
         "  ## With Sentinel (see deploy/README.md): the Sentinels and the master's name; TOOLBUS_REDIS_URL\n"
@@ -330,7 +361,7 @@ updateStrategy:
 args: []
 ## @param containerPort Port of /healthz, /readyz and /metrics in the container (TOOLBUS_HTTP_PORT)
 containerPort: 8080
-## @param terminationGracePeriodSeconds Time to finish in-flight work after SIGTERM
+{mcp_port}## @param terminationGracePeriodSeconds Time to finish in-flight work after SIGTERM
 terminationGracePeriodSeconds: 30
 ## @param tmpSizeLimit Size limit of the writable /tmp (the root filesystem is read-only)
 tmpSizeLimit: 64Mi
@@ -427,7 +458,7 @@ metrics:
 service:
   type: ClusterIP
   port: 8080
-  annotations: {{}}
+{mcp_service}  annotations: {{}}
 
 ## @section Scaling and disruptions
 
@@ -569,6 +600,7 @@ def values_schema(s: ServiceChart) -> dict[str, Any]:
                 "updateStrategy": _OBJ,
                 "args": {"type": "array", "items": _STR},
                 "containerPort": {"type": "integer", "minimum": 1, "maximum": 65535},
+                **({"mcpPort": {"type": "integer", "minimum": 1, "maximum": 65535}} if s.mcp_port else {}),
                 "terminationGracePeriodSeconds": {"type": "integer", "minimum": 0},
                 "tmpSizeLimit": _QUANTITY,
                 "podAnnotations": {"type": "object", "additionalProperties": _STR},
@@ -612,6 +644,11 @@ def values_schema(s: ServiceChart) -> dict[str, Any]:
                     {
                         "type": {"enum": ["ClusterIP", "NodePort", "LoadBalancer"]},
                         "port": {"type": "integer", "minimum": 1, "maximum": 65535},
+                        **(
+                            {"mcpPort": {"type": "integer", "minimum": 1, "maximum": 65535}}
+                            if s.mcp_port
+                            else {}
+                        ),
                         "annotations": {"type": "object", "additionalProperties": _STR},
                     },
                     ["type", "port"],

@@ -10,7 +10,7 @@ from functools import cache
 
 from pydantic_settings import BaseSettings
 
-SERVICES = ("registry", "dispatcher", "approval", "credentials")
+SERVICES = ("registry", "dispatcher", "approval", "credentials", "gateway")
 
 
 @cache

@@ -216,7 +216,9 @@ def test_security_defaults_are_the_restricted_profile(chart: str, rendered: dict
 def test_probes_metrics_and_service_use_the_health_port(chart: str, rendered: dict[str, Rendered]) -> None:
     r = rendered[chart]
     container = r.container
-    assert container["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+    mcp = chart == "gateway"  # the gateway's MCP endpoint is a second port
+    mcp_port = [{"name": "mcp", "containerPort": 8787, "protocol": "TCP"}] if mcp else []
+    assert container["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}, *mcp_port]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert container["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
@@ -228,7 +230,13 @@ def test_probes_metrics_and_service_use_the_health_port(chart: str, rendered: di
     assert (config["TOOLBUS_HTTP_HOST"], config["TOOLBUS_HTTP_PORT"]) == ("0.0.0.0", "8080")
     pod_labels = r.one("Deployment")["spec"]["template"]["metadata"]["labels"]
     service = r.one("Service")["spec"]
-    assert service["ports"] == [{"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"}]
+    mcp_service = [{"name": "mcp", "port": 8787, "targetPort": "mcp", "protocol": "TCP"}] if mcp else []
+    assert service["ports"] == [
+        {"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"},
+        *mcp_service,
+    ]
+    if mcp:
+        assert (config["TOOLBUS_GATEWAY_HOST"], config["TOOLBUS_GATEWAY_PORT"]) == ("0.0.0.0", "8787")
     assert service["selector"].items() <= pod_labels.items()
     assert r.one("PodDisruptionBudget")["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     hpa = r.one("HorizontalPodAutoscaler")["spec"]

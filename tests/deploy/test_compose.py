@@ -34,6 +34,8 @@ NOT_GIVEN = {
     # Approval stores no credentials.
     "approval": {"TOOLBUS_SECRET_KEY"},
     "credentials": set(),
+    # The gateway decrypts nothing, sends no webhooks and keeps only its tokens in Redis.
+    "gateway": {"TOOLBUS_SECRET_KEY", "TOOLBUS_WEBHOOK_URL", "TOOLBUS_WEBHOOK_SECRET"},
 }
 REDIS_SETTINGS = re.compile(r"^TOOLBUS_REDIS_")
 
@@ -166,7 +168,8 @@ def test_service_is_hardened_and_waits_for_healthy_dependencies(
         needs, "service_healthy"
     )
     published = [(p["host_ip"], p["target"]) for p in spec["ports"]]
-    assert published == [("127.0.0.1", 8080)]
+    mcp = [("127.0.0.1", 8787)] if service == "gateway" else []  # the gateway's MCP endpoint
+    assert published == [("127.0.0.1", 8080), *mcp]
 
 
 @pytest.mark.parametrize("service", SERVICES)
@@ -365,8 +368,9 @@ async def test_redis_service_of_compose_runs_on_a_real_redis_server(
                     reach[name] = True
                 except redis.exceptions.NoPermissionError:
                     reach[name] = False
-            assert reach == {"dispatcher": True, "credentials": True, "approval": False}
+            assert reach == {"dispatcher": True, "credentials": True, "approval": False, "gateway": False}
             await users["approval"].zcard("toolbus:{approvals}:pending")  # its own keys
+            await users["gateway"].hlen("toolbus:gw:tokens")  # its own keys
             with pytest.raises(redis.exceptions.NoPermissionError):
                 await users["approval"].flushall()
             for user_client in users.values():

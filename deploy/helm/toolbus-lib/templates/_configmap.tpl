@@ -13,6 +13,10 @@ metadata:
 data:
   TOOLBUS_HTTP_HOST: "0.0.0.0"
   TOOLBUS_HTTP_PORT: {{ .Values.containerPort | quote }}
+  {{- if .Values.mcpPort }}
+  TOOLBUS_GATEWAY_HOST: "0.0.0.0"
+  TOOLBUS_GATEWAY_PORT: {{ .Values.mcpPort | quote }}
+  {{- end }}
   {{- with .Values.nats.user }}
   TOOLBUS_NATS_USER: {{ . | quote }}
   {{- end }}

@@ -64,6 +64,11 @@ spec:
             - name: http
               containerPort: {{ .Values.containerPort }}
               protocol: TCP
+            {{- if .Values.mcpPort }}
+            - name: mcp
+              containerPort: {{ .Values.mcpPort }}
+              protocol: TCP
+            {{- end }}
           envFrom:
             - configMapRef:
                 name: {{ include "toolbus.fullname" . }}

@@ -1,4 +1,5 @@
-{{/* The service's HTTP port: /healthz, /readyz and /metrics (requests themselves arrive over NATS). */}}
+{{/* The service's HTTP port: /healthz, /readyz and /metrics (requests themselves arrive over NATS);
+the gateway's MCP port beside it where the chart has `mcpPort`. */}}
 {{- define "toolbus.service" -}}
 apiVersion: v1
 kind: Service
@@ -20,4 +21,10 @@ spec:
       port: {{ .Values.service.port }}
       targetPort: http
       protocol: TCP
+    {{- if .Values.mcpPort }}
+    - name: mcp
+      port: {{ .Values.service.mcpPort | default .Values.mcpPort }}
+      targetPort: mcp
+      protocol: TCP
+    {{- end }}
 {{- end -}}

@@ -124,6 +124,19 @@ class Subjects:
     def calls_get(self) -> str:
         return self._s("calls.get")
 
+    # Gateway
+    @property
+    def tokens_create(self) -> str:
+        return self._s("tokens.create")
+
+    @property
+    def tokens_list(self) -> str:
+        return self._s("tokens.list")
+
+    @property
+    def tokens_revoke(self) -> str:
+        return self._s("tokens.revoke")
+
     # Events
     def call_events(self, run_id: str, call_id: str) -> str:
         return self._s(f"events.calls.{run_id}.{call_id}")

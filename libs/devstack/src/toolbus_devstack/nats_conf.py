@@ -253,6 +253,30 @@ def roles(prefix: str = "toolbus") -> list[Role]:
             subscribe=[*credential_sets],
             service=True,
         ),
+        Role(
+            "token-issuer",
+            "issue, list and revoke the gateway's bearer tokens (tokens.*)",
+            publish=[s.tokens_create, s.tokens_list, s.tokens_revoke],
+            subscribe=[],
+        ),
+        Role(
+            "gateway",
+            "MCP endpoint: opens runs and calls tools for MCP clients, searches toolsets and reads their "
+            "declarations, reads "
+            "toolsets and stored outputs; serves tokens.*",
+            publish=[
+                f"{INBOX}.>",
+                "$JS.API.INFO",
+                *calls,
+                s.toolsets_search,
+                s.toolsets_declarations,
+                *js_read(toolsets),
+                *js_create(toolsets),
+                *js_read(outputs),
+            ],
+            subscribe=[s.tokens_create, s.tokens_list, s.tokens_revoke],
+            service=True,
+        ),
     ]
     return out
 

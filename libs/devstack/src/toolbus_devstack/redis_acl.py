@@ -105,6 +105,13 @@ def redis_users(prefix: str = "toolbus") -> list[RedisUser]:
                 "zadd", "zcard", "zrange", "zrangebyscore", "zrem",
             ),
         ),
+        RedisUser(
+            "gateway",
+            "bearer tokens of the MCP endpoint (hashed)",
+            (f"{k}:gw:*",),
+            (),
+            ("get", "set", "del", "hget", "hgetall", "hset", "hdel"),
+        ),
     ]  # fmt: skip
 
 

@@ -105,7 +105,15 @@ def use_dir(default: Path, checkout: Path | None = None) -> Path:
     return STACK
 
 
-DEFAULT_PORTS: dict[str, int] = {"registry": 8081, "dispatcher": 8082, "approval": 8083, "credentials": 8084}
+DEFAULT_PORTS: dict[str, int] = {
+    "registry": 8081,
+    "dispatcher": 8082,
+    "approval": 8083,
+    "credentials": 8084,
+    "gateway": 8085,
+}
+GATEWAY_MCP_PORT = 8787
+"""The gateway's MCP endpoint (`TOOLBUS_GATEWAY_PORT`); its health port is in DEFAULT_PORTS."""
 SERVICES = dict(DEFAULT_PORTS)
 SERVERS = ("nats", "redis")
 
@@ -321,11 +329,11 @@ def _secure_credentials() -> dict[str, str]:
     path = SECURE_DIR / "passwords.json"
     if path.exists():
         stored: dict[str, str] = json.loads(path.read_text())
-        if {"redis", "redis-dispatcher"} <= stored.keys():
+        if {"redis", "redis-dispatcher", "gateway", "redis-gateway", "token-issuer"} <= stored.keys():
             return stored
     more = dev_credentials()
     passwords = {**dev_credentials(), "redis": more["harness"]}
-    passwords.update({f"redis-{u}": more[u] for u in ("dispatcher", "credentials", "approval")})
+    passwords.update({f"redis-{u}": more[u] for u in ("dispatcher", "credentials", "approval", "gateway")})
     _write_private(path, json.dumps(passwords, indent=2) + "\n")
     return passwords
 
@@ -501,6 +509,12 @@ def _private_umask() -> Iterator[None]:
         os.umask(before)
 
 
+def _gateway_url() -> str:
+    """Where `make up`'s gateway serves MCP (`TOOLBUS_GATEWAY_HOST`/`TOOLBUS_GATEWAY_PORT`)."""
+    host = os.environ.get("TOOLBUS_GATEWAY_HOST") or "127.0.0.1"
+    return f"http://{host}:{os.environ.get('TOOLBUS_GATEWAY_PORT') or GATEWAY_MCP_PORT}"
+
+
 def up(ready_timeout: float, only: list[str] | None, as_json: bool = False) -> int:
     with _private_umask():
         _make_private(STACK)
@@ -618,6 +632,8 @@ def _up(ready_timeout: float, only: list[str] | None, as_json: bool = False) -> 
             rows[name] = {"state": "stopped", "port": port, "log": str(log)}
         else:
             rows[name] = {"state": "ready", "port": port, "log": str(log)}
+        if name == "gateway" and name in rows:
+            rows[name]["mcp"] = f"{_gateway_url()}/mcp/<toolsetId>"
     if as_json:
         summary: dict[str, Any] = {
             "ok": not failed,
@@ -656,6 +672,10 @@ def _up(ready_timeout: float, only: list[str] | None, as_json: bool = False) -> 
         print(
             f"{name:<15} {state}: http://127.0.0.1:{row['port']}/healthz /readyz /metrics, log {row['log']}"
         )
+        if name == "gateway" and row["state"] != "failed":
+            print(
+                f"{'':<15} MCP: {_gateway_url()}/mcp/<toolsetId> (toolbus tokens create gives a bearer token)"
+            )
     print(f"logs in {_rel(LOGS)}/ (make logs, toolbus logs); stop with make down or toolbus down")
     return 1 if failed else 0
 

@@ -159,6 +159,7 @@ class Toolbus:
     ) -> None:
         from toolbus._approvals import Approvals
         from toolbus._runs import Runs
+        from toolbus._tokens import Tokens
         from toolbus._toolsets import Namespaces, Toolsets, Workflows
 
         self.nc = nc
@@ -173,6 +174,8 @@ class Toolbus:
         self.workflows = Workflows(self)
         self.runs = Runs(self)
         self.approvals = Approvals(self)
+        self.tokens = Tokens(self)
+        """The gateway's bearer tokens (`tokens.*`)."""
 
     @classmethod
     async def connect(

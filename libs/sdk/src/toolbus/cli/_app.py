@@ -69,6 +69,7 @@ credentials_app = typer.Typer(
 )
 events_app = typer.Typer(help="Read a run's call events.", no_args_is_help=True)
 workflows_app = typer.Typer(help="Publish and read workflows.", no_args_is_help=True)
+tokens_app = typer.Typer(help="Bearer tokens for the gateway's MCP endpoint.", no_args_is_help=True)
 for sub, name in (
     (toolsets_app, "toolsets"),
     (runs_app, "runs"),
@@ -77,6 +78,7 @@ for sub, name in (
     (credentials_app, "credentials"),
     (events_app, "events"),
     (workflows_app, "workflows"),
+    (tokens_app, "tokens"),
 ):
     app.add_typer(sub, name=name)
 
@@ -525,6 +527,50 @@ def approvals_deny(
 ) -> None:
     """Deny a pending call (its outcome becomes denied with the reason)."""
     _decide(approval_id, False, reason, json_)
+
+
+@tokens_app.command("create")
+def tokens_create(
+    namespace: Annotated[str, typer.Option("--namespace", help="The end user whose credentials calls use.")],
+    toolset: Annotated[list[str], typer.Option("--toolset", help="A toolset id it may reach (repeat).")],
+    ttl: Annotated[str | None, typer.Option("--ttl", help="How long it lives (default 720h).")] = None,
+    label: Annotated[str | None, typer.Option("--label")] = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Issue a bearer token for the gateway (shown this once; only its hash is stored)."""
+    issued = _run(json_, lambda tb: tb.tokens.create(namespace, list(toolset), ttl=ttl, label=label))
+    _emit(
+        json_,
+        issued.wire(),
+        lambda: out.print(
+            f"{issued.token}\n{issued.info.id} for {namespace}, expires {issued.info.expires_at}"
+        ),
+    )
+
+
+@tokens_app.command("list")
+def tokens_list(
+    namespace: Annotated[str | None, typer.Option("--namespace")] = None, json_: JsonOpt = False
+) -> None:
+    """Live tokens (never the tokens themselves)."""
+    tokens = _run(json_, lambda tb: tb.tokens.list(namespace))
+
+    def human() -> None:
+        table = Table(title=f"{len(tokens)} token(s)", title_justify="left")
+        for column in ("id", "namespace", "toolsets", "expires"):
+            table.add_column(column, overflow="fold")
+        for t in tokens:
+            table.add_row(t.id, t.namespace, " ".join(t.toolsets), t.expires_at)
+        out.print(table)
+
+    _emit(json_, {"tokens": [t.wire() for t in tokens]}, human)
+
+
+@tokens_app.command("revoke")
+def tokens_revoke(token_id: str, json_: JsonOpt = False) -> None:
+    """Revoke a token at once."""
+    _run(json_, lambda tb: tb.tokens.revoke(token_id))
+    _emit(json_, {"id": token_id, "revoked": True}, lambda: out.print(f"{token_id} revoked"))
 
 
 @credentials_app.command("set")

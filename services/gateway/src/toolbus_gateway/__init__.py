@@ -1,0 +1,1 @@
+"""toolbus gateway: any toolset as an MCP server."""

@@ -1,0 +1,309 @@
+"""What the MCP endpoint does, apart from HTTP: who is calling, which tools it lists, and a
+`tools/call` as a toolbus call in the right run, its outcome as an MCP result."""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+import mcp_types as types
+from mcp.shared.exceptions import MCPError
+from toolbus_contracts import Subjects
+from toolbus_contracts.errors import NotFound, ToolbusError, UnknownTool
+
+from toolbus_gateway.auth import Authenticator, Principal
+from toolbus_gateway.calls import (
+    Calls,
+    Parked,
+    Progress,
+    error_result,
+    ok_result,
+    parked_result,
+    refused_result,
+    result_meta,
+)
+from toolbus_gateway.catalogue import Catalogue, Catalogues
+from toolbus_gateway.requests import Requester
+from toolbus_gateway.runs import Runs
+
+log = logging.getLogger(__name__)
+
+RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+
+SEARCH_TOOLS = "search_tools"
+LIST_TOOLS = "list_tools"
+CALL_TOOL = "call_tool"
+
+META_TOOLS = (
+    types.Tool(
+        name=SEARCH_TOOLS,
+        title="Search tools",
+        description="Find the tools of this toolset that fit a task, best first, with their input schemas.",
+        input_schema={
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "minLength": 1, "description": "What the tool should do."},
+                "limit": {"type": "integer", "minimum": 1, "maximum": 50, "default": 5},
+            },
+            "required": ["query"],
+        },
+        annotations=types.ToolAnnotations(read_only_hint=True),
+    ),
+    types.Tool(
+        name=LIST_TOOLS,
+        title="List tools",
+        description="List this toolset's tools by name with their descriptions, a page at a time.",
+        input_schema={
+            "type": "object",
+            "properties": {"cursor": {"type": "string", "description": "nextCursor of the previous page."}},
+        },
+        annotations=types.ToolAnnotations(read_only_hint=True),
+    ),
+    types.Tool(
+        name=CALL_TOOL,
+        title="Call a tool",
+        description="Call one of this toolset's tools by name (from search_tools or list_tools).",
+        input_schema={
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "arguments": {"type": "object", "description": "The tool's input."},
+            },
+            "required": ["name"],
+        },
+    ),
+)
+
+
+DECLARATIONS = {
+    "declarations.txt": ("prompt", "text/plain"),
+    "declarations.d.ts": ("dts", "text/x-typescript"),
+}
+"""The toolset's declarations offered as resources: one line per tool, and TypeScript."""
+
+
+def declarations_uri(toolset_id: str, name: str) -> str:
+    return f"toolbus://toolsets/{toolset_id}/{name}"
+
+
+class Gateway:
+    """The gateway's logic, shared by every connection."""
+
+    def __init__(
+        self,
+        authenticator: Authenticator,
+        catalogues: Catalogues,
+        calls: Calls,
+        runs: Runs,
+        requester: Requester,
+        subjects: Subjects,
+        *,
+        page_size: int,
+        large_toolset: int,
+        reconnect_url: str | None,
+        authorization_servers: list[str],
+    ) -> None:
+        self._auth = authenticator
+        self._catalogues = catalogues
+        self._calls = calls
+        self._runs = runs
+        self._req = requester
+        self._s = subjects
+        self.page_size = page_size
+        self.large_toolset = large_toolset
+        self._reconnect_url = reconnect_url
+        self.authorization_servers = authorization_servers
+
+    async def authenticate(self, authorization: str | None) -> Principal:
+        return await self._auth.authenticate(authorization)
+
+    async def catalogue(self, toolset_id: str) -> Catalogue | None:
+        return await self._catalogues.get(toolset_id)
+
+    def list_tools(
+        self, catalogue: Catalogue, cursor: str | None, *, search_mode: bool
+    ) -> tuple[list[types.Tool], str | None]:
+        if search_mode:
+            if cursor is not None:
+                raise ValueError("cursor")
+            return list(META_TOOLS), None
+        return catalogue.page(cursor, self.page_size)
+
+    def resources(self, catalogue: Catalogue) -> list[types.Resource]:
+        return [
+            types.Resource(
+                name=name,
+                title="Tool declarations, one line per tool"
+                if fmt == "prompt"
+                else "Tool declarations, TypeScript",
+                uri=declarations_uri(catalogue.toolset_id, name),
+                mime_type=mime,
+            )
+            for name, (fmt, mime) in DECLARATIONS.items()
+        ]
+
+    async def read_resource(self, catalogue: Catalogue, uri: str) -> types.TextResourceContents | None:
+        """A declarations resource of this toolset, every page of `toolsets.declarations`
+        joined; None for a URI it does not offer."""
+        for name, (fmt, mime) in DECLARATIONS.items():
+            if uri == declarations_uri(catalogue.toolset_id, name):
+                parts: list[str] = []
+                cursor: str | None = None
+                while True:
+                    body: dict[str, Any] = {"id": catalogue.toolset_id, "format": fmt}
+                    if cursor is not None:
+                        body["cursor"] = cursor
+                    page = await self._req.request(self._s.toolsets_declarations, body)
+                    parts.append(str(page["text"]))
+                    cursor = page.get("nextCursor")
+                    if cursor is None:
+                        return types.TextResourceContents(uri=uri, mime_type=mime, text="".join(parts))
+        return None
+
+    async def call_tool(
+        self,
+        principal: Principal,
+        catalogue: Catalogue,
+        name: str,
+        arguments: dict[str, Any],
+        *,
+        named_run: str | None,
+        session: str | None,
+        progress: Progress | None,
+        search_mode: bool,
+    ) -> types.CallToolResult:
+        """A `tools/call` through toolbus. An unknown tool is a JSON-RPC error (`INVALID_PARAMS`);
+        every failure of the call itself, refused input included, is a tool error."""
+        if search_mode and name in (SEARCH_TOOLS, LIST_TOOLS, CALL_TOOL):
+            return await self._meta_tool(catalogue, name, arguments, principal, named_run, session, progress)
+        if name not in catalogue.schemas:
+            raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {name[:200]} is not in this toolset.")
+        return await self._call(
+            principal, catalogue.toolset_id, name, arguments, named_run, session, progress
+        )
+
+    async def _call(
+        self,
+        principal: Principal,
+        toolset_id: str,
+        name: str,
+        arguments: dict[str, Any],
+        named_run: str | None,
+        session: str | None,
+        progress: Progress | None,
+    ) -> types.CallToolResult:
+        if named_run is not None and not RUN_ID.fullmatch(named_run):
+            raise MCPError(types.INVALID_PARAMS, "The Mcp-Run header is not a run id ([A-Za-z0-9_-], 1-128).")
+        binding = f"{principal.key}|session:{session}" if session else principal.key
+        for attempt in (1, 2):
+            try:
+                if named_run is not None:
+                    run_id = await self._runs.named(named_run, toolset_id, principal.namespace)
+                else:
+                    run_id = await self._runs.acquire(binding, toolset_id, principal.namespace)
+            except ToolbusError as exc:
+                return refused_result(exc, {})
+            meta = result_meta(run_id, None)
+            try:
+                reply = await self._calls.invoke(run_id, name, arguments, progress)
+            except NotFound:
+                if named_run is None:
+                    self._runs.forget(binding, toolset_id, run_id)
+                if attempt == 1 and named_run is None:
+                    continue  # the run was closed elsewhere: open a new one, once
+                return error_result("notFound", f"Run {run_id} is closed.", meta)
+            except Parked as parked:
+                return parked_result(
+                    parked.call_id,
+                    self._reconnect(toolset_id, principal),
+                    result_meta(run_id, parked.call_id),
+                )
+            except UnknownTool as exc:
+                raise MCPError(types.INVALID_PARAMS, exc.message) from None
+            except ToolbusError as exc:
+                return refused_result(exc, meta)
+            finally:
+                if named_run is None:
+                    self._runs.release(binding, toolset_id)
+            call_id = str(reply["callId"])
+            meta = result_meta(run_id, call_id)
+            outcome = reply["outcome"]
+            if outcome.get("status") == "ok":
+                try:
+                    return ok_result(await self._calls.output(outcome, call_id), meta)
+                except Exception as exc:
+                    log.warning(
+                        "stored output not read", extra={"callId": call_id, "error": type(exc).__name__}
+                    )
+                    return error_result(
+                        "unavailable", f"The output of call {call_id} could not be read.", meta
+                    )
+            error = outcome.get("error") or {}
+            return error_result(str(error.get("code", "internal")), str(error.get("message", "")), meta)
+        raise AssertionError("unreachable")
+
+    def _reconnect(self, toolset_id: str, principal: Principal) -> str | None:
+        if not self._reconnect_url:
+            return None
+        return self._reconnect_url.replace("{namespace}", principal.namespace).replace(
+            "{toolsetId}", toolset_id
+        )
+
+    async def _meta_tool(
+        self,
+        catalogue: Catalogue,
+        name: str,
+        arguments: dict[str, Any],
+        principal: Principal,
+        named_run: str | None,
+        session: str | None,
+        progress: Progress | None,
+    ) -> types.CallToolResult:
+        if name == CALL_TOOL:
+            target, args = arguments.get("name"), arguments.get("arguments", {})
+            if not isinstance(target, str) or not isinstance(args, dict):
+                return error_result(
+                    "invalidInput", "call_tool takes a 'name' (string) and 'arguments' (object).", {}
+                )
+            if target not in catalogue.schemas:
+                return error_result(
+                    "unknownTool", f"{target[:200]} is not in this toolset: search_tools finds tools.", {}
+                )
+            return await self._call(
+                principal, catalogue.toolset_id, target, args, named_run, session, progress
+            )
+        if name == LIST_TOOLS:
+            cursor = arguments.get("cursor")
+            try:
+                page, next_cursor = catalogue.page(
+                    cursor if isinstance(cursor, str) else None, self.page_size
+                )
+            except ValueError:
+                return error_result("invalidInput", "The cursor is not one list_tools gave.", {})
+            listed: dict[str, Any] = {
+                "tools": [{"name": t.name, "description": t.description or ""} for t in page]
+            }
+            if next_cursor is not None:
+                listed["nextCursor"] = next_cursor
+            return ok_result(listed, {})
+        query, limit = arguments.get("query"), arguments.get("limit", 5)
+        if not isinstance(query, str) or not query or not isinstance(limit, int) or not 1 <= limit <= 50:
+            return error_result(
+                "invalidInput", "search_tools takes a 'query' (text) and a 'limit' (1-50).", {}
+            )
+        try:
+            data = await self._req.request(
+                self._s.toolsets_search, {"id": catalogue.toolset_id, "query": query, "limit": limit}
+            )
+        except ToolbusError as exc:
+            return refused_result(exc, {})
+        hits = [
+            {
+                "name": h["name"],
+                "description": h["prompt"],
+                "inputSchema": catalogue.schemas.get(h["name"], {}),
+            }
+            for h in data.get("tools", [])
+        ]
+        return ok_result({"tools": hits}, {})
