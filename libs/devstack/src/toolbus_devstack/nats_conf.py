@@ -108,7 +108,14 @@ def roles(prefix: str = "toolbus") -> list[Role]:
     embeddings = f"KV_{js_name(prefix, 'embeddings')}"
     calls = [s.runs_open, s.runs_close, s.calls_start, s.calls_invoke, s.calls_get]
     registry_api = [s.toolsets_create, s.toolsets_get, s.toolsets_declarations, s.toolsets_search]
-    credential_sets = [s.toolsets_credentials_set, s.namespaces_credentials_set, s.runs_credentials_set]
+    credential_sets = [
+        s.toolsets_credentials_set,
+        s.namespaces_credentials_set,
+        s.runs_credentials_set,
+        s.credentials_connect,
+        s.credentials_status,
+        s.credentials_disconnect,
+    ]
     out: list[Role] = [
         Role(
             "harness",
@@ -121,7 +128,7 @@ def roles(prefix: str = "toolbus") -> list[Role]:
                 *js_read(events),
                 *js_read(outputs),
             ],
-            subscribe=[s.run_events("*"), s.credentials_expired],
+            subscribe=[s.run_events("*"), s.credentials_expired, s.credentials_connected, s.credentials_failed],
         ),
         Role(
             "worker",
@@ -211,6 +218,8 @@ def roles(prefix: str = "toolbus") -> list[Role]:
                 s.internal_credentials_changed,
                 s.internal_dead_letters,
                 s.credentials_expired,
+                s.credentials_connected,
+                s.credentials_failed,
                 *js_own(internal),
                 *js_read(toolsets),
                 *js_create(toolsets),
