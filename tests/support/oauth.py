@@ -24,7 +24,7 @@ from urllib.parse import parse_qs, urljoin, urlsplit
 import httpx
 import jwt
 
-from tests.support.infra import free_port
+from toolbus_devstack.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE_MODULES = ROOT / ".cache" / "npm" / "node_modules"
@@ -51,10 +51,9 @@ class OidcProvider:
         self._proc = subprocess.Popen(
             ["node", str(SCRIPT), str(self.port), str(self.access_ttl)],
             env=env,
-            stdout=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        assert self._proc.stdout is not None
         for _ in range(400):
             async with httpx.AsyncClient() as http:
                 try:
@@ -94,7 +93,7 @@ def resource_guard(
     port is known only once it listens); `tool_scopes` maps a tool to the scope it needs."""
     jwks = jwt.PyJWKClient(f"{issuer}/jwks")
     needs = tool_scopes or {}
-    accepted: list[str] = []
+    tokens: list[str] = []
 
     def guard(method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, str], bytes] | None:
         mcp = url()
@@ -118,7 +117,7 @@ def resource_guard(
             claims = jwt.decode(token, key.key, algorithms=["RS256", "PS256", "ES256"], audience=mcp, issuer=issuer)
         except jwt.PyJWTError as exc:
             return 401, {"www-authenticate": f'{challenge}, error="invalid_token"'}, str(type(exc).__name__).encode()
-        accepted.append(str(claims.get("jti")))
+        tokens.append(token)
         scopes = set(str(claims.get("scope", "")).split())
         try:
             message = json.loads(body) if body else {}
@@ -135,7 +134,7 @@ def resource_guard(
                 )
         return None
 
-    guard.accepted = accepted  # type: ignore[attr-defined]
+    guard.tokens = tokens  # type: ignore[attr-defined]
     return guard
 
 

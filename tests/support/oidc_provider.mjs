@@ -51,9 +51,10 @@ const provider = new Provider(issuer, {
     client.grantTypeAllowed('refresh_token') && code.scopes.has('offline_access'),
   ttl: { AccessToken: ttl, ClientCredentials: ttl, RefreshToken: 3600, Grant: 3600, Session: 3600 },
   loadExistingGrant: async (ctx) => {
-    // Every authorization asks for consent again (the test drives it), so a step-up's larger
-    // scope is granted only when the user consents to it.
-    return undefined;
+    // Only the grant of this authorization's own consent: every authorization asks for consent
+    // again (the test drives it), so a step-up's larger scope is granted only when consented to.
+    const grantId = ctx.oidc.result?.consent?.grantId;
+    return grantId ? ctx.oidc.provider.Grant.find(grantId) : undefined;
   },
 });
 provider.proxy = false;
