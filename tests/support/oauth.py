@@ -23,7 +23,6 @@ from urllib.parse import parse_qs, urljoin, urlsplit
 
 import httpx
 import jwt
-
 from toolbus_devstack.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,7 +47,8 @@ class OidcProvider:
 
     async def start(self) -> OidcProvider:
         env = {**os.environ, "NODE_MODULES": str(NODE_MODULES), "CLIENTS": json.dumps(self.clients)}
-        self._proc = subprocess.Popen(
+        self._proc = await asyncio.to_thread(
+            subprocess.Popen,
             ["node", str(SCRIPT), str(self.port), str(self.access_ttl)],
             env=env,
             stdout=subprocess.DEVNULL,
@@ -95,7 +95,9 @@ def resource_guard(
     needs = tool_scopes or {}
     tokens: list[str] = []
 
-    def guard(method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, str], bytes] | None:
+    def guard(
+        method: str, path: str, headers: dict[str, str], body: bytes
+    ) -> tuple[int, dict[str, str], bytes] | None:
         mcp = url()
         base = f"{urlsplit(mcp).scheme}://{urlsplit(mcp).netloc}"
         metadata = f"{base}/.well-known/oauth-protected-resource{urlsplit(mcp).path}"
@@ -114,9 +116,15 @@ def resource_guard(
         token = auth[len("Bearer ") :]
         try:
             key = jwks.get_signing_key_from_jwt(token)
-            claims = jwt.decode(token, key.key, algorithms=["RS256", "PS256", "ES256"], audience=mcp, issuer=issuer)
+            claims = jwt.decode(
+                token, key.key, algorithms=["RS256", "PS256", "ES256"], audience=mcp, issuer=issuer
+            )
         except jwt.PyJWTError as exc:
-            return 401, {"www-authenticate": f'{challenge}, error="invalid_token"'}, str(type(exc).__name__).encode()
+            return (
+                401,
+                {"www-authenticate": f'{challenge}, error="invalid_token"'},
+                str(type(exc).__name__).encode(),
+            )
         tokens.append(token)
         scopes = set(str(claims.get("scope", "")).split())
         try:
@@ -129,7 +137,9 @@ def resource_guard(
             if need is not None and need not in scopes:
                 return (
                     403,
-                    {"www-authenticate": f'Bearer error="insufficient_scope", scope="{need}", resource_metadata="{metadata}"'},
+                    {
+                        "www-authenticate": f'Bearer error="insufficient_scope", scope="{need}", resource_metadata="{metadata}"'
+                    },
                     b"insufficient scope",
                 )
         return None
@@ -147,7 +157,7 @@ async def consent(authorization_url: str, *, login: str = "user-42", deny: bool 
             response = await http.get(url)
             location = response.headers.get("location")
             if response.status_code in (302, 303) and location:
-                target = urljoin(url, location)
+                target = str(urljoin(url, location))
                 if "/interaction/" not in urlsplit(target).path and not target.startswith(
                     f"{urlsplit(authorization_url).scheme}://{urlsplit(authorization_url).netloc}"
                 ):
@@ -158,7 +168,11 @@ async def consent(authorization_url: str, *, login: str = "user-42", deny: bool 
                 if deny:
                     url = url.rstrip("/") + "/abort"
                     continue
-                prompt = "login" if 'name="login"' in response.text or "name=\"password\"" in response.text else "consent"
+                prompt = (
+                    "login"
+                    if 'name="login"' in response.text or 'name="password"' in response.text
+                    else "consent"
+                )
                 form = {"prompt": prompt}
                 if prompt == "login":
                     form.update(login=login, password="x")

@@ -61,7 +61,6 @@ provider.proxy = false;
 provider.on('grant.success', (ctx) => count(`${ctx.oidc.params.grant_type}:ok`));
 provider.on('grant.error', (ctx) => count(`${ctx.oidc.params?.grant_type}:error`));
 provider.on('grant.saved', (grant) => grants.add(grant.jti));
-provider.on('revocation.success', () => count('revocation:ok'));
 
 const callback = provider.callback();
 const server = http.createServer(async (req, res) => {
@@ -80,6 +79,9 @@ const server = http.createServer(async (req, res) => {
     grants.clear();
     res.end('revoked');
     return;
+  }
+  if (req.url.startsWith('/token/revocation')) {
+    res.on('finish', () => count(`revocation:${res.statusCode}`));
   }
   callback(req, res);
 });

@@ -128,7 +128,12 @@ def roles(prefix: str = "toolbus") -> list[Role]:
                 *js_read(events),
                 *js_read(outputs),
             ],
-            subscribe=[s.run_events("*"), s.credentials_expired, s.credentials_connected, s.credentials_failed],
+            subscribe=[
+                s.run_events("*"),
+                s.credentials_expired,
+                s.credentials_connected,
+                s.credentials_failed,
+            ],
         ),
         Role(
             "worker",

@@ -11,6 +11,7 @@ not use. No token, code, verifier or secret is ever put in an `OAuthFailure` mes
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from dataclasses import dataclass, field
@@ -21,6 +22,8 @@ import httpx
 from authlib.common.security import generate_token  # type: ignore[import-untyped]
 from authlib.oauth2.rfc6749.parameters import prepare_grant_uri, prepare_token_request  # type: ignore[import-untyped]
 from authlib.oauth2.rfc7636 import create_s256_code_challenge  # type: ignore[import-untyped]
+
+log = logging.getLogger(__name__)
 
 PERMANENT_ERRORS = frozenset(
     {"invalid_grant", "invalid_client", "unauthorized_client", "unsupported_grant_type"}
@@ -410,4 +413,9 @@ async def revoke(
         response = await http.post(revocation_endpoint, data=data, auth=basic or httpx.USE_CLIENT_DEFAULT)
     except httpx.HTTPError:
         return False
+    if response.status_code != 200:
+        log.warning(
+            "token revocation refused",
+            extra={"status": response.status_code, "error": _error_of(response)[2:]},
+        )
     return response.status_code == 200
