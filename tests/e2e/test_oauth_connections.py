@@ -61,6 +61,7 @@ class Stack:
         self.provider = provider
         self.server = server
         self.callback = callback
+        self.start = callback.rsplit("/", 1)[0] + "/start/"
         self.replies: list[dict[str, Any]] = []
         self.events: dict[str, list[dict[str, Any]]] = {"expired": [], "connected": [], "failed": []}
         self.pages: list[str] = []
@@ -81,7 +82,9 @@ class Stack:
 
     async def land(self, callback_url: str) -> tuple[int, str]:
         """The end user's browser following the provider's redirect to toolbus's callback."""
-        self.secrets.update(v for k, v in query(callback_url).items() if k in ("code", "state"))
+        self.secrets.update(
+            v for k, v in query(callback_url).items() if k in ("code", "state") and len(v) >= 16
+        )
         async with httpx.AsyncClient() as http:
             response = await http.get(callback_url)
         self.pages.append(response.text)
@@ -90,7 +93,7 @@ class Stack:
     async def connect(self, body: dict[str, Any], login: str) -> dict[str, Any]:
         """credentials.connect, the user's consent, the callback; returns the connected event."""
         reply = await self.ok(self.subjects.credentials_connect, body)
-        assert reply["status"] == "pending" and reply["authorizationUrl"].startswith(self.provider.issuer)
+        assert reply["status"] == "pending" and reply["authorizationUrl"].startswith(self.start)
         before = len(self.events["connected"])
         status, page = await self.land(await consent(reply["authorizationUrl"], login=login))
         assert (status, "Connected" in page) == (200, True), page
@@ -316,9 +319,12 @@ async def test_4_step_up_on_insufficient_scope(stack: Stack) -> None:
     await until(lambda: len(s.events["expired"]) > before, "credentials.expired for the step-up", limit=30)
     notice = s.events["expired"][-1]["data"]
     assert notice["callIds"] == [started["callId"]] and notice["namespace"] == "user-7"
-    assert "tools%3Awrite" in notice["authorizationUrl"] or "tools:write" in notice["authorizationUrl"]
+    assert notice["authorizationUrl"].startswith(s.start)
+    connected = len(s.events["connected"])
     status, page = await s.land(await consent(notice["authorizationUrl"], login="user-7"))
     assert status == 200, page
+    await until(lambda: len(s.events["connected"]) > connected, "connected with the larger scope")
+    assert {"tools:read", "tools:write"} <= set(s.events["connected"][-1]["data"]["scopes"])
     done = await s.ok(
         s.subjects.calls_invoke,
         {"runId": run["runId"], "tool": "gh.plain", "input": {"text": "w"}, "idempotencyKey": "k-step-up"},
@@ -345,7 +351,7 @@ async def test_5_a_revoked_grant_parks_the_call_and_connecting_again_resumes_it_
     await until(lambda: len(s.events["expired"]) > before, "credentials.expired after revocation", limit=30)
     notice = s.events["expired"][-1]["data"]
     assert notice["callIds"] == [started["callId"]] and notice["level"] == "namespace"
-    assert notice["authorizationUrl"].startswith(s.provider.issuer)
+    assert notice["authorizationUrl"].startswith(s.start)
     got = await s.ok(s.subjects.calls_get, {"callId": started["callId"]})
     assert got["state"] == "parked"
     status = await s.ok(s.subjects.credentials_status, {"toolsetId": s.toolset_id, "namespace": "user-5"})
@@ -382,6 +388,12 @@ async def test_6_refused_consent_bad_state_forged_iss_wrong_client_and_a_down_pr
     # No state; an unknown one.
     await failed_with("unknownState", 400, "no state", s.callback + "?code=abc")
     await failed_with("unknownState", 400, "already used or has expired", s.callback + "?code=abc&state=nope")
+    # A connect link opened twice: the second time it is refused (single-use).
+    reply = await s.ok(s.subjects.credentials_connect, target)
+    await consent(reply["authorizationUrl"], login="user-x", deny=True)
+    async with httpx.AsyncClient() as http:
+        again = await http.get(reply["authorizationUrl"])
+    assert again.status_code == 400 and "already used or has expired" in again.text
     # A replayed state: the first use connects, the second is refused.
     reply = await s.ok(s.subjects.credentials_connect, target)
     landing = await consent(reply["authorizationUrl"], login="user-x")
@@ -471,6 +483,8 @@ async def test_7_disconnect_revokes_and_nothing_secret_anywhere(stack: Stack, re
                 texts += [v.decode(errors="replace") for v in await redis.lrange(key, 0, -1)]
     finally:
         await redis.aclose()  # type: ignore[attr-defined]
-    leaked = sorted({secret[:12] + "…" for secret in s.secrets for text in texts if secret in text})
+    leaked = sorted(
+        {f"{secret[:8]}… in {text[:80]!r}" for secret in s.secrets for text in texts if secret in text}
+    )
     assert leaked == [], f"secrets seen in the clear: {leaked}"
     assert len(s.secrets) >= 5

@@ -149,8 +149,9 @@ def resource_guard(
 
 
 async def consent(authorization_url: str, *, login: str = "user-42", deny: bool = False) -> str:
-    """Log in and consent (or abort) on the provider's devInteractions pages over HTTP; returns the
-    URL the provider redirects the user's browser to (toolbus's callback, with code, state, iss)."""
+    """Open toolbus's connect link, log in and consent (or abort) on the provider's
+    devInteractions pages over HTTP; returns the URL the provider redirects the user's browser to
+    (toolbus's `/oauth/callback`, with code, state, iss), not yet opened."""
     async with httpx.AsyncClient(follow_redirects=False, timeout=10) as http:
         url = authorization_url
         for _ in range(20):
@@ -158,9 +159,7 @@ async def consent(authorization_url: str, *, login: str = "user-42", deny: bool 
             location = response.headers.get("location")
             if response.status_code in (302, 303) and location:
                 target = str(urljoin(url, location))
-                if "/interaction/" not in urlsplit(target).path and not target.startswith(
-                    f"{urlsplit(authorization_url).scheme}://{urlsplit(authorization_url).netloc}"
-                ):
+                if urlsplit(target).path.endswith("/oauth/callback"):
                     return target
                 url = target
                 continue

@@ -102,6 +102,10 @@ class Keys:
         """Encrypted pending authorization (verifier, client), by the SHA-256 of its `state`; short TTL."""
         return f"{self.prefix}:oauth:flow:{state_digest}"
 
+    def oauth_start(self, token_digest: str) -> str:
+        """Encrypted authorization not yet begun, by the SHA-256 of its link's token; TTL."""
+        return f"{self.prefix}:oauth:start:{token_digest}"
+
     def oauth_client(self, digest: str) -> str:
         """Encrypted dynamically registered client, by the digest of (issuer, redirect URI)."""
         return f"{self.prefix}:oauth:client:{digest}"

@@ -201,9 +201,11 @@ class CredentialsConnectReply(WireModel):
     level: CredentialLevel
     status: Literal["pending", "connected"]
     authorization_url: str | None = None
-    """The URL to send the end user to (authorization code); None when already connected."""
+    """The URL to send the end user to (authorization code): a single-use toolbus link
+    (`/oauth/start/<token>`) that makes the `state` and PKCE verifier when opened and redirects to
+    the authorization server; None when already connected."""
     expires_at: str | None = None
-    """When the authorization URL's `state` stops being accepted (RFC 3339)."""
+    """When the link stops being accepted (RFC 3339)."""
 
 
 class CredentialsStatusRequest(CredentialsTarget):

@@ -26,7 +26,7 @@ from toolbus_contracts import Subjects
 from toolbus_contracts.credentials import CredentialsConnected, CredentialsConnectFailed, CredentialsExpired
 from toolbus_contracts.internal import CallsResume, CredentialsChanged
 
-from toolbus_credentials.callback import callback_route
+from toolbus_credentials.callback import callback_route, start_route
 from toolbus_credentials.handlers import routes
 from toolbus_credentials.oauth import OAuthConnections
 from toolbus_credentials.parking import ParkingLot
@@ -137,6 +137,7 @@ class CredentialsService:
             run_target=logic.run_target,
             callback_url=own.oauth_callback_url,
             state_ttl=own.oauth_state_seconds,
+            link_ttl=own.oauth_link_seconds,
             refresh_margin=own.oauth_margin_seconds,
             client_name=own.oauth_client_name,
         )
@@ -177,14 +178,17 @@ class CredentialsService:
             await asyncio.sleep(self.own.oauth_interval_seconds)
 
     def http_routes(self) -> list[Route]:
-        """`GET /oauth/callback` on the service's HTTP port."""
+        """`GET /oauth/callback` and `GET /oauth/start/<token>` on the service's HTTP port."""
 
         async def handle(params: dict[str, str]) -> tuple[bool, str]:
             if self.oauth is None:  # the HTTP port opens before the service has started
                 return False, "toolbus is starting; open the link again in a moment."
             return await self.oauth.callback(params)
 
-        return [callback_route(handle)]
+        async def begin(token: str) -> str | None:
+            return None if self.oauth is None else await self.oauth.start(token)
+
+        return [callback_route(handle), start_route(begin)]
 
     def ready(self) -> bool:
         return self._ready and self.bus.ready()

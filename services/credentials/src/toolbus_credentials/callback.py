@@ -8,12 +8,13 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response
+from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 log = logging.getLogger(__name__)
 
 CALLBACK_PATH = "/oauth/callback"
+START_PATH = "/oauth/start/{token}"
 
 
 def _page(title: str, text: str, status: int) -> HTMLResponse:
@@ -43,3 +44,26 @@ def callback_route(handle: Callable[[dict[str, str]], Awaitable[tuple[bool, str]
         return _page("Not connected", text, 400)
 
     return Route(CALLBACK_PATH, callback, methods=["GET"])
+
+
+def start_route(begin: Callable[[str], Awaitable[str | None]]) -> Route:
+    """`GET /oauth/start/<token>`: `begin(token)` -> the authorization server's URL (a redirect),
+    or None (the link is unknown, used or expired: a page that says so)."""
+
+    async def start(request: Request) -> Response:
+        try:
+            url = await begin(request.path_params["token"])
+        except Exception:
+            log.exception("oauth start failed")
+            return _page("Not connected", "toolbus could not start the connection; try again.", 500)
+        if url is None:
+            return _page(
+                "Link expired",
+                "This connection link was already used or has expired. Ask for a new one.",
+                400,
+            )
+        return RedirectResponse(
+            url, status_code=302, headers={"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"}
+        )
+
+    return Route(START_PATH, start, methods=["GET"])

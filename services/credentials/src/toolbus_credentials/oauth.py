@@ -87,6 +87,20 @@ class Flow(BaseModel):
     scopes: list[str]
 
 
+class Start(BaseModel):
+    """An authorization not yet begun: what `GET /oauth/start/<token>` needs to make a `state` and
+    a verifier and send the browser on to the authorization server. Stored encrypted under the
+    digest of its token, single-use, for `link_ttl`."""
+
+    connection_id: str
+    target: Target
+    server: str
+    auth: dict[str, object]
+    client_id: str
+    client_secret: str | None
+    scopes: list[str]
+
+
 class Connection(BaseModel):
     """A connected server's tokens and how to renew them, stored encrypted."""
 
@@ -157,6 +171,7 @@ class OAuthConnections:
         run_target: RunTarget,
         callback_url: str | None,
         state_ttl: float = 600.0,
+        link_ttl: float = 86_400.0,
         refresh_margin: float = 60.0,
         client_name: str = "toolbus",
     ) -> None:
@@ -170,6 +185,7 @@ class OAuthConnections:
         self._run_target = run_target
         self.callback_url = callback_url
         self.state_ttl = state_ttl
+        self.link_ttl = link_ttl
         self.refresh_margin = refresh_margin
         self.client_name = client_name
         self._holder = uuid.uuid4().hex
@@ -237,7 +253,7 @@ class OAuthConnections:
             scopes.append("offline_access")
         client = await self._client(request, auth)
         connection_id = "conn_" + uuid.uuid4().hex
-        url_out, expires = await self._new_flow(connection_id, target, request.server, auth, client, scopes)
+        url_out, expires = await self._new_link(connection_id, target, request.server, auth, client, scopes)
         log.info(
             "oauth connection started",
             extra={"connectionId": connection_id, "credentialsLevel": target.level, "server": request.server},
@@ -249,6 +265,57 @@ class OAuthConnections:
             authorization_url=url_out,
             expires_at=_iso(expires),
         )
+
+    async def _new_link(
+        self,
+        connection_id: str,
+        target: Target,
+        server: str,
+        auth: ServerAuth,
+        client: ClientInfo,
+        scopes: list[str],
+    ) -> tuple[str, float]:
+        """A toolbus URL (`/oauth/start/<token>`) for the end user: the `state` and the PKCE
+        verifier are made only when it is opened, so neither is in any reply or event."""
+        assert self.callback_url is not None
+        token = proto.new_state()
+        start = Start(
+            connection_id=connection_id,
+            target=target,
+            server=server,
+            auth=asdict(auth),
+            client_id=client.client_id,
+            client_secret=client.client_secret,
+            scopes=scopes,
+        )
+        await self._redis.set(
+            self._keys.oauth_start(_digest(token)),
+            self._cipher.encrypt(start.model_dump_json().encode()),
+            px=int(self.link_ttl * 1000),
+        )
+        base = self.callback_url.rsplit("/", 1)[0]
+        return f"{base}/start/{token}", time.time() + self.link_ttl
+
+    async def start(self, token: str) -> str | None:
+        """`GET /oauth/start/<token>`: the authorization server's URL to redirect to (a new state
+        and verifier), or None when the link is unknown, used or expired."""
+        raw = await self._redis.getdel(self._keys.oauth_start(_digest(token)))
+        if raw is None:
+            return None
+        try:
+            start = Start.model_validate_json(self._cipher.decrypt(raw))
+        except (DecryptionError, ValueError):
+            return None
+        auth = ServerAuth(**start.auth)  # type: ignore[arg-type]
+        url, _ = await self._new_flow(
+            start.connection_id,
+            start.target,
+            start.server,
+            auth,
+            ClientInfo(start.client_id, start.client_secret),
+            start.scopes,
+        )
+        return url
 
     async def _new_flow(
         self,
@@ -637,7 +704,7 @@ class OAuthConnections:
             return None
         auth = connection.server_auth()
         scopes = list(dict.fromkeys([*connection.requested_scopes, *auth.scopes_supported]))
-        url, _ = await self._new_flow(
+        url, _ = await self._new_link(
             connection.connection_id, target, server, auth, connection.client(), scopes
         )
         return url, connection.connection_id

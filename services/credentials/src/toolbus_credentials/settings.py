@@ -16,8 +16,9 @@ class CredentialsSettings(WebhookSettings, BaseSettings):
     `TOOLBUS_WEBHOOK_RETRY_SCHEDULE` (default `5s,30s,2m,10m,1h`), `TOOLBUS_WEBHOOK_TIMEOUT`
     (default 10s): webhook retries and the time one attempt may take (`WebhookSettings`).
     `TOOLBUS_OAUTH_CALLBACK_URL` (unset: OAuth authorization-code connections refused), the public
-    URL of `/oauth/callback`; `TOOLBUS_OAUTH_STATE_TTL` (10m): how long an authorization URL is
-    good for; `TOOLBUS_OAUTH_REFRESH_MARGIN` (60s): how long before expiry a token is renewed (plus
+    URL of `/oauth/callback` (`/oauth/start/<token>` links are served beside it);
+    `TOOLBUS_OAUTH_LINK_TTL` (24h): how long a connect link is good for (single-use);
+    `TOOLBUS_OAUTH_STATE_TTL` (10m): how long the user has, once the link is opened, to come back; `TOOLBUS_OAUTH_REFRESH_MARGIN` (60s): how long before expiry a token is renewed (plus
     up to 20% jitter); `TOOLBUS_OAUTH_REFRESH_INTERVAL` (1s): how often due tokens are looked for;
     `TOOLBUS_OAUTH_CLIENT_NAME` (toolbus): the name dynamic registration gives."""
 
@@ -30,6 +31,7 @@ class CredentialsSettings(WebhookSettings, BaseSettings):
     """The public URL of this service's `/oauth/callback` (what the authorization server redirects
     the end user to, registered with it as the redirect URI); unset: no authorization-code flows."""
     oauth_state_ttl: str = "10m"
+    oauth_link_ttl: str = "24h"
     oauth_refresh_margin: str = "60s"
     oauth_refresh_interval: str = "1s"
     oauth_client_name: str = "toolbus"
@@ -39,6 +41,7 @@ class CredentialsSettings(WebhookSettings, BaseSettings):
         "park_sweep_interval",
         "park_notify_delay",
         "oauth_state_ttl",
+        "oauth_link_ttl",
         "oauth_refresh_margin",
         "oauth_refresh_interval",
     )
@@ -58,6 +61,10 @@ class CredentialsSettings(WebhookSettings, BaseSettings):
     @property
     def oauth_state_seconds(self) -> float:
         return parse_duration(self.oauth_state_ttl).total_seconds()
+
+    @property
+    def oauth_link_seconds(self) -> float:
+        return parse_duration(self.oauth_link_ttl).total_seconds()
 
     @property
     def oauth_margin_seconds(self) -> float:
