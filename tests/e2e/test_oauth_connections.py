@@ -429,7 +429,9 @@ async def test_6_refused_consent_bad_state_forged_iss_wrong_client_and_a_down_pr
         assert status["connections"] == []
 
 
-async def test_7_disconnect_revokes_and_nothing_secret_anywhere(stack: Stack, redis_url: str) -> None:
+async def test_7_disconnect_revokes_and_nothing_secret_anywhere(
+    stack: Stack, redis_url: str, bus: Bus
+) -> None:
     s = stack
     from redis.asyncio import Redis
 
@@ -457,16 +459,19 @@ async def test_7_disconnect_revokes_and_nothing_secret_anywhere(stack: Stack, re
     assert len(guard_tokens) >= 2  # the tokens the server accepted (many in a whole-module run)
     texts = [json.dumps(s.replies), json.dumps(s.events), *s.pages]
     texts += [p.read_text(errors="replace") for p in s.logs if p.exists()]
-    # JetStream: every message of the deployment's streams.
-    js = s.nc.jetstream()
-    for stream in ("EVENTS", "INTERNAL"):
-        name = js_name(s.prefix, stream)
-        info = await js.stream_info(name)
-        for seq in range(info.state.first_seq, info.state.last_seq + 1):
-            try:
+    # JetStream: every message of the deployment's streams (INTERNAL read as the credentials
+    # service, which owns it: the harness role may not).
+    owner = await bus.connect("credentials")
+    try:
+        for stream, nc in (("EVENTS", s.nc), ("INTERNAL", owner)):
+            js = nc.jetstream()
+            name = js_name(s.prefix, stream)
+            info = await js.stream_info(name)
+            assert info.state.messages > 0
+            for seq in range(info.state.first_seq, info.state.last_seq + 1):
                 texts.append((await js.get_msg(name, seq)).data.decode(errors="replace"))
-            except Exception:
-                continue
+    finally:
+        await owner.drain()
     try:
         async for key in redis.scan_iter(match=f"{s.prefix}:*", count=500):
             texts.append(key.decode())

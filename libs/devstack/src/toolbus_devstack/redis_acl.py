@@ -26,7 +26,7 @@ def redis_users(prefix: str = "toolbus") -> list[RedisUser]:
         RedisUser("dispatcher", "runs, calls, slots, leases, parked calls; reads credentials", (f"{k}:*",)),
         RedisUser(
             "credentials",
-            "credential levels, parked calls, webhooks; checks that a run exists",
+            "credential levels, OAuth connections, parked calls, webhooks; checks that a run exists",
             (
                 f"{k}:cred:*",
                 f"{k}:parked:*",
@@ -34,6 +34,7 @@ def redis_users(prefix: str = "toolbus") -> list[RedisUser]:
                 f"{k}:run:*",
                 f"{k}:webhooks:*",
                 f"{k}:webhook:*",
+                f"{k}:oauth:*",
             ),
         ),
         RedisUser(
