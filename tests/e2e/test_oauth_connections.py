@@ -276,6 +276,35 @@ async def test_2_an_end_user_and_a_run_connected_then_calls_use_their_tokens(sta
     await s.ok(s.subjects.runs_close, {"runId": run["runId"]})
 
 
+async def test_2b_the_sdk_connects_an_end_user_and_reports_the_connection(stack: Stack) -> None:
+    from toolbus import InvalidRequest, Toolbus
+
+    s = stack
+    tb = Toolbus(s.nc, s.prefix, owns_connection=False)
+    conn = await tb.namespaces.connect("user-sdk", s.toolset_id, "gh")
+    assert conn.status == "pending" and conn.level == "namespace"
+    assert conn.authorization_url is not None and conn.authorization_url.startswith(s.start)
+    landing = await consent(conn.authorization_url, login="user-sdk")
+    waiting = asyncio.ensure_future(conn.wait(30))
+    assert (await s.land(landing))[0] == 200
+    data = await waiting
+    assert data["connectionId"] == conn.id and data["namespace"] == "user-sdk" and data["server"] == "gh"
+    (listed,) = await tb.namespaces.connections("user-sdk", s.toolset_id)
+    assert (
+        listed["server"] == "gh"
+        and listed["status"] == "connected"
+        and listed["grant"] == "authorizationCode"
+    )
+    assert "tools:read" in listed["scopes"] and listed["expiresAt"] and listed["issuer"] == s.provider.issuer
+    # A refused consent ends wait() with the reason.
+    conn = await tb.namespaces.connect("user-sdk2", s.toolset_id, "gh")
+    waiting = asyncio.ensure_future(conn.wait(30))
+    await s.land(await consent(conn.authorization_url or "", deny=True))
+    with pytest.raises(InvalidRequest) as refused:
+        await waiting
+    assert refused.value.details["error"] == "access_denied"
+
+
 async def test_3_a_hundred_calls_across_token_lifetimes_none_parked_each_token_renewed_once(
     stack: Stack,
 ) -> None:

@@ -217,9 +217,10 @@ class OAuthConnectionStatus(WireModel):
     status: Literal["connected", "expired"]
     grant: OAuthGrant
     scopes: list[str]
-    expires_at: str | None
+    expires_at: str | None = None
     connected_at: str
-    last_refresh_at: str | None
+    last_refresh_at: str | None = None
+    """Null fields are left out on the wire."""
     issuer: str
 
 
@@ -241,12 +242,15 @@ class CredentialsDisconnectReply(WireModel):
 
 
 class CredentialsConnectionData(WireModel):
-    connection_id: str | None
-    level: CredentialLevel | None
-    toolset_id: str | None
-    namespace: str | None
-    run_id: str | None
-    server: str | None
+    """Null fields are left out on the wire (a `credentials.failed` for an unknown state knows
+    none of the connection's)."""
+
+    connection_id: str | None = None
+    level: CredentialLevel | None = None
+    toolset_id: str | None = None
+    namespace: str | None = None
+    run_id: str | None = None
+    server: str | None = None
     scopes: list[str] = Field(default_factory=list)
     expires_at: str | None = None
     error: str | None = None
