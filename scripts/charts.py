@@ -47,6 +47,8 @@ class ServiceChart:
     limits_memory: str
     mcp_port: int | None = None
     """The gateway's MCP endpoint (TOOLBUS_GATEWAY_PORT), exposed beside the health port."""
+    oauth_ingress: bool = False
+    """The credentials service's OAuth pages (`/oauth/`): an Ingress for that path only."""
 
 
 # Resident memory of each service right after /readyz, measured here (one process, idle): registry
@@ -96,6 +98,7 @@ SERVICES = (
         requests_cpu="50m",
         requests_memory="128Mi",
         limits_memory="256Mi",
+        oauth_ingress=True,
     ),
     ServiceChart(
         "gateway",
@@ -459,7 +462,7 @@ service:
   type: ClusterIP
   port: 8080
 {mcp_service}  annotations: {{}}
-
+{OAUTH_INGRESS_VALUES if s.oauth_ingress else ""}
 ## @section Scaling and disruptions
 
 ## @param autoscaling.enabled Scale with a HorizontalPodAutoscaler (the Deployment then leaves replicas to it)
@@ -537,6 +540,58 @@ def _tls_ref() -> dict[str, Any]:
     return _obj({"existingSecret": _STR, "caKey": _STR, "certKey": _STR, "keyKey": _STR}, ["existingSecret"])
 
 
+OAUTH_INGRESS_VALUES = """
+## @section OAuth pages (connected accounts: docs/oauth.md)
+
+## @param oauthIngress.enabled Create an Ingress for the OAuth pages only (/oauth/start/<token> and /oauth/callback); set TOOLBUS_OAUTH_CALLBACK_URL in config to https://<host>/oauth/callback
+## @param oauthIngress.className IngressClass name (empty: the cluster's default)
+## @param oauthIngress.host Public host name end users' browsers reach
+## @param oauthIngress.annotations Annotations on the Ingress (e.g. cert-manager's cluster-issuer)
+## @param oauthIngress.tlsSecret Secret holding the host's TLS certificate (empty: no tls section)
+oauthIngress:
+  enabled: false
+  className: ""
+  host: toolbus.example.com
+  annotations: {}
+  tlsSecret: ""
+"""
+
+OAUTH_INGRESS_TEMPLATE = """{{- if .Values.oauthIngress.enabled }}
+# Only the OAuth pages reach the outside: /healthz, /metrics and /asyncapi stay in the cluster.
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: {{ include "toolbus.fullname" . }}-oauth
+  labels:
+    {{- include "toolbus.labels" . | nindent 4 }}
+  {{- with .Values.oauthIngress.annotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+spec:
+  {{- with .Values.oauthIngress.className }}
+  ingressClassName: {{ . }}
+  {{- end }}
+  {{- with .Values.oauthIngress.tlsSecret }}
+  tls:
+    - hosts: [{{ $.Values.oauthIngress.host | quote }}]
+      secretName: {{ . }}
+  {{- end }}
+  rules:
+    - host: {{ .Values.oauthIngress.host | quote }}
+      http:
+        paths:
+          - path: /oauth/
+            pathType: Prefix
+            backend:
+              service:
+                name: {{ include "toolbus.fullname" . }}
+                port:
+                  number: {{ .Values.service.port }}
+{{- end }}
+"""
+
+
 def values_schema(s: ServiceChart) -> dict[str, Any]:
     secrets: dict[str, Any] = {}
     if s.secret_key:
@@ -557,7 +612,7 @@ def values_schema(s: ServiceChart) -> dict[str, Any]:
         secrets["redisTls"] = _tls_ref()
     percent = {"type": ["integer", "null"], "minimum": 1, "maximum": 100}
     replicas = {"type": "integer", "minimum": 1}
-    return {
+    schema: dict[str, Any] = {
         "$schema": "https://json-schema.org/draft-07/schema#",
         "title": f"Values of the toolbus {s.name} chart",
         **_obj(
@@ -686,6 +741,18 @@ def values_schema(s: ServiceChart) -> dict[str, Any]:
             ],
         ),
     }
+    if s.oauth_ingress:
+        schema["properties"]["oauthIngress"] = _obj(
+            {
+                "enabled": {"type": "boolean"},
+                "className": _STR,
+                "host": {"type": "string", "minLength": 1},
+                "annotations": {"type": "object", "additionalProperties": _STR},
+                "tlsSecret": _STR,
+            },
+            ["enabled", "host"],
+        )
+    return schema
 
 
 # ---------------------------------------------------------------- writing and checking
@@ -703,6 +770,8 @@ def generated_files() -> dict[Path, str]:
         files[chart / "templates" / "NOTES.txt"] = notes(s)
         for filename, include in TEMPLATES.items():
             files[chart / "templates" / filename] = template(include)
+        if s.oauth_ingress:
+            files[chart / "templates" / "oauth-ingress.yaml"] = OAUTH_INGRESS_TEMPLATE
     return files
 
 

@@ -42,6 +42,9 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+Guard = Callable[[str, str, dict[str, str], bytes], "tuple[int, dict[str, str], bytes] | None"]
+"""`guard(method, path, headers, body)`: an answer (status, headers, body) to send instead of the
+MCP server's, or None to serve the request (an OAuth resource server's checks, tests/support/oauth.py)."""
 ToolHandler = Callable[[str, dict[str, Any]], Awaitable[Any]]
 """`handler(tool_name, arguments)`: return a `CallToolResult`, or any JSON value, which becomes
 the result's `structuredContent` (and its JSON text the one text content block)."""
@@ -199,10 +202,12 @@ class McpTestServer:
         legacy: bool = False,
         instructions: str | None = None,
         title: str | None = None,
+        guard: Guard | None = None,
     ) -> None:
         self.name = name
         self.instructions = instructions
         self.title = title
+        self.guard = guard
         self.tools = echo_tools() if tools is None else tools  # a property: reassign to change them
         self.handler = handler or echo_handler
         self.page_size = page_size
@@ -348,6 +353,22 @@ class McpTestServer:
                 await mcp_app(scope, receive, send)
                 return
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+            if self.guard is not None:
+                body = await _read_body(receive) if scope["method"] == "POST" else b""
+                answer = self.guard(scope["method"], scope["path"], headers, body)
+                if answer is not None:
+                    self._record(body, headers, False)
+                    status, extra, content = answer
+                    await send(
+                        {
+                            "type": "http.response.start",
+                            "status": status,
+                            "headers": [(k.encode(), v.encode()) for k, v in extra.items()],
+                        }
+                    )
+                    await send({"type": "http.response.body", "body": content})
+                    return
+                receive = _replay(body, receive)
             authorized = self.required_token is None or headers.get("authorization") == (
                 f"Bearer {self.required_token}"
             )

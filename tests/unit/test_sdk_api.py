@@ -21,6 +21,7 @@ EXPORTED = [
     "Cancelled",
     "Conflict",
     "ConnectOptions",
+    "Connection",
     "CredentialsRejected",
     "Denied",
     "ErrorCode",

@@ -139,6 +139,42 @@ class CredentialStore:
             results = await pipe.execute()
         return int(results[1])
 
+    async def set_server(
+        self,
+        level: CredentialLevel,
+        *,
+        toolset_id: str,
+        namespace: str | None = None,
+        run_id: str | None = None,
+        server: str,
+        headers: dict[str, str] | None,
+    ) -> int:
+        """Replace (or with None remove) one server's headers at `level` and its scope, keeping the
+        other servers' (an OAuth connection's renewed token); returns the new version."""
+        key = self.key(level, toolset_id=toolset_id, namespace=namespace, run_id=run_id)
+        while True:
+            async with self._redis.pipeline(transaction=True) as pipe:
+                await pipe.watch(key)
+                raw = await pipe.get(key)
+                doc: dict[str, Any] = {"servers": {}}
+                if raw is not None:
+                    try:
+                        doc = json.loads(self._cipher.decrypt(raw))
+                    except DecryptionError:
+                        doc = {"servers": {}}  # unreadable: replaced, as a set would
+                if headers is None:
+                    doc.setdefault("servers", {}).pop(server, None)
+                else:
+                    doc.setdefault("servers", {})[server] = {"headers": headers}
+                pipe.multi()
+                pipe.set(key, self._cipher.encrypt(json.dumps(doc).encode()))
+                pipe.incr(self.version_key)
+                try:
+                    results = await pipe.execute()
+                except WatchError:  # a set or another patch meanwhile: apply on top of it
+                    continue
+            return int(results[1])
+
     async def delete_run(self, run_id: str) -> int:
         """Drop the run-level credentials of `run_id`; returns the new version."""
         key = self.key("run", run_id=run_id)

@@ -83,6 +83,35 @@ class Keys:
         `SCAN`, which would list every service's keys."""
         return f"{self.prefix}:cred:index"
 
+    def oauth_connection(self, level: str, scope: str, server: str) -> str:
+        """Encrypted OAuth connection of one server at one level and scope (tokens, client)."""
+        return f"{self.prefix}:oauth:conn:{level}:{scope}:{server}"
+
+    def oauth_servers(self, level: str, scope: str) -> str:
+        """Set of the servers with an OAuth connection at one level and scope."""
+        return f"{self.prefix}:oauth:servers:{level}:{scope}"
+
+    @property
+    def oauth_due(self) -> str:
+        """ZSET `level\0scope\0server` -> when (ms) its access token is to be renewed."""
+        return f"{self.prefix}:oauth:due"
+
+    def oauth_lock(self, level: str, scope: str, server: str) -> str:
+        """String with a TTL: the one replica renewing this connection's tokens."""
+        return f"{self.prefix}:oauth:lock:{level}:{scope}:{server}"
+
+    def oauth_flow(self, state_digest: str) -> str:
+        """Encrypted pending authorization (verifier, client), by the SHA-256 of its `state`; short TTL."""
+        return f"{self.prefix}:oauth:flow:{state_digest}"
+
+    def oauth_start(self, token_digest: str) -> str:
+        """Encrypted authorization not yet begun, by the SHA-256 of its link's token; TTL."""
+        return f"{self.prefix}:oauth:start:{token_digest}"
+
+    def oauth_client(self, digest: str) -> str:
+        """Encrypted dynamically registered client, by the digest of (issuer, redirect URI)."""
+        return f"{self.prefix}:oauth:client:{digest}"
+
     def parked(self, level: str, scope: str) -> str:
         """ZSET call id -> park sequence: the calls parked at one level and scope, in park order."""
         return f"{self.prefix}:parked:{level}:{scope}"

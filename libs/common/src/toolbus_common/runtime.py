@@ -77,6 +77,8 @@ def health_app(service: Service) -> Starlette:
             Route("/metrics", metrics),
             Route("/asyncapi", asyncapi),
             Route("/asyncapi.yaml", asyncapi_yaml),
+            # A service may serve routes of its own beside these (the credentials service's OAuth callback).
+            *getattr(service, "http_routes", list)(),
         ]
     )
 

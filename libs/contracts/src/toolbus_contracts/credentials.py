@@ -137,10 +137,18 @@ class CredentialsExpiredData(WireModel):
     server: str
     level: CredentialLevel
     call_ids: list[str]
+    authorization_url: str | None = None
+    """For a server connected through OAuth whose tokens could not be renewed: the URL to send the
+    end user to; connecting there resumes the calls (absent for header credentials)."""
+    connection_id: str | None = None
 
     def wire(self) -> dict[str, object]:
-        # namespace and runId are part of the event even when null.
-        return self.model_dump(mode="json")
+        # namespace and runId are part of the event even when null; the OAuth fields only when set.
+        out = self.model_dump(mode="json", by_alias=True)
+        for key in ("authorizationUrl", "connectionId"):
+            if out.get(key) is None:
+                out.pop(key, None)
+        return out
 
 
 class CredentialsExpired(WireModel):
@@ -151,3 +159,115 @@ class CredentialsExpired(WireModel):
 
     def wire(self) -> dict[str, object]:
         return {"type": self.type, "data": self.data.wire()}
+
+
+# ---- OAuth connections (credentials.connect / status / disconnect) ------------------------------
+
+OAuthGrant = Literal["authorizationCode", "clientCredentials"]
+
+
+class OAuthClient(WireModel):
+    """A client registered with the server's authorization server by hand: given once, stored
+    encrypted; the secret is never echoed."""
+
+    client_id: str = Field(min_length=1, max_length=1024)
+    client_secret: SecretStr | None = None
+
+    @field_serializer("client_secret", when_used="always")
+    def _plain(self, secret: SecretStr | None) -> str | None:
+        return None if secret is None else secret.get_secret_value()
+
+
+class CredentialsTarget(WireModel):
+    """A level and scope: `runId` alone (run), `namespace` + `toolsetId` (namespace), or
+    `toolsetId` alone (toolset)."""
+
+    toolset_id: ToolsetId | None = None
+    namespace: Namespace | None = None
+    run_id: RunId | None = None
+
+
+class CredentialsConnectRequest(CredentialsTarget):
+    server: str = Field(min_length=1, max_length=256)
+    scopes: list[Annotated[str, Field(min_length=1, max_length=256)]] | None = Field(
+        default=None, max_length=64
+    )
+    client: OAuthClient | None = None
+    grant: OAuthGrant = "authorizationCode"
+
+
+class CredentialsConnectReply(WireModel):
+    connection_id: str
+    level: CredentialLevel
+    status: Literal["pending", "connected"]
+    authorization_url: str | None = None
+    """The URL to send the end user to (authorization code): a single-use toolbus link
+    (`/oauth/start/<token>`) that makes the `state` and PKCE verifier when opened and redirects to
+    the authorization server; None when already connected."""
+    expires_at: str | None = None
+    """When the link stops being accepted (RFC 3339)."""
+
+
+class CredentialsStatusRequest(CredentialsTarget):
+    pass
+
+
+class OAuthConnectionStatus(WireModel):
+    server: str
+    status: Literal["connected", "expired"]
+    grant: OAuthGrant
+    scopes: list[str]
+    expires_at: str | None = None
+    connected_at: str
+    last_refresh_at: str | None = None
+    """Null fields are left out on the wire."""
+    issuer: str
+
+
+class CredentialsStatusReply(WireModel):
+    level: CredentialLevel
+    connections: list[OAuthConnectionStatus]
+
+
+class CredentialsDisconnectRequest(CredentialsTarget):
+    server: str = Field(min_length=1, max_length=256)
+
+
+class CredentialsDisconnectReply(WireModel):
+    level: CredentialLevel
+    server: str
+    disconnected: bool
+    revoked: bool
+    """The refresh (or access) token was revoked at the authorization server (RFC 7009)."""
+
+
+class CredentialsConnectionData(WireModel):
+    """Null fields are left out on the wire (a `credentials.failed` for an unknown state knows
+    none of the connection's)."""
+
+    connection_id: str | None = None
+    level: CredentialLevel | None = None
+    toolset_id: str | None = None
+    namespace: str | None = None
+    run_id: str | None = None
+    server: str | None = None
+    scopes: list[str] = Field(default_factory=list)
+    expires_at: str | None = None
+    error: str | None = None
+    """`credentials.failed` only: `access_denied` (the user refused), `unknownState`, `issuerMismatch`,
+    `exchangeFailed`, `providerUnavailable`, or the provider's own error code."""
+    message: str | None = None
+
+
+class CredentialsConnected(WireModel):
+    """`‹p›.events.credentials.connected`: an OAuth connection was made; tokens stored."""
+
+    type: Literal["credentials.connected"] = "credentials.connected"
+    data: CredentialsConnectionData
+
+
+class CredentialsConnectFailed(WireModel):
+    """`‹p›.events.credentials.failed`: a connection attempt ended without tokens; nothing stored."""
+
+    type: Literal["credentials.failed"] = "credentials.failed"
+    data: CredentialsConnectionData

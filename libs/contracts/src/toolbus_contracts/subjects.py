@@ -179,6 +179,27 @@ class Subjects:
     def runs_credentials_set(self) -> str:
         return self._s("runs.credentials.set")
 
+    @property
+    def credentials_connect(self) -> str:
+        """Start an OAuth connection for a server at a level (CredentialsConnectRequest)."""
+        return self._s("credentials.connect")
+
+    @property
+    def credentials_status(self) -> str:
+        return self._s("credentials.status")
+
+    @property
+    def credentials_disconnect(self) -> str:
+        return self._s("credentials.disconnect")
+
+    @property
+    def credentials_connected(self) -> str:
+        return self._s("events.credentials.connected")
+
+    @property
+    def credentials_failed(self) -> str:
+        return self._s("events.credentials.failed")
+
     # Host tools
     def host_call(self, tool: str) -> str:
         return self._s(f"host.call.{tool}")

@@ -137,7 +137,14 @@ def roles(prefix: str = "toolbus") -> list[Role]:
         s.toolsets_search,
         s.toolsets_namespaces,
     ]
-    credential_sets = [s.toolsets_credentials_set, s.namespaces_credentials_set, s.runs_credentials_set]
+    credential_sets = [
+        s.toolsets_credentials_set,
+        s.namespaces_credentials_set,
+        s.runs_credentials_set,
+        s.credentials_connect,
+        s.credentials_status,
+        s.credentials_disconnect,
+    ]
     out: list[Role] = [
         Role(
             "harness",
@@ -150,7 +157,12 @@ def roles(prefix: str = "toolbus") -> list[Role]:
                 *js_direct_get(events),
                 *js_direct_get(outputs),
             ],
-            subscribe=[s.run_events("*"), s.credentials_expired],
+            subscribe=[
+                s.run_events("*"),
+                s.credentials_expired,
+                s.credentials_connected,
+                s.credentials_failed,
+            ],
         ),
         Role(
             "worker",
@@ -246,6 +258,8 @@ def roles(prefix: str = "toolbus") -> list[Role]:
                 s.internal_credentials_changed,
                 s.internal_dead_letters,
                 s.credentials_expired,
+                s.credentials_connected,
+                s.credentials_failed,
                 *js_own(internal),
                 *js_read(toolsets),
                 *js_create(toolsets),

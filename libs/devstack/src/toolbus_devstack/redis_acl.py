@@ -78,20 +78,21 @@ def redis_users(prefix: str = "toolbus") -> list[RedisUser]:
         ),
         RedisUser(
             "credentials",
-            "credential levels, parked calls, webhooks; checks that a run exists",
+            "credential levels, OAuth connections, parked calls, webhooks; checks that a run exists",
             (
                 f"{k}:cred:*",
                 f"{k}:parked:*",
                 f"{k}:parked-*",
                 f"{k}:webhooks:*",
                 f"{k}:webhook:*",
+                f"{k}:oauth:*",
             ),
             (f"{k}:run:*",),
             (
-                "get", "mget", "set", "del", "incr", "incrby", "exists",
+                "get", "mget", "set", "del", "incr", "incrby", "exists", "getdel",
                 "hget", "hmget", "hgetall", "hset", "hsetnx", "hdel", "hexists", "hvals",
-                "sadd", "srem", "smembers", "sscan",
-                "zadd", "zcard", "zrange", "zrangebyscore", "zrem",
+                "sadd", "srem", "smembers", "sismember", "sscan",
+                "zadd", "zcard", "zrange", "zrangebyscore", "zrem", "zscore",
             ),
         ),
         RedisUser(

@@ -5,6 +5,7 @@
     connection broke after sending, no answer       UpstreamUnreachable        yes        True
     no answer within the timeout                    Timeout                    yes        True
     HTTP 401 / 403                                  CredentialsRejected        no         True
+                                                    (403 insufficient_scope: details.insufficientScope)
     HTTP 502 / 503 / 504                            UpstreamError              yes        True
     other HTTP 4xx / 5xx, JSON-RPC or protocol      UpstreamError              no         True
                                                     (details: status and/or rpcCode)
@@ -45,10 +46,13 @@ def classify(
     """
     status = attempt.status if attempt.status != NO_ANSWER_STATUS else None
     if status in REJECTING_STATUSES:
+        details: dict[str, object] = {"server": server, "status": status}
+        if attempt.insufficient_scope:
+            details["insufficientScope"] = True
         return CredentialsRejected(
             f"MCP server '{server}' rejected the credentials (HTTP {status}) for {what}; "
             f"set valid credentials for '{server}' and try again.",
-            details={"server": server, "status": status},
+            details=details,
         )
     if attempt.failed_before_sending:
         return UpstreamUnreachable(

@@ -206,6 +206,9 @@ class _Exchange:
                 if status >= 400:
                     content_type = self.headers.get("content-type", "")
                     attempt.status_has_json = content_type.lower().startswith("application/json")
+                    attempt.insufficient_scope = status == 403 and "insufficient_scope" in (
+                        self.headers.get("www-authenticate", "")
+                    )
         if redirect:
             self._settle(Redirected())
             return

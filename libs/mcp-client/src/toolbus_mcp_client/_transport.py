@@ -61,6 +61,9 @@ class Attempt:
     network_error: str | None = None
     # The error status came with a JSON body: a JSON-RPC error the SDK passes on as it is.
     status_has_json: bool = False
+    # A 403 whose WWW-Authenticate says `error="insufficient_scope"` (RFC 6750): a token with a
+    # larger scope would do (step-up), unlike any other 403.
+    insufficient_scope: bool = False
     # The longest answer read, in bytes over all of the operation's exchanges (None: no cap);
     # past it the body is not read on and `too_large` is set (see `BodyOverCap`).
     max_body: int | None = None
@@ -218,6 +221,9 @@ class WatchingTransport(httpx2.AsyncBaseTransport):
                 if response.status_code >= 400:
                     content_type = response.headers.get("content-type", "")
                     attempt.status_has_json = content_type.lower().startswith("application/json")
+                    attempt.insufficient_scope = response.status_code == 403 and "insufficient_scope" in (
+                        response.headers.get("www-authenticate", "")
+                    )
         stream = response.stream
         assert isinstance(stream, httpx2.AsyncByteStream)
         over = False

@@ -15,6 +15,7 @@ contract code: `NotFound`, `InvalidInput`, `Denied`, `OutcomeUnknown`, ...
 from toolbus._approvals import Approvals
 from toolbus._client import Toolbus
 from toolbus._connection import ConnectOptions
+from toolbus._connections import Connection
 from toolbus._errors import (
     ERRORS,
     Cancelled,
@@ -55,6 +56,7 @@ __all__ = [
     "Cancelled",
     "Conflict",
     "ConnectOptions",
+    "Connection",
     "CredentialsRejected",
     "Denied",
     "ErrorCode",

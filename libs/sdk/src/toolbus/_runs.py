@@ -28,6 +28,7 @@ from toolbus_contracts import (
 )
 
 from toolbus._client import build
+from toolbus._connections import Connection, Connections
 from toolbus._errors import InvalidRequest, Timeout, closed_as_unavailable
 from toolbus._feeds import CLOSED_CHECK_EVERY
 from toolbus._outcomes import CallResult, resolve
@@ -177,6 +178,10 @@ class Run:
         """The run's call events from its first one, in order (a replay from the JetStream stream);
         with `follow=False` the iterator ends once it has caught up, else it waits for more."""
         return _events(self._tb, self._tb.subjects.run_events(self.id), follow=follow)
+
+    async def connect(self, server: str, *, scopes: list[str] | None = None) -> Connection:
+        """An OAuth connection for this run only (the most specific level)."""
+        return await Connections(self._tb).connect(server, run_id=self.id, scopes=scopes)
 
     async def set_credentials(self, credentials: CredentialsLike) -> str:
         """Replace this run's credentials (the most specific level); parked calls are sent again."""

@@ -35,6 +35,7 @@ from toolbus_contracts import (
 from toolbus_contracts.registry import NamespaceInfo, SearchHit
 
 from toolbus._client import build
+from toolbus._connections import Connection, Connections
 
 if TYPE_CHECKING:
     from toolbus._client import Toolbus
@@ -217,6 +218,25 @@ class Toolsets:
                 return out
             cursor = page.next_cursor
 
+    async def connect(
+        self,
+        toolset: Toolset | str,
+        server: str,
+        *,
+        client: Mapping[str, str] | None = None,
+        grant: Literal["authorizationCode", "clientCredentials"] = "authorizationCode",
+        scopes: Sequence[str] | None = None,
+    ) -> Connection:
+        """A toolset-level OAuth connection: `grant="clientCredentials"` with
+        `client={"clientId", "clientSecret"}` connects at once (machine to machine)."""
+        return await Connections(self._tb).connect(
+            server,
+            toolset_id=toolset_id(toolset),
+            grant=grant,
+            client=dict(client) if client is not None else None,
+            scopes=list(scopes) if scopes is not None else None,
+        )
+
     async def set_credentials(self, toolset: Toolset | str, credentials: CredentialsLike) -> str:
         """Replace the toolset-level credentials (`{"servers": {name: {"headers": {...}}}}`);
         returns the level, `"toolset"`. Calls parked at this level are sent again."""
@@ -230,10 +250,42 @@ class Toolsets:
 
 
 class Namespaces:
-    """`‹p›.namespaces.credentials.set`: credentials of one end user for one toolset."""
+    """`‹p›.namespaces.credentials.set`: credentials of one end user for one toolset; OAuth
+    connections of one end user (`connect`, `connections`, `disconnect`)."""
 
     def __init__(self, tb: Toolbus) -> None:
         self._tb = tb
+
+    async def connect(
+        self,
+        namespace: str,
+        toolset: Toolset | str,
+        server: str,
+        *,
+        scopes: Sequence[str] | None = None,
+        client: Mapping[str, str] | None = None,
+    ) -> Connection:
+        """Connect the end user's account at `server` (OAuth): send them to
+        `conn.authorization_url`, then `await conn.wait()`. Tokens are kept and renewed by toolbus."""
+        return await Connections(self._tb).connect(
+            server,
+            toolset_id=toolset_id(toolset),
+            namespace=namespace,
+            scopes=list(scopes) if scopes is not None else None,
+            client=dict(client) if client is not None else None,
+        )
+
+    async def connections(self, namespace: str, toolset: Toolset | str) -> list[dict[str, Any]]:
+        """The end user's OAuth connections: server, status, scopes, until when, last refresh."""
+        reply = await Connections(self._tb).status(toolset_id=toolset_id(toolset), namespace=namespace)
+        return [c.model_dump(mode="json", by_alias=True) for c in reply.connections]
+
+    async def disconnect(self, namespace: str, toolset: Toolset | str, server: str) -> bool:
+        """Remove the connection (revoking its token where the server offers it); True if revoked."""
+        reply = await Connections(self._tb).disconnect(
+            server, toolset_id=toolset_id(toolset), namespace=namespace
+        )
+        return reply.revoked
 
     async def set_credentials(
         self, namespace: str, toolset: Toolset | str, credentials: CredentialsLike

@@ -7,10 +7,12 @@ import asyncio
 import logging
 from typing import Any
 
+import httpx
 import orjson
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 from redis.asyncio import Redis
+from starlette.routing import Route
 from toolbus_common.bus import Bus, asyncapi_document
 from toolbus_common.connections import JsPlacement, connect_redis, ensure_stream, internal_stream_limits
 from toolbus_common.credential_store import CredentialStore
@@ -23,10 +25,12 @@ from toolbus_common.tasks import cancel_and_wait
 from toolbus_common.toolsets import ToolsetStore
 from toolbus_common.webhooks import WebhookSender
 from toolbus_contracts import Subjects
-from toolbus_contracts.credentials import CredentialsExpired
+from toolbus_contracts.credentials import CredentialsConnected, CredentialsConnectFailed, CredentialsExpired
 from toolbus_contracts.internal import CallsResume, CredentialsChanged
 
+from toolbus_credentials.callback import callback_route, start_route
 from toolbus_credentials.handlers import routes
+from toolbus_credentials.oauth import OAuthConnections
 from toolbus_credentials.parking import ParkingLot
 from toolbus_credentials.service import CredentialsLogic
 from toolbus_credentials.settings import CredentialsSettings
@@ -59,6 +63,12 @@ class NatsOutbox:
     async def credentials_expired(self, event: CredentialsExpired) -> None:
         await self._nc.publish(self._subjects.credentials_expired, orjson.dumps(event.wire()))
 
+    async def connected(self, event: CredentialsConnected) -> None:
+        await self._nc.publish(self._subjects.credentials_connected, event.wire_json())
+
+    async def failed(self, event: CredentialsConnectFailed) -> None:
+        await self._nc.publish(self._subjects.credentials_failed, event.wire_json())
+
 
 class CredentialsService:
     """`python -m toolbus_credentials`: see the package README."""
@@ -79,6 +89,9 @@ class CredentialsService:
         self._ready = False
         self.logic: CredentialsLogic | None = None
         self.webhooks: WebhookSender | None = None
+        self.oauth: OAuthConnections | None = None
+        self._http: httpx.AsyncClient | None = None
+        self._refresher: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         settings, own = self.settings, self.own
@@ -113,6 +126,29 @@ class CredentialsService:
             park_timeout=own.park_timeout_seconds,
             notify_delay=own.park_notify_seconds,
         )
+        outbox = NatsOutbox(nc, js, self.subjects)
+
+        async def server_urls(toolset_id: str) -> dict[str, str] | None:
+            stored = await toolsets.get(toolset_id)
+            return None if stored is None else {s.name: s.url for s in stored.pinned.servers}
+
+        self._http = httpx.AsyncClient(timeout=own.webhook_timeout_seconds, follow_redirects=False)
+        self.oauth = logic.oauth = OAuthConnections(
+            redis=redis,
+            keys=self.keys,
+            cipher=self.cipher,
+            http=self._http,
+            outbox=outbox,
+            patch=logic.patch_server,
+            server_urls=server_urls,
+            run_target=logic.run_target,
+            callback_url=own.oauth_callback_url,
+            state_ttl=own.oauth_state_seconds,
+            link_ttl=own.oauth_link_seconds,
+            refresh_margin=own.oauth_margin_seconds,
+            client_name=own.oauth_client_name,
+        )
+        self._refresher = asyncio.create_task(self._refresh_loop(), name="oauth-refresh")
         await self.webhooks.start()
         self._sweeper = asyncio.create_task(self._sweep_loop(), name="park-timeout-sweep")
         self._notifier = asyncio.create_task(self._notify_loop(), name="expiry-notices")
@@ -141,6 +177,28 @@ class CredentialsService:
                     log.exception("sending credentials.expired notices failed; retrying")
             await asyncio.sleep(interval)
 
+    async def _refresh_loop(self) -> None:
+        assert self.oauth is not None
+        while True:
+            try:
+                await self.oauth.refresh_due()
+            except Exception:
+                log.exception("renewing OAuth tokens failed; retrying")
+            await asyncio.sleep(self.own.oauth_interval_seconds)
+
+    def http_routes(self) -> list[Route]:
+        """`GET /oauth/callback` and `GET /oauth/start/<token>` on the service's HTTP port."""
+
+        async def handle(params: dict[str, str]) -> tuple[bool, str]:
+            if self.oauth is None:  # the HTTP port opens before the service has started
+                return False, "toolbus is starting; open the link again in a moment."
+            return await self.oauth.callback(params)
+
+        async def begin(token: str) -> str | None:
+            return None if self.oauth is None else await self.oauth.start(token)
+
+        return [callback_route(handle), start_route(begin)]
+
     def ready(self) -> bool:
         return self._ready and self.bus.ready()
 
@@ -150,12 +208,14 @@ class CredentialsService:
     async def stop(self) -> None:
         self._ready = False
         await self.bus.drain()
-        for task in (self._sweeper, self._notifier):
+        for task in (self._sweeper, self._notifier, self._refresher):
             if task is not None:
                 await cancel_and_wait(task)
         if self.webhooks is not None:
             await self.webhooks.stop()
         await self.bus.close()
+        if self._http is not None:
+            await self._http.aclose()
         if self._redis is not None:
             await self._redis.aclose()  # type: ignore[attr-defined]
 

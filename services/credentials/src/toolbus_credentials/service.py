@@ -30,11 +30,13 @@ from toolbus_contracts.credentials import (
     CredentialsSetReply,
     NamespaceCredentialsSetRequest,
     RunCredentialsSetRequest,
+    ServerCredentials,
     ToolsetCredentialsSetRequest,
 )
 from toolbus_contracts.errors import InvalidRequest, NotFound
 from toolbus_contracts.internal import CallParked, CallsResume, CredentialsChanged, RunClosed
 
+from toolbus_credentials.oauth import OAuthConnections, Target
 from toolbus_credentials.parking import ParkingLot
 
 log = logging.getLogger(__name__)
@@ -92,6 +94,8 @@ class CredentialsLogic:
         self.park_timeout = park_timeout
         self.notify_delay = notify_delay
         self._holder = uuid.uuid4().hex
+        self.oauth: OAuthConnections | None = None
+        """OAuth connections (set by the app once built: they patch headers through this object)."""
 
     # ---- sets ------------------------------------------------------------------------------------
 
@@ -132,6 +136,10 @@ class CredentialsLogic:
         namespace: str | None = None,
         run_id: str | None = None,
     ) -> CredentialsSetReply:
+        if self.oauth is not None:
+            credentials = await self._with_connections(
+                Target(level=level, toolset_id=toolset_id, namespace=namespace, run_id=run_id), credentials
+            )
         version = await self.store.set(
             level, toolset_id=toolset_id, namespace=namespace, run_id=run_id, credentials=credentials
         )
@@ -161,6 +169,58 @@ class CredentialsLogic:
             },
         )
         return CredentialsSetReply(level=level)
+
+    async def _with_connections(self, target: Target, credentials: Credentials) -> Credentials:
+        """A set replaces the level's headers: a server it names loses its OAuth connection there;
+        a connected server it does not name keeps its current bearer header."""
+        assert self.oauth is not None
+        servers = dict(credentials.servers)
+        for server in await self.oauth.servers(target):
+            if server in servers:
+                await self.oauth.forget(target, server)
+                continue
+            connection = await self.oauth.load(target, server)
+            if connection is not None:
+                servers[server] = ServerCredentials.model_validate(
+                    {"headers": {"Authorization": f"Bearer {connection.access_token}"}}
+                )
+        return Credentials(servers=servers)
+
+    async def patch_server(self, target: Target, server: str, headers: dict[str, str] | None) -> None:
+        """Write one server's headers at a level and scope (an OAuth token) and resume the calls
+        parked there for that server."""
+        version = await self.store.set_server(
+            target.level,
+            toolset_id=target.toolset_id,
+            namespace=target.namespace,
+            run_id=target.run_id,
+            server=server,
+            headers=headers,
+        )
+        await self.parking.note_set(target.level, target.scope, version)
+        parked = await self.parking.parked_for(target.level, target.scope, server)
+        if parked and headers is not None:
+            await self._outbox.calls_resume(CallsResume(call_ids=parked))
+            await self.parking.remove(parked)
+        await self._outbox.credentials_changed(
+            CredentialsChanged(
+                level=target.level,
+                toolset_id=target.toolset_id,
+                namespace=target.namespace if target.level != "toolset" else None,
+                run_id=target.run_id,
+            )
+        )
+        if parked:
+            log.info(
+                "oauth token stored",
+                extra={"credentialsLevel": target.level, "server": server, "resumed": len(parked)},
+            )
+
+    async def run_target(self, run_id: str) -> Target | None:
+        run = await self.run_info(run_id)
+        if run is None or not run.open:
+            return None
+        return Target(level="run", toolset_id=run.toolset_id, namespace=run.namespace, run_id=run_id)
 
     async def _check_servers(self, toolset_id: str, credentials: Credentials) -> None:
         names = await self._server_names(toolset_id)
@@ -196,6 +256,14 @@ class CredentialsLogic:
             log.info(
                 "parked call of a closed run dropped",
                 extra={"runId": message.run_id, "callId": message.call_id},
+            )
+            return
+        if self.oauth is not None and await self.oauth.on_rejected(message):
+            # A connected server refused the token: renewed once, the call goes again at once.
+            await self._outbox.calls_resume(CallsResume(call_ids=[message.call_id]))
+            log.info(
+                "call resumed after renewing its OAuth token",
+                extra={"callId": message.call_id, "runId": message.run_id, "server": message.server},
             )
             return
         scope = scope_of(
@@ -239,6 +307,15 @@ class CredentialsLogic:
         for notice in await self.parking.claim_notices(now_ms):
             call_ids = await self.parking.parked_for(notice.level, notice.scope, notice.server)
             if call_ids:
+                reconnect = None
+                if self.oauth is not None:
+                    target = Target(
+                        level=notice.level,
+                        toolset_id=notice.toolset_id,
+                        namespace=notice.namespace if notice.level != "toolset" else None,
+                        run_id=notice.run_id if notice.level == "run" else None,
+                    )
+                    reconnect = await self.oauth.reconnect_url(target, notice.server)
                 event = CredentialsExpired(
                     data=CredentialsExpiredData(
                         toolset_id=notice.toolset_id,
@@ -247,6 +324,8 @@ class CredentialsLogic:
                         server=notice.server,
                         level=notice.level,
                         call_ids=call_ids,
+                        authorization_url=reconnect[0] if reconnect else None,
+                        connection_id=reconnect[1] if reconnect else None,
                     )
                 )
                 await self._outbox.credentials_expired(event)
@@ -295,5 +374,13 @@ class CredentialsLogic:
         ids = set(await self.parking.of_run(message.run_id)) | set(message.call_ids)
         removed = await self.parking.remove(sorted(ids))
         await self.store.delete_run(message.run_id)
+        if self.oauth is not None:
+            run = await self.run_info(message.run_id)
+            if run is not None:
+                target = Target(
+                    level="run", toolset_id=run.toolset_id, namespace=run.namespace, run_id=message.run_id
+                )
+                for server in await self.oauth.servers(target):
+                    await self.oauth.forget(target, server)
         await self._redis.delete(self._keys.credentials_set_version("run", message.run_id))
         log.info("run closed", extra={"runId": message.run_id, "unparked": len(removed)})

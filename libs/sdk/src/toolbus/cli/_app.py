@@ -65,7 +65,8 @@ runs_app = typer.Typer(help="Open and close runs.", no_args_is_help=True)
 calls_app = typer.Typer(help="Call tools of a run.", no_args_is_help=True)
 approvals_app = typer.Typer(help="List and decide pending approvals.", no_args_is_help=True)
 credentials_app = typer.Typer(
-    help="Set credentials at the toolset, namespace or run level.", no_args_is_help=True
+    help="Set credentials or connect OAuth accounts at the toolset, namespace or run level.",
+    no_args_is_help=True,
 )
 events_app = typer.Typer(help="Read a run's call events.", no_args_is_help=True)
 workflows_app = typer.Typer(help="Publish and read workflows.", no_args_is_help=True)
@@ -624,6 +625,121 @@ def credentials_set(
         _usage(json_, f"--level must be toolset, namespace or run, not {level!r}")
     got = _run(json_, work)
     _emit(json_, {"level": got}, lambda: out.print(f"credentials set at the {got} level (values not shown)"))
+
+
+@credentials_app.command("connect")
+def credentials_connect(
+    server: Annotated[str, typer.Option("--server", help="the toolset's MCP server to connect")],
+    toolset: Annotated[
+        str | None, typer.Option("--toolset", help="toolset id (toolset, namespace levels)")
+    ] = None,
+    namespace: Annotated[
+        str | None, typer.Option("--namespace", help="the end user (namespace level)")
+    ] = None,
+    run: Annotated[str | None, typer.Option("--run", help="run id (run level)")] = None,
+    scope: Annotated[list[str] | None, typer.Option("--scope", help="a scope to ask for, repeatable")] = None,
+    client_id: Annotated[str | None, typer.Option("--client-id", help="a client registered by hand")] = None,
+    client_secret_env: Annotated[
+        str | None, typer.Option("--client-secret-env", help="name of the variable holding its secret")
+    ] = None,
+    client_credentials: Annotated[
+        bool, typer.Option("--client-credentials", help="machine to machine (toolset level)")
+    ] = False,
+    wait: Annotated[
+        float, typer.Option("--wait", help="seconds to wait for the user (0: do not wait)")
+    ] = 600,
+    json_: JsonOpt = False,
+) -> None:
+    """Connect a server's OAuth account at a level: prints the URL to open and waits until the
+    end user has consented (tokens are kept and renewed by toolbus; none is shown)."""
+    import os
+
+    from toolbus._connections import Connections
+
+    if run and (toolset or namespace):
+        _usage(json_, "--run goes alone (the run names its toolset and end user)")
+    if not run and not toolset:
+        _usage(json_, "give --toolset (with --namespace for an end user) or --run")
+    client: dict[str, str] | None = None
+    if client_id:
+        client = {"clientId": client_id}
+        if client_secret_env:
+            secret = os.environ.get(client_secret_env)
+            if not secret:
+                _usage(json_, f"${client_secret_env} is not set")
+            client["clientSecret"] = secret
+    target: dict[str, Any] = {"run_id": run} if run else {"toolset_id": toolset, "namespace": namespace}
+
+    async def work(tb: Toolbus) -> dict[str, Any]:
+        conn = await Connections(tb).connect(
+            server,
+            scopes=scope or None,
+            client=client,
+            grant="clientCredentials" if client_credentials else "authorizationCode",
+            **target,
+        )
+        if conn.status == "connected":
+            await conn.close()
+            return {"connectionId": conn.id, "level": conn.level, "status": "connected"}
+        if json_ or STATE.json:
+            sys.stdout.write(
+                json.dumps({"connectionId": conn.id, "authorizationUrl": conn.authorization_url}) + "\n"
+            )
+        else:
+            out.print(f"Open this URL to connect '{server}' ({conn.level} level):", markup=False)
+            out.print(conn.authorization_url or "", markup=False)
+            if wait:
+                out.print(f"waiting for the user (up to {wait:g}s) ...", markup=False)
+        sys.stdout.flush()
+        if not wait:
+            await conn.close()
+            return {"connectionId": conn.id, "level": conn.level, "status": "pending"}
+        data = await conn.wait(wait)
+        return {**data, "status": "connected"}
+
+    got = _run(json_, work)
+    _emit(
+        json_,
+        got,
+        lambda: out.print(
+            f"connected: {got.get('server', server)} at the {got['level']} level"
+            + (f", scopes {' '.join(got['scopes'])}" if got.get("scopes") else "")
+            + (f", token until {got['expiresAt']}" if got.get("expiresAt") else "")
+            + " (tokens not shown)",
+            markup=False,
+        ),
+    )
+
+
+@credentials_app.command("status")
+def credentials_status(
+    toolset: Annotated[str | None, typer.Option("--toolset")] = None,
+    namespace: Annotated[str | None, typer.Option("--namespace")] = None,
+    run: Annotated[str | None, typer.Option("--run")] = None,
+    json_: JsonOpt = False,
+) -> None:
+    """The OAuth connections at a level: server, status, scopes, until when, last refresh."""
+    from toolbus._connections import Connections
+
+    target: dict[str, Any] = {"run_id": run} if run else {"toolset_id": toolset, "namespace": namespace}
+    got = _run(json_, lambda tb: Connections(tb).status(**target))
+    _emit(json_, got.model_dump(mode="json", by_alias=True))
+
+
+@credentials_app.command("disconnect")
+def credentials_disconnect(
+    server: Annotated[str, typer.Option("--server")],
+    toolset: Annotated[str | None, typer.Option("--toolset")] = None,
+    namespace: Annotated[str | None, typer.Option("--namespace")] = None,
+    run: Annotated[str | None, typer.Option("--run")] = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Remove a server's OAuth connection at a level; its token is revoked where offered."""
+    from toolbus._connections import Connections
+
+    target: dict[str, Any] = {"run_id": run} if run else {"toolset_id": toolset, "namespace": namespace}
+    got = _run(json_, lambda tb: Connections(tb).disconnect(server, **target))
+    _emit(json_, got.model_dump(mode="json", by_alias=True))
 
 
 @events_app.command("tail")

@@ -101,7 +101,8 @@ class McpExecutor:
                 reserve=attempt.reserve,
             )
         except CredentialsRejected as exc:
-            if exc.details.get("status") == 401:
+            # A 401, or a 403 asking for a larger scope (step-up): parked until new credentials.
+            if exc.details.get("status") == 401 or exc.details.get("insufficientScope") is True:
                 raise NeedsCredentials(tool.target, level, version) from None
             raise CredentialsRejected(
                 f"MCP server '{tool.target}' refused the {level} credentials (403).",

@@ -1,0 +1,421 @@
+"""The OAuth client side of the MCP authorization spec, with no Redis or NATS in it: discovery
+(RFC 9728 protected-resource metadata, RFC 8414 / OpenID discovery), dynamic client registration
+(RFC 7591), the authorization URL with PKCE S256, `state` and `resource` (RFC 8707), and the token
+endpoint's grants (authorization code, refresh, client credentials) and revocation (RFC 7009).
+
+authlib builds and parses the protocol's messages (`prepare_grant_uri`, `prepare_token_request`,
+`create_s256_code_challenge`, `generate_token`); httpx sends them. authlib's own httpx client is
+not used: in authlib 1.9 it warns that httpx is deprecated in favour of httpx2, which toolbus does
+not use. No token, code, verifier or secret is ever put in an `OAuthFailure` message.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+from authlib.common.security import generate_token  # type: ignore[import-untyped]
+from authlib.oauth2.rfc6749.parameters import prepare_grant_uri, prepare_token_request  # type: ignore[import-untyped]
+from authlib.oauth2.rfc7636 import create_s256_code_challenge  # type: ignore[import-untyped]
+
+log = logging.getLogger(__name__)
+
+PERMANENT_ERRORS = frozenset(
+    {"invalid_grant", "invalid_client", "unauthorized_client", "unsupported_grant_type"}
+)
+"""Token endpoint errors that no retry fixes: the user must connect again."""
+
+_RESOURCE_METADATA = re.compile(r'resource_metadata="([^"]+)"')
+_INIT = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "toolbus-credentials", "version": "1"},
+    },
+}
+
+
+class OAuthFailure(Exception):
+    """A step of the OAuth flow failed. `error` is a short code (the provider's `error`, or
+    `providerUnavailable`, `discoveryFailed`, ...); `permanent` says whether a retry can help."""
+
+    def __init__(self, message: str, *, error: str, permanent: bool) -> None:
+        super().__init__(message)
+        self.error = error
+        self.permanent = permanent
+
+
+@dataclass(frozen=True, slots=True)
+class ServerAuth:
+    """What discovery found for one MCP server: its resource id and its authorization server."""
+
+    resource: str
+    issuer: str
+    authorization_endpoint: str
+    token_endpoint: str
+    registration_endpoint: str | None
+    revocation_endpoint: str | None
+    scopes_supported: list[str]
+    auth_methods: list[str]
+    iss_parameter_supported: bool
+    offline_access: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ClientInfo:
+    client_id: str
+    client_secret: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Tokens:
+    access_token: str = field(repr=False)
+    refresh_token: str | None = field(repr=False)
+    expires_at: float | None
+    scopes: list[str]
+
+
+def new_state() -> str:
+    return str(generate_token(43))
+
+
+def new_verifier() -> str:
+    return str(generate_token(64))
+
+
+def _well_known(url: str, suffix: str) -> list[str]:
+    """RFC 8414 / 9728 well-known URLs for `url`: the suffix inserted before the path, then at
+    the root (and OpenID's form, the suffix after the path, for openid-configuration)."""
+    parts = urlsplit(url)
+    path = parts.path.rstrip("/")
+    out = [urlunsplit((parts.scheme, parts.netloc, f"/.well-known/{suffix}{path}", "", ""))]
+    if path:
+        out.append(urlunsplit((parts.scheme, parts.netloc, f"/.well-known/{suffix}", "", "")))
+        if suffix == "openid-configuration":
+            out.append(urlunsplit((parts.scheme, parts.netloc, f"{path}/.well-known/{suffix}", "", "")))
+    return out
+
+
+async def _get_json(http: httpx.AsyncClient, url: str) -> dict[str, Any] | None:
+    try:
+        response = await http.get(url, headers={"Accept": "application/json"})
+    except httpx.HTTPError as exc:
+        raise OAuthFailure(
+            f"{urlsplit(url).netloc} did not answer ({type(exc).__name__})",
+            error="providerUnavailable",
+            permanent=False,
+        ) from None
+    if response.status_code != 200:
+        return None
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
+async def discover(http: httpx.AsyncClient, server_url: str) -> ServerAuth:
+    """The server's authorization server and what it supports (MCP spec: a request without a
+    token, `resource_metadata` from the 401's WWW-Authenticate, else the well-known URLs)."""
+    candidates: list[str] = []
+    try:
+        probe = await http.post(
+            server_url,
+            json=_INIT,
+            headers={"Accept": "application/json, text/event-stream"},
+        )
+        if probe.status_code == 401:
+            match = _RESOURCE_METADATA.search(probe.headers.get("www-authenticate", ""))
+            if match:
+                candidates.append(match.group(1))
+    except httpx.HTTPError as exc:
+        raise OAuthFailure(
+            f"the MCP server did not answer ({type(exc).__name__})",
+            error="serverUnavailable",
+            permanent=False,
+        ) from None
+    candidates += _well_known(server_url, "oauth-protected-resource")
+    prm: dict[str, Any] | None = None
+    for url in candidates:
+        prm = await _get_json(http, url)
+        if prm is not None and prm.get("authorization_servers"):
+            break
+    if not prm or not prm.get("authorization_servers"):
+        raise OAuthFailure(
+            "the MCP server publishes no protected-resource metadata (RFC 9728) naming an "
+            "authorization server",
+            error="discoveryFailed",
+            permanent=True,
+        )
+    resource = str(prm.get("resource") or server_url)
+    if resource.rstrip("/") != server_url.rstrip("/"):
+        raise OAuthFailure(
+            "the protected-resource metadata names another resource than the server's URL",
+            error="discoveryFailed",
+            permanent=True,
+        )
+    issuer = str(prm["authorization_servers"][0])
+    meta: dict[str, Any] | None = None
+    for url in _well_known(issuer, "oauth-authorization-server") + _well_known(
+        issuer, "openid-configuration"
+    ):
+        meta = await _get_json(http, url)
+        if meta is not None and meta.get("issuer"):
+            break
+    if not meta or not meta.get("token_endpoint") or not meta.get("authorization_endpoint"):
+        raise OAuthFailure(
+            "the authorization server publishes no metadata (RFC 8414 or OpenID discovery)",
+            error="discoveryFailed",
+            permanent=True,
+        )
+    if str(meta["issuer"]).rstrip("/") != issuer.rstrip("/"):
+        raise OAuthFailure(
+            "the authorization server's metadata names another issuer",
+            error="discoveryFailed",
+            permanent=True,
+        )
+    methods = meta.get("code_challenge_methods_supported") or []
+    if "S256" not in methods:
+        raise OAuthFailure(
+            "the authorization server does not offer PKCE S256", error="discoveryFailed", permanent=True
+        )
+    scopes = [str(s) for s in prm.get("scopes_supported") or []]
+    return ServerAuth(
+        resource=resource,
+        issuer=str(meta["issuer"]),
+        authorization_endpoint=str(meta["authorization_endpoint"]),
+        token_endpoint=str(meta["token_endpoint"]),
+        registration_endpoint=meta.get("registration_endpoint"),
+        revocation_endpoint=meta.get("revocation_endpoint"),
+        scopes_supported=scopes,
+        auth_methods=[
+            str(m) for m in meta.get("token_endpoint_auth_methods_supported") or ["client_secret_basic"]
+        ],
+        iss_parameter_supported=bool(meta.get("authorization_response_iss_parameter_supported")),
+        offline_access="offline_access" in (meta.get("scopes_supported") or []),
+    )
+
+
+async def register_client(
+    http: httpx.AsyncClient, auth: ServerAuth, redirect_uri: str, client_name: str, *, confidential: bool
+) -> ClientInfo:
+    """Dynamic client registration (RFC 7591): a public client (PKCE, no secret) for the
+    authorization code grant, or a confidential one for client credentials."""
+    if not auth.registration_endpoint:
+        raise OAuthFailure(
+            "the authorization server offers no dynamic client registration: register toolbus as a "
+            "client there and pass its id (and secret) in 'client'",
+            error="registrationUnavailable",
+            permanent=True,
+        )
+    body: dict[str, Any] = {
+        "client_name": client_name,
+        "redirect_uris": [redirect_uri],
+        "grant_types": ["client_credentials"] if confidential else ["authorization_code", "refresh_token"],
+        "response_types": [] if confidential else ["code"],
+        "token_endpoint_auth_method": "client_secret_basic" if confidential else "none",
+    }
+    try:
+        response = await http.post(auth.registration_endpoint, json=body)
+    except httpx.HTTPError as exc:
+        raise OAuthFailure(
+            f"client registration did not answer ({type(exc).__name__})",
+            error="providerUnavailable",
+            permanent=False,
+        ) from None
+    if response.status_code not in (200, 201):
+        raise OAuthFailure(
+            f"client registration refused (HTTP {response.status_code}{_error_of(response)})",
+            error="registrationFailed",
+            permanent=response.status_code < 500,
+        )
+    data = response.json()
+    return ClientInfo(client_id=str(data["client_id"]), client_secret=data.get("client_secret"))
+
+
+def authorization_url(
+    auth: ServerAuth,
+    client: ClientInfo,
+    *,
+    redirect_uri: str,
+    state: str,
+    verifier: str,
+    scopes: list[str],
+) -> str:
+    extra: dict[str, Any] = {
+        "code_challenge": create_s256_code_challenge(verifier),
+        "code_challenge_method": "S256",
+        "resource": auth.resource,
+    }
+    if "offline_access" in scopes:
+        extra["prompt"] = "consent"  # OpenID: a refresh token for offline_access needs consent
+    return str(
+        prepare_grant_uri(
+            auth.authorization_endpoint,
+            client.client_id,
+            "code",
+            redirect_uri=redirect_uri,
+            scope=" ".join(scopes) or None,
+            state=state,
+            **extra,
+        )
+    )
+
+
+def _error_of(response: httpx.Response) -> str:
+    """`: <error>` from an OAuth error body (the code only: descriptions may echo input)."""
+    try:
+        error = response.json().get("error")
+    except (ValueError, AttributeError):
+        return ""
+    return f": {error}" if isinstance(error, str) and re.fullmatch(r"[a-z_]{1,64}", error) else ""
+
+
+async def _token_request(
+    http: httpx.AsyncClient,
+    token_endpoint: str,
+    client: ClientInfo,
+    auth_methods: list[str],
+    grant_type: str,
+    **params: Any,
+) -> Tokens:
+    body = prepare_token_request(grant_type, **{k: v for k, v in params.items() if v is not None})
+    headers = {"Accept": "application/json", "Content-Type": "application/x-www-form-urlencoded"}
+    basic: httpx.BasicAuth | None = None
+    if (
+        client.client_secret is not None
+        and "client_secret_post" in auth_methods
+        and ("client_secret_basic" not in auth_methods)
+    ):
+        body += "&" + str(
+            httpx.QueryParams({"client_id": client.client_id, "client_secret": client.client_secret})
+        )
+    elif client.client_secret is not None:
+        basic = httpx.BasicAuth(client.client_id, client.client_secret)
+    else:
+        body += "&" + str(httpx.QueryParams({"client_id": client.client_id}))
+    try:
+        response = await http.post(
+            token_endpoint, content=body, headers=headers, auth=basic or httpx.USE_CLIENT_DEFAULT
+        )
+    except httpx.HTTPError as exc:
+        raise OAuthFailure(
+            f"the token endpoint did not answer ({type(exc).__name__})",
+            error="providerUnavailable",
+            permanent=False,
+        ) from None
+    if response.status_code != 200:
+        code = _error_of(response)[2:] or ("serverError" if response.status_code >= 500 else "tokenRefused")
+        raise OAuthFailure(
+            f"the token endpoint refused the {grant_type} grant (HTTP {response.status_code}: {code})",
+            error=code,
+            permanent=code in PERMANENT_ERRORS
+            or (400 <= response.status_code < 500 and code == "tokenRefused"),
+        )
+    data = response.json()
+    if str(data.get("token_type", "")).lower() != "bearer" or not data.get("access_token"):
+        raise OAuthFailure(
+            "the token endpoint answered no bearer access token", error="tokenRefused", permanent=True
+        )
+    expires_in = data.get("expires_in")
+    scope = data.get("scope")
+    return Tokens(
+        access_token=str(data["access_token"]),
+        refresh_token=data.get("refresh_token"),
+        expires_at=time.time() + float(expires_in) if isinstance(expires_in, int | float) else None,
+        scopes=str(scope).split() if isinstance(scope, str) else [],
+    )
+
+
+async def exchange_code(
+    http: httpx.AsyncClient,
+    auth_methods: list[str],
+    token_endpoint: str,
+    client: ClientInfo,
+    *,
+    code: str,
+    verifier: str,
+    redirect_uri: str,
+    resource: str,
+) -> Tokens:
+    return await _token_request(
+        http,
+        token_endpoint,
+        client,
+        auth_methods,
+        "authorization_code",
+        code=code,
+        redirect_uri=redirect_uri,
+        code_verifier=verifier,
+        resource=resource,
+    )
+
+
+async def refresh(
+    http: httpx.AsyncClient,
+    auth_methods: list[str],
+    token_endpoint: str,
+    client: ClientInfo,
+    *,
+    refresh_token: str,
+    resource: str,
+) -> Tokens:
+    return await _token_request(
+        http,
+        token_endpoint,
+        client,
+        auth_methods,
+        "refresh_token",
+        refresh_token=refresh_token,
+        resource=resource,
+    )
+
+
+async def client_credentials(
+    http: httpx.AsyncClient,
+    auth_methods: list[str],
+    token_endpoint: str,
+    client: ClientInfo,
+    *,
+    scopes: list[str],
+    resource: str,
+) -> Tokens:
+    return await _token_request(
+        http,
+        token_endpoint,
+        client,
+        auth_methods,
+        "client_credentials",
+        scope=" ".join(scopes) or None,
+        resource=resource,
+    )
+
+
+async def revoke(
+    http: httpx.AsyncClient, revocation_endpoint: str, client: ClientInfo, *, token: str, hint: str
+) -> bool:
+    """RFC 7009; True when the server answered 200."""
+    data = {"token": token, "token_type_hint": hint}
+    basic: httpx.BasicAuth | None = None
+    if client.client_secret is not None:
+        basic = httpx.BasicAuth(client.client_id, client.client_secret)
+    else:
+        data["client_id"] = client.client_id
+    try:
+        response = await http.post(revocation_endpoint, data=data, auth=basic or httpx.USE_CLIENT_DEFAULT)
+    except httpx.HTTPError:
+        return False
+    if response.status_code != 200:
+        log.warning(
+            "token revocation refused",
+            extra={"status": response.status_code, "error": _error_of(response)[2:]},
+        )
+    return response.status_code == 200
