@@ -342,3 +342,23 @@ async def test_a_retired_pool_lets_calls_in_flight_finish_then_closes_their_conn
         answer.set()
         assert await call == RESULT
         assert not pool._live and not pool._idle
+
+
+@pytest.mark.parametrize("sep", [b"\r\n", b"\r", b"\n"])
+@pytest.mark.parametrize("step", [1, 2, 3, 7, 4096])
+def test_sse_lines_held_over_many_reads_frame_as_in_one(sep: bytes, step: int) -> None:
+    """Bytes of an unfinished line are held as their reads (joined once the line ends): the events
+    are the same whichever way the stream is cut, a long `data:` line included."""
+    from toolbus_mcp_client._http1 import _SseReader
+
+    long = b"x" * 10_000
+    stream = (
+        b"event: message" + sep + b"data: hello" + sep + b"data: " + long + sep + sep
+        + b": a comment" + sep + b"data: 2" + sep + sep
+    )  # fmt: skip
+    reader = _SseReader(None)
+    events = []
+    for at in range(0, len(stream), step):
+        events += reader.feed(stream[at : at + step])
+    events += reader.finish()
+    assert events == [("message", "hello\n" + long.decode()), ("message", "2")]

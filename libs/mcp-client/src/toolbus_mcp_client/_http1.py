@@ -100,37 +100,48 @@ def _connect_reason(exc: BaseException) -> str:
 
 
 class _SseReader:
-    """An incremental `text/event-stream` reader: bytes in, complete (event, data) pairs out."""
+    """An incremental `text/event-stream` reader: bytes in, complete (event, data) pairs out. Bytes
+    of an unfinished line are kept as the reads that brought them and joined once the line ends,
+    so a long line (a large answer in one `data:` line) costs its length, not its length squared."""
 
     def __init__(self, max_event: int | None) -> None:
-        self._pending = b""
+        self._parts: list[bytes] = []
+        self._held = 0
         self._event = "message"
         self._data: list[str] = []
         self._size = 0
         self._max = max_event
 
     def feed(self, chunk: bytes) -> list[tuple[str, str]]:
-        buffer = self._pending + chunk
         events: list[tuple[str, str]] = []
-        start = 0
-        for match in _LINE_END.finditer(buffer):
-            if match.group() == b"\r" and match.end() == len(buffer):
-                break  # a CR last: the LF of a CRLF may come in the next chunk
-            self._line(buffer[start : match.start()].decode("utf-8", errors="replace"), events)
-            start = match.end()
-        self._pending = buffer[start:]
-        if self._max is not None and self._size + len(self._pending) > self._max:
+        parts = self._parts
+        if (parts and parts[-1].endswith(b"\r")) or b"\n" in chunk or b"\r" in chunk:
+            buffer = b"".join(parts) + chunk if parts else chunk
+            start = 0
+            # what was held has no line end (a CR last at most): the search starts at its end
+            for match in _LINE_END.finditer(buffer, max(0, self._held - 1)):
+                if match.group() == b"\r" and match.end() == len(buffer):
+                    break  # a CR last: the LF of a CRLF may come in the next chunk
+                self._line(buffer[start : match.start()].decode("utf-8", errors="replace"), events)
+                start = match.end()
+            rest = buffer[start:]
+            self._parts, self._held = ([rest] if rest else []), len(rest)
+        else:
+            parts.append(chunk)
+            self._held += len(chunk)
+        if self._max is not None and self._size + self._held > self._max:
             raise too_large(self._max)
-        if self._max is None and self._size + len(self._pending) > DEFAULT_MAX_SSE_EVENT_SIZE:
+        if self._max is None and self._size + self._held > DEFAULT_MAX_SSE_EVENT_SIZE:
             raise MCPError(CONNECTION_CLOSED, "SSE stream failed: an event is too large")
         return events
 
     def finish(self) -> list[tuple[str, str]]:
         """At the end of the stream: a CR held back ends its line after all."""
         events: list[tuple[str, str]] = []
-        if self._pending.endswith(b"\r"):
-            self._line(self._pending[:-1].decode("utf-8", errors="replace"), events)
-            self._pending = b""
+        pending = b"".join(self._parts)
+        if pending.endswith(b"\r"):
+            self._line(pending[:-1].decode("utf-8", errors="replace"), events)
+            self._parts, self._held = [], 0
         return events
 
     def _line(self, line: str, events: list[tuple[str, str]]) -> None:
