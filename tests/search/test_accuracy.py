@@ -10,9 +10,6 @@ Vectors are cached across runs (tests/search/support.py).
 
 from __future__ import annotations
 
-import os
-from typing import NoReturn
-
 import pytest
 from toolbus_registry.search import Embedder, SearchIndex
 

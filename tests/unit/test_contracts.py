@@ -190,6 +190,7 @@ def test_public_names_are_pinned() -> None:
         "calls",
         "credentials",
         "errors",
+        "gateway",
         "internal",
         "names",
         "registry",

@@ -14,8 +14,10 @@ def test_exported_names() -> None:
         "EgressCheck",
         "IDEMPOTENCY_HEADER",
         "IDEMPOTENCY_META_KEY",
+        "LARGE_BODY",
         "McpConnection",
         "McpPool",
+        "Reserve",
         "ToolResult",
     ]
     assert toolbus_mcp_client.IDEMPOTENCY_HEADER == "Idempotency-Key"

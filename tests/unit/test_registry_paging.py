@@ -70,7 +70,10 @@ def test_search_hits_are_kept_best_first_while_they_fit_in_one_reply() -> None:
     from toolbus_contracts.registry import SearchHit
     from toolbus_registry.paging import fitting
 
-    hits = [SearchHit(name=f"t{i}", prompt="p" * 100, dts="d" * 100, score=1.0 - i / 10) for i in range(5)]
+    hits = [
+        SearchHit(name=f"t{i}", namespace="t", prompt="p" * 100, dts="d" * 100, score=1.0 - i / 10)
+        for i in range(5)
+    ]
     one = len(hits[0].wire_json()) + 1
     assert fitting(hits, 10 * one) == hits
     assert fitting(hits, 3 * one) == hits[:3]

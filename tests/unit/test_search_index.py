@@ -178,7 +178,7 @@ def test_to_hits_carries_prompt_and_dts_from_the_declarations_functions() -> Non
     assert hits[0].name == "filesystem.move_file"
     assert hits[0].prompt == "filesystem.move_file: Move or rename files and directories."
     assert hits[0].dts == "declare function filesystem_move_file(): void;"
-    assert set(hits[0].wire()) == {"name", "prompt", "dts", "score"}
+    assert set(hits[0].wire()) == {"name", "namespace", "prompt", "dts", "score"}
 
 
 def test_the_action_asked_for_lifts_its_tool_over_a_near_twin() -> None:

@@ -115,18 +115,18 @@ class CredentialsService:
             schedule=own.webhook_retry_schedule,
             timeout=own.webhook_timeout_seconds,
         )
+        outbox = NatsOutbox(nc, js, self.subjects, CommandSigner.of(settings))
         self.logic = logic = CredentialsLogic(
             redis=redis,
             keys=self.keys,
             store=CredentialStore(redis, self.keys, self.cipher),
             parking=ParkingLot(redis, self.keys),
             server_names=server_names,
-            outbox=NatsOutbox(nc, js, self.subjects, CommandSigner.of(settings)),
+            outbox=outbox,
             webhooks=self.webhooks,
             park_timeout=own.park_timeout_seconds,
             notify_delay=own.park_notify_seconds,
         )
-        outbox = NatsOutbox(nc, js, self.subjects)
 
         async def server_urls(toolset_id: str) -> dict[str, str] | None:
             stored = await toolsets.get(toolset_id)
