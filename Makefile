@@ -11,10 +11,11 @@ UV_DEP := $(if $(filter $(UV_BOOT),$(UV)),$(UV_BOOT))
 # Only package registries are reachable: uv uses the machine's Python, never downloads one.
 export UV_PYTHON_DOWNLOADS ?= never
 # The npm tools the test suite needs: tsc for the declarations gate, the MCP reference server for
-# the legacy-protocol client tests. `make test` installs them into .cache/npm, as CI does.
+# the legacy-protocol client tests, oidc-provider (a real OAuth 2.1 server) for the OAuth tests.
+# `make test` installs them into .cache/npm, as CI does.
 NPM_DIR := .cache/npm
 NPM_BIN := $(CURDIR)/$(NPM_DIR)/node_modules/.bin
-NPM_TOOLS := $(NPM_DIR)/node_modules/.bin/tsc $(NPM_DIR)/node_modules/@modelcontextprotocol/server-everything/dist/index.js $(NPM_DIR)/node_modules/@modelcontextprotocol/sdk/package.json
+NPM_TOOLS := $(NPM_DIR)/node_modules/.bin/tsc $(NPM_DIR)/node_modules/@modelcontextprotocol/server-everything/dist/index.js $(NPM_DIR)/node_modules/@modelcontextprotocol/sdk/package.json $(NPM_DIR)/node_modules/oidc-provider/lib/index.js
 
 .PHONY: help install up down logs status test lint docs bench bench-peers bench-alternatives bench-profile bench-memory bench-cpu bench-cpu-all bench-callgrind images compose-env charts helm-lint npm-tools
 
@@ -40,11 +41,11 @@ npm-tools: $(NPM_TOOLS) ## install the npm tools the tests need into .cache/npm 
 
 $(NPM_TOOLS):
 	@if command -v npm >/dev/null 2>&1; then \
-		echo "installing typescript@7, @modelcontextprotocol/server-everything and @modelcontextprotocol/sdk into $(NPM_DIR)"; \
+		echo "installing typescript@7, @modelcontextprotocol/server-everything, @modelcontextprotocol/sdk and oidc-provider@9 into $(NPM_DIR)"; \
 		npm install --prefix $(NPM_DIR) --no-audit --no-fund --loglevel=error \
-			typescript@7 @modelcontextprotocol/server-everything @modelcontextprotocol/sdk >/dev/null || exit $$?; \
+			typescript@7 @modelcontextprotocol/server-everything @modelcontextprotocol/sdk oidc-provider@9 >/dev/null || exit $$?; \
 	else \
-		echo "warning: npm not found: the tsc and reference-server tests will skip (CI has npm)" >&2; \
+		echo "warning: npm not found: the tsc, reference-server and OAuth tests will skip (CI has npm)" >&2; \
 	fi
 
 up: .venv/.synced ## start NATS/Redis (if none answer) and every service; wait until ready (TOOLBUS_PORT_BASE=9001 moves the ports)

@@ -322,10 +322,19 @@ async def test_3_a_hundred_calls_across_token_lifetimes_none_parked_each_token_r
     refused = after.get("refresh_token:error", 0) - before.get("refresh_token:error", 0)
     kinds = [e["type"] for e in await s.run_events(run["runId"])]
     parks = kinds.count("parked")
+    live = len(
+        (await s.ok(s.subjects.credentials_status, {"toolsetId": s.toolset_id, "namespace": "user-42"}))[
+            "connections"
+        ]
+    ) + len(
+        (await s.ok(s.subjects.credentials_status, {"toolsetId": s.toolset_id, "namespace": "user-sdk"}))[
+            "connections"
+        ]
+    )
     print(
         f"\nrefresh test: {len(outcomes)} calls over {elapsed:.1f}s ({elapsed / TTL:.1f} access-token "
-        f"lifetimes of {TTL}s), namespace refreshes at the provider {refreshes}, refused refreshes "
-        f"{refused}, parks {parks}, two credentials replicas"
+        f"lifetimes of {TTL}s); refresh grants at the provider {refreshes} (for {live} end-user "
+        f"connections renewing meanwhile), refused {refused}, parks {parks}; two credentials replicas"
     )
     assert outcomes == ["ok"] * 100
     assert parks == 0

@@ -115,3 +115,11 @@ def test_wire_form_round_trips_through_the_contract() -> None:
     back = ToolbusError.from_wire(error.to_wire())
     assert type(back) is UpstreamError
     assert back.details == error.details
+
+
+def test_a_403_asking_for_a_larger_scope_is_marked_for_step_up() -> None:
+    plain = classify("gh", Attempt(sent=True, status=403), None, what="the call")
+    assert isinstance(plain, CredentialsRejected) and "insufficientScope" not in plain.details
+    step_up = classify("gh", Attempt(sent=True, status=403, insufficient_scope=True), None, what="the call")
+    assert isinstance(step_up, CredentialsRejected)
+    assert step_up.details == {"server": "gh", "status": 403, "insufficientScope": True}
