@@ -153,7 +153,7 @@ async def deployment(
         large_toolset=50,
         watch_interval_seconds=0.2,
         max_body_bytes=64 * 1024,
-        reconnect_url="https://app.example/connect?user={namespace}",
+        reconnect_url="https://app.example/connect?user={namespace}&server={server}",
         jwt_jwks_url=jwks.url,
         jwt_issuer=ISSUER,
         jwt_audience=AUDIENCE,

@@ -110,7 +110,7 @@ async def test_parked_call_answers_at_once_with_the_reconnect_url(
     assert result.is_error is True
     text = result.content[0].text  # type: ignore[union-attr]
     assert "credentials for this user have expired" in text
-    assert "https://app.example/connect?user=expired-user" in text
+    assert "https://app.example/connect?user=expired-user&server=locked" in text
     assert result.meta is not None
     status = await deployment.ok(deployment.subjects.calls_get, {"callId": result.meta["toolbus/callId"]})
     assert status["state"] == "parked"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import re
 from typing import Any
+from urllib.parse import quote
 
 import mcp_types as types
 from mcp.shared.exceptions import MCPError
@@ -216,7 +217,7 @@ class Gateway:
             except Parked as parked:
                 return parked_result(
                     parked.call_id,
-                    self._reconnect(toolset_id, principal),
+                    self._reconnect(toolset_id, principal, name),
                     result_meta(run_id, parked.call_id),
                 )
             except UnknownTool as exc:
@@ -243,12 +244,17 @@ class Gateway:
             return error_result(str(error.get("code", "internal")), str(error.get("message", "")), meta)
         raise AssertionError("unreachable")
 
-    def _reconnect(self, toolset_id: str, principal: Principal) -> str | None:
+    def _reconnect(self, toolset_id: str, principal: Principal, tool: str) -> str | None:
+        """The reconnect URL with `{namespace}`, `{toolsetId}` and `{server}` (the MCP server of
+        the tool: the part of its qualified name before the dot) filled in, URL-quoted."""
         if not self._reconnect_url:
             return None
-        return self._reconnect_url.replace("{namespace}", principal.namespace).replace(
-            "{toolsetId}", toolset_id
-        )
+        server = tool.split(".", 1)[0]
+        filled = {"{namespace}": principal.namespace, "{toolsetId}": toolset_id, "{server}": server}
+        url = self._reconnect_url
+        for key, value in filled.items():
+            url = url.replace(key, quote(value, safe=""))
+        return url
 
     async def _meta_tool(
         self,
