@@ -20,6 +20,7 @@ from typing import Any
 import mcp_types as types
 import orjson
 from nats.js import JetStreamContext
+from pydantic import TypeAdapter
 from toolbus_contracts import Subjects
 from toolbus_contracts.errors import Timeout, ToolbusError
 
@@ -32,6 +33,8 @@ Progress = Callable[[float, str], Awaitable[None]]
 META_RUN = "toolbus/runId"
 META_CALL = "toolbus/callId"
 META_ERROR = "toolbus/error"
+
+_CONTENT_BLOCK: TypeAdapter[types.ContentBlock] = TypeAdapter(types.ContentBlock)
 
 
 class Parked(Exception):
@@ -152,10 +155,7 @@ def ok_result(output: Any, meta: dict[str, Any]) -> types.CallToolResult:
 
 
 def _block(raw: Any) -> types.ContentBlock:
-    from pydantic import TypeAdapter
-
-    adapter: TypeAdapter[types.ContentBlock] = TypeAdapter(types.ContentBlock)
-    return adapter.validate_python(raw)
+    return _CONTENT_BLOCK.validate_python(raw)
 
 
 def error_result(code: str, message: str, meta: dict[str, Any]) -> types.CallToolResult:
