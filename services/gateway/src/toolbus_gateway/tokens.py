@@ -26,7 +26,7 @@ def token_hash(token: str) -> str:
 
 
 def _iso(at: datetime) -> str:
-    return at.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return at.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _parse_iso(text: str) -> datetime:
