@@ -16,7 +16,7 @@ NPM_DIR := .cache/npm
 NPM_BIN := $(CURDIR)/$(NPM_DIR)/node_modules/.bin
 NPM_TOOLS := $(NPM_DIR)/node_modules/.bin/tsc $(NPM_DIR)/node_modules/@modelcontextprotocol/server-everything/dist/index.js $(NPM_DIR)/node_modules/@modelcontextprotocol/sdk/package.json
 
-.PHONY: help install up down logs status test lint docs bench bench-peers bench-alternatives bench-profile bench-memory bench-cpu bench-cpu-all bench-callgrind images compose-env charts helm-lint npm-tools
+.PHONY: help install up down logs status test lint docs bench bench-gateway bench-peers bench-alternatives bench-profile bench-memory bench-cpu bench-cpu-all bench-callgrind images compose-env charts helm-lint npm-tools
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -74,6 +74,9 @@ docs: .venv/.synced ## regenerate docs/asyncapi.yaml (AsyncAPI 3, every subject)
 
 bench: ## one table of every figure beside its baseline (ARGS="--json out.json", "--calls 10" for a short run)
 	$(UV) run --frozen python bench/table.py $(ARGS)
+
+bench-gateway: ## echo direct, over calls.invoke and through the gateway's MCP endpoint (ARGS="--contextforge" adds ContextForge)
+	$(UV) run --frozen python bench/gateway.py $(ARGS)
 
 bench-peers: ## the same call through IBM ContextForge (own venv under .cache/), direct and toolbus; optional
 	$(UV) run --frozen python bench/peers.py $(ARGS)
