@@ -75,7 +75,7 @@ docs: .venv/.synced ## regenerate docs/asyncapi.yaml (AsyncAPI 3, every subject)
 bench: ## one table of every figure beside its baseline (ARGS="--json out.json", "--calls 10" for a short run)
 	$(UV) run --frozen python bench/table.py $(ARGS)
 
-bench-gateway: ## echo direct, over calls.invoke and through the gateway's MCP endpoint (ARGS="--contextforge" adds ContextForge)
+bench-gateway: .venv/.synced ## echo direct, over calls.invoke and through the gateway's MCP endpoint (ARGS="--contextforge" adds ContextForge)
 	$(UV) run --frozen python bench/gateway.py $(ARGS)
 
 bench-peers: ## the same call through IBM ContextForge (own venv under .cache/), direct and toolbus; optional
