@@ -17,7 +17,7 @@ NPM_DIR := .cache/npm
 NPM_BIN := $(CURDIR)/$(NPM_DIR)/node_modules/.bin
 NPM_TOOLS := $(NPM_DIR)/node_modules/.bin/tsc $(NPM_DIR)/node_modules/@modelcontextprotocol/server-everything/dist/index.js $(NPM_DIR)/node_modules/@modelcontextprotocol/sdk/package.json $(NPM_DIR)/node_modules/oidc-provider/lib/index.js
 
-.PHONY: help install up down logs status test lint docs bench bench-peers bench-alternatives bench-profile bench-memory bench-cpu bench-cpu-all bench-callgrind images compose-env charts helm-lint npm-tools
+.PHONY: help install up down logs status test lint docs bench bench-gateway bench-peers bench-alternatives bench-profile bench-memory bench-cpu bench-cpu-all bench-callgrind images compose-env charts helm-lint npm-tools
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -76,6 +76,9 @@ docs: .venv/.synced ## regenerate docs/asyncapi.yaml (AsyncAPI 3, every subject)
 bench: .venv/.synced ## one table of every figure beside its baseline (ARGS="--json out.json", "--calls 10" for a short run)
 	$(UV) run --frozen python bench/table.py $(ARGS)
 
+bench-gateway: .venv/.synced ## echo direct, over calls.invoke and through the gateway's MCP endpoint (ARGS="--contextforge" adds ContextForge)
+	$(UV) run --frozen python bench/gateway.py $(ARGS)
+
 bench-peers: .venv/.synced ## the same call through IBM ContextForge (own venv under .cache/), direct and toolbus; optional
 	$(UV) run --frozen python bench/peers.py $(ARGS)
 
@@ -97,7 +100,7 @@ bench-callgrind: .venv/.synced ## the dispatcher's instructions per call under v
 bench-memory: .venv/.synced ## what holds each service's memory (RSS by import, tracemalloc by package)
 	$(UV) run --frozen python bench/memory.py $(ARGS)
 
-SERVICES := registry dispatcher approval credentials
+SERVICES := registry dispatcher approval credentials gateway
 IMAGE_PREFIX ?= toolbus-
 IMAGE_TAG ?= dev
 

@@ -19,6 +19,7 @@ from toolbus_common.settings import Settings
 from toolbus_credentials.handlers import routes as credentials_routes
 from toolbus_dispatcher.handlers import host_routes
 from toolbus_dispatcher.handlers import routes as dispatcher_routes
+from toolbus_gateway.handlers import routes as gateway_routes
 from toolbus_registry.handlers import routes as registry_routes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,7 +34,14 @@ DESCRIPTION = (
 
 def document() -> dict[str, Any]:
     settings = Settings(subject_prefix="toolbus", nats_url="nats://127.0.0.1:4222")
-    tables = [registry_routes, dispatcher_routes, host_routes, approval_routes, credentials_routes]
+    tables = [
+        registry_routes,
+        dispatcher_routes,
+        host_routes,
+        approval_routes,
+        credentials_routes,
+        gateway_routes,
+    ]
     return asyncapi_document(settings, tables, title="toolbus", description=DESCRIPTION)
 
 

@@ -91,7 +91,12 @@ class Deployment:
 
 @contextlib.asynccontextmanager
 async def mcp_client(
-    url: str, token: str | None, *, mode: str = "auto", headers: dict[str, str] | None = None
+    url: str,
+    token: str | None,
+    *,
+    mode: str = "auto",
+    headers: dict[str, str] | None = None,
+    elicitation: Any = None,
 ) -> AsyncIterator[Client]:
     """The `mcp` package's client on `url` with a bearer token (mode `auto`: 2026-07-28;
     `legacy`: 2025-11-25 with a session)."""
@@ -101,7 +106,7 @@ async def mcp_client(
     async with AsyncExitStack() as stack:
         http = await stack.enter_async_context(create_mcp_http_client(headers=sent))
         client = await stack.enter_async_context(
-            Client(streamable_http_client(url, http_client=http), mode=mode)
+            Client(streamable_http_client(url, http_client=http), mode=mode, elicitation_callback=elicitation)
         )
         yield client
 
@@ -153,7 +158,7 @@ async def deployment(
         large_toolset=50,
         watch_interval_seconds=0.2,
         max_body_bytes=64 * 1024,
-        reconnect_url="https://app.example/connect?user={namespace}",
+        reconnect_url="https://app.example/connect?user={namespace}&server={server}",
         jwt_jwks_url=jwks.url,
         jwt_issuer=ISSUER,
         jwt_audience=AUDIENCE,

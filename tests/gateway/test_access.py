@@ -56,9 +56,9 @@ async def test_no_token_is_401_with_the_resource_metadata(deployment: Deployment
 
 async def test_unknown_expired_and_revoked_tokens_are_401(deployment: Deployment, toolset: str) -> None:
     assert (await _post(deployment.url(toolset), "tbg_not-a-token")).status_code == 401
-    short = await deployment.token([toolset], ttl="1s")
+    short = await deployment.token([toolset], ttl="3s")
     assert (await _post(deployment.url(toolset), short)).status_code == 200
-    await asyncio.sleep(1.2)
+    await asyncio.sleep(3.2)
     expired = await _post(deployment.url(toolset), short)
     assert expired.status_code == 401 and 'error="invalid_token"' in expired.headers["www-authenticate"]
     token = await deployment.token([toolset], namespace="revoked-user")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import mcp_types as types
 import pytest
 
 from tests.gateway.conftest import Deployment, mcp_client
@@ -110,7 +111,44 @@ async def test_parked_call_answers_at_once_with_the_reconnect_url(
     assert result.is_error is True
     text = result.content[0].text  # type: ignore[union-attr]
     assert "credentials for this user have expired" in text
-    assert "https://app.example/connect?user=expired-user" in text
+    assert "https://app.example/connect?user=expired-user&server=locked" in text
     assert result.meta is not None
     status = await deployment.ok(deployment.subjects.calls_get, {"callId": result.meta["toolbus/callId"]})
     assert status["state"] == "parked"
+
+
+async def test_parked_call_asks_for_the_url_and_completes_once_renewed(
+    deployment: Deployment, mcp_servers: dict[str, McpTestServer]
+) -> None:
+    """A 2025-11-25 client that handles URL-mode elicitation is sent the reconnect URL; once the
+    user renewed the credentials there (here: the callback sets them) and accepted, the same call
+    is sent again and its result is the answer."""
+    spec = {
+        "mcp": [{"name": "locked", "url": mcp_servers["locked"].url}],
+        "credentials": {"servers": {"locked": {"headers": {"Authorization": "Bearer good"}}}},
+    }
+    locked = (await deployment.ok(deployment.subjects.toolsets_create, spec, within=60))["id"]
+
+    async def set_credentials(token: str) -> None:
+        await deployment.ok(
+            deployment.subjects.namespaces_credentials_set,
+            {
+                "namespace": "renewing-user",
+                "toolsetId": locked,
+                "credentials": {"servers": {"locked": {"headers": {"Authorization": f"Bearer {token}"}}}},
+            },
+        )
+
+    await set_credentials("stale")
+    asked: list[tuple[str | None, str | None]] = []
+
+    async def on_elicit(context: Any, params: Any) -> types.ElicitResult:
+        asked.append((getattr(params, "mode", None), getattr(params, "url", None)))
+        await set_credentials("good")  # what the user does at the URL
+        return types.ElicitResult(action="accept")
+
+    token = await deployment.token([locked], namespace="renewing-user")
+    async with mcp_client(deployment.url(locked), token, mode="legacy", elicitation=on_elicit) as client:
+        result = await asyncio.wait_for(client.call_tool("locked.echo", {"text": "after renewal"}), 30)
+    assert asked == [("url", "https://app.example/connect?user=renewing-user&server=locked")]
+    assert result.is_error is False and result.structured_content == {"text": "after renewal"}

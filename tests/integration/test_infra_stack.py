@@ -159,3 +159,30 @@ def test_a_failed_start_leaves_nothing_running(tmp_path: Path) -> None:
     assert not nats_answers(env["TOOLBUS_NATS_URL"], jetstream=False)
     assert not redis_answers(env["TOOLBUS_REDIS_URL"])
     assert list((tmp_path / "stack" / "pids").iterdir()) == []
+
+
+def test_up_serves_the_gateway_and_prints_its_mcp_url(tmp_path: Path) -> None:
+    """`make up` starts the gateway like any service and prints its MCP URL
+    (`TOOLBUS_GATEWAY_PORT`), which answers an MCP request without a token with 401."""
+    if not service_module_exists("gateway"):
+        pytest.skip("toolbus_gateway is not installed")
+    nats_url = f"nats://127.0.0.1:{free_port()}"
+    redis_url = f"redis://127.0.0.1:{free_port()}/0"
+    health_port, mcp_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if k != "TOOLBUS_SECRET_KEY"}
+    env |= {
+        "TOOLBUS_STACK_DIR": str(tmp_path / "stack"),
+        "TOOLBUS_NATS_URL": nats_url,
+        "TOOLBUS_REDIS_URL": redis_url,
+        "TOOLBUS_SUBJECT_PREFIX": f"tbtstackgw{health_port}",
+        "TOOLBUS_GATEWAY_PORT": str(mcp_port),
+    }
+    try:
+        up = _stack(env, "up", "--services", "gateway", "--port-base", str(health_port - 4))
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert f"gateway         ready: http://127.0.0.1:{health_port}/healthz" in up.stdout
+        assert f"MCP: http://127.0.0.1:{mcp_port}/mcp/<toolsetId>" in up.stdout
+        assert http_status(f"http://127.0.0.1:{mcp_port}/mcp/ts_{'a' * 64}") == 401
+    finally:
+        down = _stack(env, "down")
+    assert down.returncode == 0, down.stdout + down.stderr

@@ -20,6 +20,7 @@ from typing import Any
 import mcp_types as types
 import orjson
 from nats.js import JetStreamContext
+from pydantic import TypeAdapter
 from toolbus_contracts import Subjects
 from toolbus_contracts.errors import Timeout, ToolbusError
 
@@ -33,13 +34,16 @@ META_RUN = "toolbus/runId"
 META_CALL = "toolbus/callId"
 META_ERROR = "toolbus/error"
 
+_CONTENT_BLOCK: TypeAdapter[types.ContentBlock] = TypeAdapter(types.ContentBlock)
+
 
 class Parked(Exception):
     """The call waits for new credentials: answer the client now."""
 
-    def __init__(self, call_id: str) -> None:
+    def __init__(self, call_id: str, idempotency_key: str) -> None:
         super().__init__(call_id)
         self.call_id = call_id
+        self.idempotency_key = idempotency_key
 
 
 class Calls:
@@ -69,11 +73,20 @@ class Calls:
         await self._req.request(self._s.runs_close, {"runId": run_id})
 
     async def invoke(
-        self, run_id: str, tool: str, arguments: dict[str, Any], progress: Progress | None
+        self,
+        run_id: str,
+        tool: str,
+        arguments: dict[str, Any],
+        progress: Progress | None,
+        *,
+        idempotency_key: str | None = None,
+        stop_when_parked: bool = True,
     ) -> dict[str, Any]:
         """The `calls.invoke` reply (`callId`, `outcome`) once the call is done; `Parked` when it
-        waits for credentials; a refused request raises its `ToolbusError`."""
-        body = {"runId": run_id, "tool": tool, "input": arguments, "idempotencyKey": uuid.uuid4().hex}
+        waits for credentials (unless `stop_when_parked` is false: then it waits on); a refused
+        request raises its `ToolbusError`. The same `idempotency_key` again waits for the same call."""
+        key = idempotency_key or uuid.uuid4().hex
+        body = {"runId": run_id, "tool": tool, "input": arguments, "idempotencyKey": key}
         task = asyncio.create_task(
             self._req.request(self._s.calls_invoke, body, timeout=self._timeout), name="gateway-invoke"
         )
@@ -88,8 +101,8 @@ class Calls:
                 if done:
                     return task.result()
                 state = (await self._req.request(self._s.calls_get, {"callId": call_id}))["state"]
-                if state == "parked":
-                    raise Parked(call_id)
+                if state == "parked" and stop_when_parked:
+                    raise Parked(call_id, key)
                 if progress is not None and state != "done":
                     ticks += 1
                     await progress(ticks, _STATE_WORDS.get(state, state))
@@ -142,10 +155,7 @@ def ok_result(output: Any, meta: dict[str, Any]) -> types.CallToolResult:
 
 
 def _block(raw: Any) -> types.ContentBlock:
-    from pydantic import TypeAdapter
-
-    adapter: TypeAdapter[types.ContentBlock] = TypeAdapter(types.ContentBlock)
-    return adapter.validate_python(raw)
+    return _CONTENT_BLOCK.validate_python(raw)
 
 
 def error_result(code: str, message: str, meta: dict[str, Any]) -> types.CallToolResult:
@@ -169,17 +179,20 @@ _ERROR_WORDS = {
 }
 
 
-def parked_result(call_id: str, reconnect: str | None, meta: dict[str, Any]) -> types.CallToolResult:
+def parked_message(call_id: str, reconnect: str | None) -> str:
     where = (
         f"Renew them at {reconnect}"
         if reconnect
         else "Ask the user to set new credentials for this server (toolbus namespaces credentials set)"
     )
-    message = (
+    return (
         f"The server's credentials for this user have expired; call {call_id} is parked. {where}; "
         "the call is then sent again by itself and its result is in the run's events."
     )
-    return error_result("credentialsExpired", message, meta)
+
+
+def parked_result(call_id: str, reconnect: str | None, meta: dict[str, Any]) -> types.CallToolResult:
+    return error_result("credentialsExpired", parked_message(call_id, reconnect), meta)
 
 
 def refused_result(exc: ToolbusError, meta: dict[str, Any]) -> types.CallToolResult:

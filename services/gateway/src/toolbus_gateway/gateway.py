@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import quote
 
 import mcp_types as types
 from mcp.shared.exceptions import MCPError
@@ -19,6 +21,7 @@ from toolbus_gateway.calls import (
     Progress,
     error_result,
     ok_result,
+    parked_message,
     parked_result,
     refused_result,
     result_meta,
@@ -28,6 +31,9 @@ from toolbus_gateway.requests import Requester
 from toolbus_gateway.runs import Runs
 
 log = logging.getLogger(__name__)
+
+Elicit = Callable[[str, str, str], Awaitable[bool]]
+"""`elicit(message, url, elicitation_id)`: a URL-mode elicitation; True when the user accepted."""
 
 RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 
@@ -172,15 +178,18 @@ class Gateway:
         session: str | None,
         progress: Progress | None,
         search_mode: bool,
+        elicit: Elicit | None = None,
     ) -> types.CallToolResult:
         """A `tools/call` through toolbus. An unknown tool is a JSON-RPC error (`INVALID_PARAMS`);
         every failure of the call itself, refused input included, is a tool error."""
         if search_mode and name in (SEARCH_TOOLS, LIST_TOOLS, CALL_TOOL):
-            return await self._meta_tool(catalogue, name, arguments, principal, named_run, session, progress)
+            return await self._meta_tool(
+                catalogue, name, arguments, principal, named_run, session, progress, elicit
+            )
         if name not in catalogue.schemas:
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {name[:200]} is not in this toolset.")
         return await self._call(
-            principal, catalogue.toolset_id, name, arguments, named_run, session, progress
+            principal, catalogue.toolset_id, name, arguments, named_run, session, progress, elicit
         )
 
     async def _call(
@@ -192,6 +201,7 @@ class Gateway:
         named_run: str | None,
         session: str | None,
         progress: Progress | None,
+        elicit: Elicit | None,
     ) -> types.CallToolResult:
         if named_run is not None and not RUN_ID.fullmatch(named_run):
             raise MCPError(types.INVALID_PARAMS, "The Mcp-Run header is not a run id ([A-Za-z0-9_-], 1-128).")
@@ -214,11 +224,32 @@ class Gateway:
                     continue  # the run was closed elsewhere: open a new one, once
                 return error_result("notFound", f"Run {run_id} is closed.", meta)
             except Parked as parked:
-                return parked_result(
-                    parked.call_id,
-                    self._reconnect(toolset_id, principal),
-                    result_meta(run_id, parked.call_id),
-                )
+                reconnect = self._reconnect(toolset_id, principal, name)
+                meta = result_meta(run_id, parked.call_id)
+                if reconnect is None or elicit is None:
+                    return parked_result(parked.call_id, reconnect, meta)
+                try:  # URL-mode elicitation: the user renews them there while the call waits
+                    accepted = await elicit(
+                        parked_message(parked.call_id, reconnect), reconnect, parked.call_id
+                    )
+                except Exception as exc:  # the client cannot answer it after all
+                    log.info(
+                        "elicitation failed", extra={"callId": parked.call_id, "error": type(exc).__name__}
+                    )
+                    accepted = False
+                if not accepted:
+                    return parked_result(parked.call_id, reconnect, meta)
+                try:
+                    reply = await self._calls.invoke(
+                        run_id,
+                        name,
+                        arguments,
+                        progress,
+                        idempotency_key=parked.idempotency_key,
+                        stop_when_parked=False,
+                    )
+                except ToolbusError as exc:
+                    return refused_result(exc, meta)
             except UnknownTool as exc:
                 raise MCPError(types.INVALID_PARAMS, exc.message) from None
             except ToolbusError as exc:
@@ -243,12 +274,17 @@ class Gateway:
             return error_result(str(error.get("code", "internal")), str(error.get("message", "")), meta)
         raise AssertionError("unreachable")
 
-    def _reconnect(self, toolset_id: str, principal: Principal) -> str | None:
+    def _reconnect(self, toolset_id: str, principal: Principal, tool: str) -> str | None:
+        """The reconnect URL with `{namespace}`, `{toolsetId}` and `{server}` (the MCP server of
+        the tool: the part of its qualified name before the dot) filled in, URL-quoted."""
         if not self._reconnect_url:
             return None
-        return self._reconnect_url.replace("{namespace}", principal.namespace).replace(
-            "{toolsetId}", toolset_id
-        )
+        server = tool.split(".", 1)[0]
+        filled = {"{namespace}": principal.namespace, "{toolsetId}": toolset_id, "{server}": server}
+        url = self._reconnect_url
+        for key, value in filled.items():
+            url = url.replace(key, quote(value, safe=""))
+        return url
 
     async def _meta_tool(
         self,
@@ -259,6 +295,7 @@ class Gateway:
         named_run: str | None,
         session: str | None,
         progress: Progress | None,
+        elicit: Elicit | None,
     ) -> types.CallToolResult:
         if name == CALL_TOOL:
             target, args = arguments.get("name"), arguments.get("arguments", {})
@@ -271,7 +308,7 @@ class Gateway:
                     "unknownTool", f"{target[:200]} is not in this toolset: search_tools finds tools.", {}
                 )
             return await self._call(
-                principal, catalogue.toolset_id, target, args, named_run, session, progress
+                principal, catalogue.toolset_id, target, args, named_run, session, progress, elicit
             )
         if name == LIST_TOOLS:
             cursor = arguments.get("cursor")

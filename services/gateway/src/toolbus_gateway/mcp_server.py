@@ -81,6 +81,20 @@ def build_server(gateway: Gateway) -> Server[Any]:
         async def progress(n: float, message: str) -> None:
             await ctx.session.report_progress(n, None, message)
 
+        async def elicit(message: str, url: str, elicitation_id: str) -> bool:
+            result = await ctx.session.elicit_url(
+                message, url, elicitation_id, related_request_id=ctx.request_id
+            )
+            return result.action == "accept"
+
+        capabilities = ctx.session.client_capabilities
+        can_elicit = (
+            ctx.request_id is not None
+            and capabilities is not None
+            and capabilities.elicitation is not None
+            and capabilities.elicitation.url is not None
+            and request.headers.get(SESSION_HEADER) is not None  # a back-channel: 2025-11-25 sessions
+        )
         binding = request.headers.get(SESSION_HEADER)
         return await gateway.call_tool(
             caller.principal,
@@ -91,6 +105,7 @@ def build_server(gateway: Gateway) -> Server[Any]:
             session=binding,
             progress=progress,
             search_mode=caller.search_mode,
+            elicit=elicit if can_elicit else None,
         )
 
     async def on_list_resources(

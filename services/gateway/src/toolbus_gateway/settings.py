@@ -33,7 +33,7 @@ class GatewaySettings(BaseSettings):
     it waits for approval, and an answer at once when it is parked on expired credentials."""
     reconnect_url: str | None = None
     """Where an end user renews expired credentials, shown in the tool error of a parked call;
-    `{server}`, `{namespace}` and `{toolsetId}` are filled in."""
+    `{server}` (the tool's MCP server), `{namespace}` and `{toolsetId}` are filled in."""
     jwt_jwks_url: str | None = None
     """The identity provider's JWKS: set it (with issuer and audience) to accept its JWTs."""
     jwt_issuer: str | None = None

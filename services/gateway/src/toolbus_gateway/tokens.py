@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import orjson
 from redis.asyncio import Redis
@@ -26,7 +26,7 @@ def token_hash(token: str) -> str:
 
 
 def _iso(at: datetime) -> str:
-    return at.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return at.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _parse_iso(text: str) -> datetime:
@@ -104,7 +104,3 @@ class TokenStore:
             pipe.delete(self._token + digest)
             pipe.hdel(self._index, token_id)
             await pipe.execute()
-
-
-def expires_within(info: TokenInfo, now: datetime) -> timedelta:
-    return _parse_iso(info.expires_at) - now
