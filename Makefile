@@ -104,7 +104,7 @@ SERVICES := registry dispatcher approval credentials gateway
 IMAGE_PREFIX ?= toolbus-
 IMAGE_TAG ?= dev
 
-images: ## build the four service images (toolbus-<service>:$(IMAGE_TAG)) from deploy/image/Dockerfile: with Docker, else with buildah (scripts/images_buildah.sh)
+images: ## build the five service images (toolbus-<service>:$(IMAGE_TAG)) from deploy/image/Dockerfile: with Docker, else with buildah (scripts/images_buildah.sh)
 	@if docker info >/dev/null 2>&1; then \
 		for s in $(SERVICES); do \
 			echo "== $(IMAGE_PREFIX)$$s:$(IMAGE_TAG)"; \
