@@ -168,6 +168,11 @@ class Keys:
         """ZSET approval id -> time decided: decisions not yet acknowledged by the INTERNAL stream."""
         return f"{self.prefix}:{{approvals}}:outbox"
 
+    @property
+    def approvals_decided(self) -> str:
+        """ZSET approval id -> decidedAt (epoch ms): decisions, for `approvals.history`."""
+        return f"{self.prefix}:{{approvals}}:decided"
+
     def approvals_closed_run(self, run_id: str) -> str:
         """Marker (with a TTL) that a run closed: an ApprovalNeeded arriving late is cancelled."""
         return f"{self.prefix}:{{approvals}}:closed:{run_id}"

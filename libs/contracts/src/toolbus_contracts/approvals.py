@@ -21,9 +21,16 @@ class ApprovalRequested(WireModel):
     tool: str
     input: dict[str, Any]
     requested_at: str
+    rule_error: str | None = None
+    """Set when the tool's approval rule could not be evaluated: why this call asks."""
+    expires_at: str | None = None
 
     def wire(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
+        body = self.model_dump(mode="json")
+        for optional in ("ruleError", "expiresAt"):
+            if body[optional] is None:
+                del body[optional]
+        return body
 
 
 APPROVALS_PAGE_MAX = 1000
@@ -56,6 +63,12 @@ class ApprovalDecideRequest(WireModel):
     approval_id: ApprovalId
     approve: bool
     reason: str | None = Field(default=None, max_length=2000)
+    input: dict[str, Any] | None = None
+    """With `approve`: the input to send instead of the one asked about (edit, then approve),
+    checked against the tool's input schema."""
+    decider: str | None = Field(default=None, min_length=1, max_length=200)
+    """Who decides, in the client's own words: recorded as `claimed:<decider>`, and only where
+    the server vouches for no identity (see `approvals.decide` in docs/protocol.md)."""
 
 
 Decision = Literal["approved", "denied"]
@@ -64,3 +77,49 @@ Decision = Literal["approved", "denied"]
 class ApprovalDecideReply(WireModel):
     approval_id: str
     decision: Decision
+    edited_input_digest: str | None = None
+
+
+HISTORY_PAGE_MAX = 500
+"""The most decisions one `approvals.history` page holds (`limit`'s bound and default)."""
+
+
+class ApprovalsHistoryRequest(WireModel):
+    """Decisions, newest first, filtered; each filter optional. `since`/`until`: RFC 3339 times
+    bounding `decidedAt` (`since` inclusive, `until` exclusive)."""
+
+    toolset_id: str | None = Field(default=None, max_length=200)
+    namespace: Namespace | None = None
+    tool: str | None = Field(default=None, max_length=300)
+    decider: str | None = Field(default=None, max_length=300)
+    outcome: Decision | None = None
+    since: str | None = Field(default=None, max_length=64)
+    until: str | None = Field(default=None, max_length=64)
+    limit: Annotated[int, null_as(100)] = Field(default=100, ge=1, le=HISTORY_PAGE_MAX)
+    cursor: str | None = Field(default=None, max_length=400)
+
+
+class ApprovalRecord(WireModel):
+    """One decision as `approvals.history` shows it (the input is not repeated: its digests are)."""
+
+    approval_id: str
+    call_id: str
+    run_id: str
+    namespace: str | None = None
+    toolset_id: str
+    tool: str
+    decision: Decision
+    reason: str | None = None
+    decider: str | None = None
+    requested_at: str
+    decided_at: str
+    input_digest: str
+    edited_input_digest: str | None = None
+
+
+class ApprovalsHistoryReply(WireModel):
+    """One page, newest decision first; `next_cursor` where the search goes on (a page may hold
+    fewer than `limit`, even none, when few decisions match among those scanned)."""
+
+    decisions: list[ApprovalRecord]
+    next_cursor: str | None = None

@@ -149,6 +149,10 @@ class Subjects:
     def approvals_decide(self) -> str:
         return self._s("approvals.decide")
 
+    @property
+    def approvals_history(self) -> str:
+        return self._s("approvals.history")
+
     # Credentials
     @property
     def toolsets_credentials_set(self) -> str:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from toolbus_common.bus import Routes
+from toolbus_common.bus import REQUEST_HEADERS, Routes
 from toolbus_contracts.approvals import (
     ApprovalDecideReply,
     ApprovalDecideRequest,
     ApprovalRequested,
+    ApprovalsHistoryReply,
+    ApprovalsHistoryRequest,
     ApprovalsListReply,
     ApprovalsListRequest,
 )
@@ -35,8 +37,23 @@ async def handle_list(approvals: Approvals, request: ApprovalsListRequest) -> Ap
 
 @routes.request(lambda s: s.approvals_decide)
 async def handle_decide(approvals: Approvals, request: ApprovalDecideRequest) -> ApprovalDecideReply:
-    """Decide a pending approval; a second decision is `conflict` (the first stands)."""
-    return await approvals.decide(request.approval_id, approve=request.approve, reason=request.reason)
+    """Decide a pending approval, optionally sending an edited input; a second decision is
+    `conflict` (the first stands). The decider is who the request came in as (`identity`)."""
+    decider = approvals.identity.decider(REQUEST_HEADERS.get({}), request.decider)
+    return await approvals.decide(
+        request.approval_id,
+        approve=request.approve,
+        reason=request.reason,
+        edited_input=request.input,
+        decider=decider,
+    )
+
+
+@routes.request(lambda s: s.approvals_history)
+async def handle_history(approvals: Approvals, request: ApprovalsHistoryRequest) -> ApprovalsHistoryReply:
+    """Decisions, newest first, filtered by toolset, namespace, tool, decider, outcome and time."""
+    page, before = await approvals.history(request)
+    return ApprovalsHistoryReply(decisions=page, next_cursor=encode_cursor(before) if before else None)
 
 
 @routes.command(lambda s: s.internal_approval_requests, durable=DURABLE_NEEDED)
