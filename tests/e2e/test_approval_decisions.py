@@ -314,3 +314,83 @@ async def test_history_lists_decisions_with_their_deciders_filtered_and_paged(
         client.approver, client.subjects.approvals_history, {"since": "yesterday"}, timeout=10
     )
     assert bad["ok"] is False and bad["error"]["details"] == {"field": "since"}
+
+
+async def remembered(client: Client, **filters: Any) -> list[dict[str, Any]]:
+    reply = await request(client.approver, client.subjects.approvals_remembered_list, filters, timeout=10)
+    assert reply["ok"] is True, reply
+    found: list[dict[str, Any]] = reply["data"]["remembered"]
+    return found
+
+
+async def test_a_remembered_decision_decides_at_once_until_revoked(
+    client: Client, toolset: str, bus: Bus
+) -> None:
+    run_id = await open_run(client, toolset, "mem")
+    approval = await client.approval_for(await start(client, run_id, "shop.echo", "refund 1", "mem-0"))
+    reply = await client.approve(
+        {"approvalId": approval["approvalId"], "approve": True, "remember": {"for": "1h"}, "decider": "carol"}
+    )
+    assert reply["ok"] is True, reply
+    remembered_id = reply["data"]["rememberedId"]
+
+    # Used: a later call of the namespace and tool, another input, is approved at once.
+    done = await invoke(client, run_id, "shop.echo", "refund 2", "mem-1")
+    assert done["outcome"] == {"status": "ok", "output": {"text": "refund 2"}}
+    events = await client.call_events(run_id, done["callId"], "completed")
+    approved = next(e for e in events if e["type"] == "approved")
+    assert approved["decider"] == f"remembered:{remembered_id}"  # the event says so
+    history = await client.history(namespace="mem", decider=f"remembered:{remembered_id}")
+    assert [d["callId"] for d in history["decisions"]] == [done["callId"]]
+
+    listed = await remembered(client, namespace="mem")
+    assert [(r["rememberedId"], r["tool"], r["decision"], r["decider"]) for r in listed] == [
+        (remembered_id, "shop.echo", "approved", expected_decider(bus, "carol"))
+    ]
+    assert "inputDigest" not in listed[0] and listed[0]["approvalId"] == approval["approvalId"]
+    assert await remembered(client, namespace="mem", tool="shop.fail") == []
+
+    # Another namespace is not covered.
+    other = await open_run(client, toolset, "mem-other")
+    approval = await client.approval_for(await start(client, other, "shop.echo", "refund 3", "mem-2"))
+    assert (await client.approve({"approvalId": approval["approvalId"], "approve": False}))["ok"] is True
+
+    # Revoked: the next call asks a person again; a second revoke is notFound.
+    revoke = client.subjects.approvals_remembered_revoke
+    assert (await request(client.approver, revoke, {"rememberedId": remembered_id}, timeout=10))["ok"] is True
+    again = await request(client.approver, revoke, {"rememberedId": remembered_id}, timeout=10)
+    assert again["ok"] is False and again["error"]["code"] == "notFound"
+    assert await remembered(client, namespace="mem") == []
+    call_id = await start(client, run_id, "shop.echo", "refund 4", "mem-3")
+    approval = await client.approval_for(call_id)
+    assert (await client.approve({"approvalId": approval["approvalId"], "approve": False}))["ok"] is True
+
+
+async def test_a_remembered_denial_of_one_input_expires(client: Client, toolset: str) -> None:
+    run_id = await open_run(client, toolset, "mem-input")
+    approval = await client.approval_for(await start(client, run_id, "shop.echo", "refund 9", "mi-0"))
+    body = {
+        "approvalId": approval["approvalId"],
+        "approve": False,
+        "reason": "not this one",
+        "remember": {"for": "2s", "sameInput": True},
+    }
+    reply = await client.approve(body)
+    assert reply["ok"] is True, reply
+    listed = await remembered(client, namespace="mem-input")
+    assert listed[0]["inputDigest"] == sha256_hex({"text": "refund 9"})
+
+    done = await invoke(client, run_id, "shop.echo", "refund 9", "mi-1")  # the same input: denied at once
+    assert done["outcome"]["error"] == {"code": "denied", "message": "not this one"}
+    approval = await client.approval_for(await start(client, run_id, "shop.echo", "refund 10", "mi-2"))
+    assert (await client.approve({"approvalId": approval["approvalId"], "approve": True}))["ok"] is True
+
+    await asyncio.sleep(2.2)  # expired: the same input asks a person again
+    assert await remembered(client, namespace="mem-input") == []
+    approval = await client.approval_for(await start(client, run_id, "shop.echo", "refund 9", "mi-3"))
+    assert (await client.approve({"approvalId": approval["approvalId"], "approve": True}))["ok"] is True
+
+    bad = await client.approve(
+        {"approvalId": approval["approvalId"], "approve": True, "remember": {"for": "365d"}}
+    )
+    assert bad["ok"] is False and bad["error"]["details"] == {"field": "remember.for"}

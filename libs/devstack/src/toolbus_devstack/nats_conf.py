@@ -163,7 +163,13 @@ def roles(prefix: str = "toolbus") -> list[Role]:
         Role(
             "approver",
             "list pending approvals and decide them",
-            publish=[s.approvals_list, s.approvals_decide, s.approvals_history],
+            publish=[
+                s.approvals_list,
+                s.approvals_decide,
+                s.approvals_history,
+                s.approvals_remembered_list,
+                s.approvals_remembered_revoke,
+            ],
             subscribe=[s.approvals_requested],
             share_info=True,
         ),
@@ -232,7 +238,13 @@ def roles(prefix: str = "toolbus") -> list[Role]:
                 *js_read(toolsets),
                 *js_create(toolsets),
             ],
-            subscribe=[s.approvals_list, s.approvals_decide, s.approvals_history],
+            subscribe=[
+                s.approvals_list,
+                s.approvals_decide,
+                s.approvals_history,
+                s.approvals_remembered_list,
+                s.approvals_remembered_revoke,
+            ],
             service=True,
         ),
         Role(

@@ -28,6 +28,7 @@ from toolbus_approval.approvals import Approvals
 from toolbus_approval.edits import EditCheck
 from toolbus_approval.handlers import routes
 from toolbus_approval.identity import Identity
+from toolbus_approval.remembered import RememberedStore
 from toolbus_approval.settings import ApprovalSettings
 from toolbus_approval.store import ApprovalStore
 
@@ -128,6 +129,7 @@ class ApprovalApp:
             list_budget=nc.max_payload - LIST_SLACK,
             edits=EditCheck(PinnedSchemas(toolsets)),
             identity=Identity(trust_request_info=self.approval_settings.approval_trust_request_info),
+            remembered=RememberedStore(redis, keys),
         )
         # What a previous process stored but did not send goes out before anything new.
         try:

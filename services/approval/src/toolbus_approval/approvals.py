@@ -14,17 +14,21 @@ import orjson
 from toolbus_common.canonical import sha256_hex
 from toolbus_common.cursors import opaque, unopaque
 from toolbus_contracts.approvals import (
+    REMEMBER_MAX_SECONDS,
     ApprovalDecideReply,
     ApprovalRecord,
     ApprovalRequested,
     ApprovalsHistoryRequest,
+    Remember,
+    RememberedDecision,
 )
 from toolbus_contracts.base import parse_duration
 from toolbus_contracts.errors import Conflict, InvalidRequest, NotFound
 from toolbus_contracts.internal import ApprovalDecided, ApprovalNeeded
 
 from toolbus_approval.edits import EditCheck
-from toolbus_approval.identity import Identity
+from toolbus_approval.identity import ANONYMOUS, Identity
+from toolbus_approval.remembered import RememberedStore, new_remembered_id
 from toolbus_approval.store import (
     CANCELLED_REASON,
     EXPIRED_REASON,
@@ -43,6 +47,8 @@ _CHUNK = 200
 """Approvals read from Redis per round trip while a page is filled."""
 HISTORY_SCAN_MAX = 5000
 """Decisions one `approvals.history` page reads at most, whatever its filters match."""
+REMEMBERED_DECIDER = "remembered:"
+"""The decider of a call decided by a remembered decision: this, then the remembered id."""
 EXPIRY_DECIDER = "toolbus:expiry"
 """The decider recorded when an approval's timeout denied it."""
 
@@ -107,6 +113,7 @@ class Approvals:
         list_budget: int,
         edits: EditCheck | None = None,
         identity: Identity | None = None,
+        remembered: RememberedStore | None = None,
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ) -> None:
         self._store = store
@@ -119,6 +126,7 @@ class Approvals:
         self._now_ms = clock_ms
         self._edits = edits
         self.identity = identity or Identity()
+        self._remembered = remembered
         """How a decision's decider is named (read by the decide handler)."""
 
     # ---- commands from the dispatcher ------------------------------------------------------------
@@ -137,7 +145,8 @@ class Approvals:
                 "approval requested",
                 extra={"approvalId": needed.approval_id, "callId": needed.call_id, "runId": needed.run_id},
             )
-            await self.announce(needed.approval_id)
+            await self._decide_remembered(needed)
+            await self.announce(needed.approval_id)  # only dequeued when a remembered decision ended it
         elif result.state == "cancelled":
             log.info("approval for a closed run cancelled", extra={"approvalId": needed.approval_id})
         return result.created
@@ -188,6 +197,72 @@ class Approvals:
                 return page, None
             after = rows[-1]
 
+    async def _decide_remembered(self, needed: ApprovalNeeded) -> None:
+        """Decide a new approval at once when a remembered decision covers its namespace, tool
+        (and input); the decider says which (`remembered:<rememberedId>`)."""
+        if self._remembered is None:
+            return
+        found = await self._remembered.match(needed.namespace, needed.tool, needed.input_digest)
+        if found is None:
+            return
+        state: State = "approved" if found.decision == "approved" else "denied"
+        decider = f"{REMEMBERED_DECIDER}{found.remembered_id}"
+        result = await self._transition(needed.approval_id, state, found.reason, decider=decider)
+        if result.outcome == "ok":
+            log.info(
+                "approval decided by a remembered decision",
+                extra={"approvalId": needed.approval_id, "rememberedId": found.remembered_id},
+            )
+
+    async def remember(
+        self,
+        approval_id: str,
+        remember: Remember,
+        *,
+        decision: State,
+        reason: str | None,
+        decider: str | None,
+    ) -> str:
+        """Remember a decision just made on `approval_id` for its namespace and tool."""
+        assert self._remembered is not None
+        stored = await self._store.get(approval_id)
+        assert stored is not None  # decided a moment ago; kept 30 days
+        n = stored.needed
+        now = self._now_ms()
+        expires = now + int(parse_duration(remember.for_).total_seconds() * 1000)
+        remembered = RememberedDecision(
+            remembered_id=new_remembered_id(),
+            namespace=n.namespace,
+            tool=n.tool,
+            input_digest=n.input_digest if remember.same_input else None,
+            decision="approved" if decision == "approved" else "denied",
+            reason=reason,
+            decider=decider or ANONYMOUS,
+            approval_id=approval_id,
+            created_at=iso_of(now),
+            expires_at=iso_of(expires),
+        )
+        await self._remembered.put(remembered, expires_ms=expires)
+        log.info(
+            "decision remembered", extra={"rememberedId": remembered.remembered_id, "approvalId": approval_id}
+        )
+        return remembered.remembered_id
+
+    async def remembered_in_force(
+        self, *, namespace: str | None, tool: str | None, limit: int
+    ) -> tuple[list[RememberedDecision], bool]:
+        if self._remembered is None:
+            return [], False
+        return await self._remembered.in_force(self._now_ms(), namespace=namespace, tool=tool, limit=limit)
+
+    async def revoke(self, remembered_id: str) -> None:
+        """Forget a remembered decision; `NotFound` when none is in force under that id."""
+        if self._remembered is None or not await self._remembered.revoke(remembered_id):
+            raise NotFound(
+                f"No remembered decision {remembered_id!r} in force: it expired, was revoked, or never was.",
+                details={"rememberedId": remembered_id},
+            )
+
     async def decide(
         self,
         approval_id: str,
@@ -196,6 +271,7 @@ class Approvals:
         reason: str | None,
         edited_input: dict[str, Any] | None = None,
         decider: str | None = None,
+        remember: Remember | None = None,
     ) -> ApprovalDecideReply:
         """Record the first decision on a pending approval and send it to the dispatcher. Raises
         `NotFound` for an unknown id and `Conflict` (saying what came first) for a second one; an
@@ -204,6 +280,8 @@ class Approvals:
         state: State = "approved" if approve else "denied"
         if edited_input is not None:
             await self._check_edit(approval_id, approve, edited_input)
+        if remember is not None:
+            _check_remember(remember, edited=edited_input is not None, enabled=self._remembered is not None)
         result = await self._transition(
             approval_id, state, reason, edited_input=edited_input, decider=decider
         )
@@ -215,10 +293,16 @@ class Approvals:
         if result.outcome == "taken":
             raise Conflict(_conflict_message(approval_id, result), details=_conflict_details(result))
         log.info("approval decided", extra={"approvalId": approval_id, "decision": state, "decider": decider})
+        remembered_id = None
+        if remember is not None:
+            remembered_id = await self.remember(
+                approval_id, remember, decision=state, reason=reason, decider=decider
+            )
         return ApprovalDecideReply(
             approval_id=approval_id,
             decision="approved" if approve else "denied",
             edited_input_digest=None if edited_input is None else sha256_hex(edited_input),
+            remembered_id=remembered_id,
         )
 
     async def _check_edit(self, approval_id: str, approve: bool, edited: dict[str, Any]) -> None:
@@ -350,6 +434,25 @@ class Approvals:
                     extra={"approvalId": approval_id, "error": type(exc).__name__},
                 )
         return result
+
+
+def _check_remember(remember: Remember, *, edited: bool, enabled: bool) -> None:
+    if not enabled:
+        raise InvalidRequest(
+            "Field 'remember': this approval service keeps no remembered decisions.",
+            details={"field": "remember"},
+        )
+    if edited:
+        raise InvalidRequest(
+            "Field 'remember' cannot go with an edited 'input': a remembered decision sends each call's own input.",
+            details={"field": "remember"},
+        )
+    seconds = parse_duration(remember.for_).total_seconds()
+    if not 0 < seconds <= REMEMBER_MAX_SECONDS:
+        raise InvalidRequest(
+            f"Field 'remember.for' must be more than 0 and at most {REMEMBER_MAX_SECONDS // 86400} days.",
+            details={"field": "remember.for"},
+        )
 
 
 def iso_of(ms: int) -> str:

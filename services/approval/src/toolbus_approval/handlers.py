@@ -11,6 +11,10 @@ from toolbus_contracts.approvals import (
     ApprovalsHistoryRequest,
     ApprovalsListReply,
     ApprovalsListRequest,
+    RememberedListReply,
+    RememberedListRequest,
+    RememberedRevokeReply,
+    RememberedRevokeRequest,
 )
 from toolbus_contracts.internal import ApprovalDecided, ApprovalNeeded, RunClosed
 
@@ -46,7 +50,26 @@ async def handle_decide(approvals: Approvals, request: ApprovalDecideRequest) ->
         reason=request.reason,
         edited_input=request.input,
         decider=decider,
+        remember=request.remember,
     )
+
+
+@routes.request(lambda s: s.approvals_remembered_list)
+async def handle_remembered_list(approvals: Approvals, request: RememberedListRequest) -> RememberedListReply:
+    """Remembered decisions in force, soonest to expire first, by namespace and/or tool."""
+    found, truncated = await approvals.remembered_in_force(
+        namespace=request.namespace, tool=request.tool, limit=request.limit
+    )
+    return RememberedListReply(remembered=found, truncated=truncated)
+
+
+@routes.request(lambda s: s.approvals_remembered_revoke)
+async def handle_remembered_revoke(
+    approvals: Approvals, request: RememberedRevokeRequest
+) -> RememberedRevokeReply:
+    """Forget a remembered decision: later calls ask a person again."""
+    await approvals.revoke(request.remembered_id)
+    return RememberedRevokeReply(remembered_id=request.remembered_id, revoked=True)
 
 
 @routes.request(lambda s: s.approvals_history)
