@@ -231,7 +231,8 @@ async def test_an_edited_input_is_checked_sent_and_both_digests_recorded(
     client: Client, toolset: str, mcp: McpTestServer, bus: Bus
 ) -> None:
     run_id = await open_run(client, toolset, "dev")
-    call_id = await start(client, run_id, "shop.echo", "refund 5000", "edit-me")
+    key = f"edit-me-{bus.mode}"  # the MCP server outlives a mode: its records are of both
+    call_id = await start(client, run_id, "shop.echo", "refund 5000", key)
     approval = await client.approval_for(call_id)
 
     invalid = await client.approve(
@@ -249,10 +250,10 @@ async def test_an_edited_input_is_checked_sent_and_both_digests_recorded(
     )
     assert decided["ok"] is True, decided
     assert decided["data"]["editedInputDigest"] == sha256_hex(edited)
-    done = await invoke(client, run_id, "shop.echo", "refund 5000", "edit-me")  # same key, asked input
+    done = await invoke(client, run_id, "shop.echo", "refund 5000", key)  # same key, asked input
     assert done["callId"] == call_id
     assert done["outcome"] == {"status": "ok", "output": {"text": "refund 50"}}
-    assert [c.arguments for c in mcp.calls_to("echo") if c.idempotency_key_header == "edit-me"] == [edited]
+    assert [c.arguments for c in mcp.calls_to("echo") if c.idempotency_key_header == key] == [edited]
     events = await client.call_events(run_id, call_id, "completed")
     approved = next(e for e in events if e["type"] == "approved")
     assert approved["inputDigest"] == sha256_hex({"text": "refund 5000"})
@@ -394,3 +395,33 @@ async def test_a_remembered_denial_of_one_input_expires(client: Client, toolset:
         {"approvalId": approval["approvalId"], "approve": True, "remember": {"for": "365d"}}
     )
     assert bad["ok"] is False and bad["error"]["details"] == {"field": "remember.for"}
+
+
+async def test_the_sdk_edits_remembers_revokes_and_reads_the_history(
+    client: Client, toolset: str, bus: Bus
+) -> None:
+    from toolbus import Toolbus
+    from toolbus._connection import ConnectOptions
+
+    options = ConnectOptions.from_env({**bus.role_env("approver"), "TOOLBUS_SUBJECT_PREFIX": client.prefix})
+    run_id = await open_run(client, toolset, "sdk")
+    approval = await client.approval_for(await start(client, run_id, "shop.echo", "refund 70", "sdk-0"))
+    async with await Toolbus.connect(options=options) as tb:
+        decided = await tb.approvals.decide(
+            approval["approvalId"], True, decider="dana", input={"text": "refund 7"}
+        )
+        assert decided == "approved"
+        done = await invoke(client, run_id, "shop.echo", "refund 70", "sdk-0")
+        assert done["outcome"] == {"status": "ok", "output": {"text": "refund 7"}}
+
+        approval = await client.approval_for(await start(client, run_id, "shop.echo", "refund 8", "sdk-1"))
+        assert await tb.approvals.decide(approval["approvalId"], False, "no", remember_for="1h") == "denied"
+        (kept,) = await tb.approvals.remembered(namespace="sdk")
+        assert kept.decision == "denied" and kept.reason == "no"
+        await tb.approvals.revoke(kept.remembered_id)
+        assert await tb.approvals.remembered(namespace="sdk") == []
+
+        page = await tb.approvals.history(namespace="sdk")
+        assert [d.decision for d in page.decisions] == ["denied", "approved"]
+        assert page.decisions[1].edited_input_digest == sha256_hex({"text": "refund 7"})
+        assert page.decisions[1].decider == expected_decider(bus, "dana")
