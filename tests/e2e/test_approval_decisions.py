@@ -241,6 +241,19 @@ async def test_an_edited_input_is_checked_sent_and_both_digests_recorded(
     assert invalid["ok"] is False
     assert invalid["error"]["code"] == "invalidRequest"
     assert invalid["error"]["details"] == {"field": "input", "path": "$.text"}
+    huge = b'{"approvalId": "%s", "approve": true, "input": {"text": 1180591620717411303424}}'
+    unfit = await request(
+        client.approver, client.subjects.approvals_decide, huge % approval["approvalId"].encode()
+    )
+    assert unfit["ok"] is False and unfit["error"]["details"] == {"field": "input.text"}
+    too_large = await client.approve(
+        {
+            "approvalId": approval["approvalId"],
+            "approve": True,
+            "input": {"text": "x" * (client.approver.max_payload - 10_000)},
+        }
+    )
+    assert too_large["ok"] is False and too_large["error"]["details"]["field"] == "input"
     got = await client.ok(client.subjects.calls_get, {"callId": call_id})
     assert got["state"] == "awaitingApproval"  # nothing was decided
 

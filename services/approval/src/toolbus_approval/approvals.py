@@ -22,7 +22,7 @@ from toolbus_contracts.approvals import (
     Remember,
     RememberedDecision,
 )
-from toolbus_contracts.base import parse_duration
+from toolbus_contracts.base import parse_duration, unfit_number, unfit_number_error
 from toolbus_contracts.errors import Conflict, InvalidRequest, NotFound
 from toolbus_contracts.internal import ApprovalDecided, ApprovalNeeded
 
@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 WEBHOOK_EVENT = "approval.requested"
 _CHUNK = 200
 """Approvals read from Redis per round trip while a page is filled."""
+EDIT_ROOM = 12 * 1024
+"""Bytes below `list_budget` an edited input must stay: with the list's 4 KiB, the 16 KiB the
+dispatcher keeps around an input it sends to a host tool or workflow (`outputs.ENVELOPE_ROOM`)."""
 HISTORY_SCAN_MAX = 5000
 """Decisions one `approvals.history` page reads at most, whatever its filters match."""
 REMEMBERED_DECIDER = "remembered:"
@@ -311,12 +314,15 @@ class Approvals:
                 "Field 'input' goes with approve: true (an edited input to send); a denial sends nothing.",
                 details={"field": "input"},
             )
-        size = len(orjson.dumps(edited))
-        if size > self.list_budget:
+        try:
+            size, limit = len(orjson.dumps(edited)), self.list_budget - EDIT_ROOM
+        except TypeError:  # an integer outside 64 bits: no event or tool could carry it
+            raise unfit_number_error(unfit_number(edited, ("input",)) or "input") from None
+        if size > limit:
             raise InvalidRequest(
-                f"Field 'input' is {size} bytes, over the {self.list_budget} a decision carries in one "
-                "NATS message.",
-                details={"field": "input", "size": size, "limit": self.list_budget},
+                f"Field 'input' is {size} bytes, over the {limit} a decision (and the call it sends) "
+                "carries in one NATS message.",
+                details={"field": "input", "size": size, "limit": limit},
             )
         stored = await self._store.get(approval_id)
         if stored is None:

@@ -368,7 +368,13 @@ class DispatcherService:
             self._schemas.check(decision.toolset_id, tool.name, tool.info.input_schema, edited)
         except InvalidInput as exc:
             return None, f"The edited input is invalid: {exc.message}"
-        return (orjson.dumps(edited).decode(), sha256_hex(edited)), None
+        text = orjson.dumps(edited).decode()
+        if len(text) > self._message_limit:
+            return (
+                None,
+                f"The edited input is {len(text)} bytes, over the {self._message_limit} a call carries.",
+            )
+        return (text, sha256_hex(edited)), None
 
     async def apply_resume(self, resume: CallsResume) -> None:
         """Send parked calls again in order, or end them with `credentialsRejected`."""
