@@ -221,6 +221,7 @@ async def test_approve_announces_lists_and_sends_the_bound_decision(
         "tool": "stripe.create_refund",
         "inputDigest": command.input_digest,
         "decision": "approved",
+        "decider": "anonymous",  # no `decider` given, and this service trusts no header
     }
     assert await stack.pending(runId=command.run_id) == []
 

@@ -18,6 +18,7 @@ import pytest
 from faststream.nats import JStream, TestNatsBroker
 from faststream.response.publish_type import PublishType
 from toolbus_approval.handlers import routes as approval_routes
+from toolbus_approval.identity import Identity
 from toolbus_common.bus import Bus, RawJson, ReplyGuard, Routes, misdirected_reply
 from toolbus_common.settings import Settings
 from toolbus_contracts import (
@@ -211,6 +212,7 @@ async def test_approval_subjects_parse_call_and_reply() -> None:
         decide=ApprovalDecideReply(approval_id="apr_1", decision="denied"),
     )
     logic.list_budget = 1000  # type: ignore[attr-defined]
+    logic.identity = Identity()  # type: ignore[attr-defined]
     async with serving(approval_routes, logic) as (broker, bus, dead):
         listed = await ask(broker, S.approvals_list, {"runId": "run_1"})
         assert listed == {"ok": True, "data": {"approvals": []}}
@@ -218,6 +220,9 @@ async def test_approval_subjects_parse_call_and_reply() -> None:
             broker, S.approvals_decide, {"approvalId": "apr_1", "approve": False, "reason": "no"}
         )
         assert decided == {"ok": True, "data": {"approvalId": "apr_1", "decision": "denied"}}
+        assert logic.calls[-1][1][1]["decider"] == "anonymous"
+        await ask(broker, S.approvals_decide, {"approvalId": "apr_1", "approve": False, "decider": "alice"})
+        assert logic.calls[-1][1][1]["decider"] == "claimed:alice"  # the client's word, marked so
         strict = await ask(broker, S.approvals_decide, {"approvalId": "apr_1", "approve": "yes"})
         assert strict["error"]["code"] == "invalidRequest" and strict["error"]["details"] == {
             "field": "approve"

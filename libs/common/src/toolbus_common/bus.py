@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 import logging
 import time
@@ -302,6 +303,11 @@ def _doc(fn: Callable[..., Any]) -> str:
     return inspect.cleandoc(fn.__doc__ or "")
 
 
+REQUEST_HEADERS: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("request_headers")
+"""The NATS headers of the request a handler is serving (empty when it had none): for the few
+handlers that read one (the approval service's `Nats-Request-Info`)."""
+
+
 @dataclass
 class Routes(Generic[D]):
     """What one part of a service serves and publishes; handlers take the bound object first.
@@ -552,6 +558,7 @@ class Bus:
                 _refused_reply(subject, msg.reply_to)
                 msg.reply_to = ""
                 return None
+            REQUEST_HEADERS.set(getattr(raw, "headers", None) or {})
             body = await self._answer(entry, bound, subject, msg.body, msg.reply_to)
             if body is not None and entry.kind == "deferred" and msg.reply_to:
                 await self.reply(msg.reply_to, body)
@@ -571,6 +578,7 @@ class Bus:
             if misdirected_reply(self.subjects.prefix, msg.reply):
                 _refused_reply(subject, msg.reply)
                 return
+            REQUEST_HEADERS.set(msg.headers or {})
             body = await self._answer(entry, bound, subject, msg.data, msg.reply)
             if body is not None and msg.reply:
                 await self.reply(msg.reply, body)

@@ -199,6 +199,25 @@ class Keys:
         """ZSET approval id -> time decided: decisions not yet acknowledged by the INTERNAL stream."""
         return f"{self.prefix}:{{approvals}}:outbox"
 
+    @property
+    def approvals_decided(self) -> str:
+        """ZSET approval id -> decidedAt (epoch ms): decisions, for `approvals.history`."""
+        return f"{self.prefix}:{{approvals}}:decided"
+
+    def approvals_remembered(self, remembered_id: str) -> str:
+        """Hash (with an expiry): a remembered decision (scope, decision, who, until when)."""
+        return f"{self.prefix}:{{approvals}}:rem:{remembered_id}"
+
+    def approvals_remembered_scope(self, namespace: str, tool: str, input_digest: str) -> str:
+        """String (with an expiry): the remembered decision id of (namespace, tool, input digest or
+        `*` for any input)."""
+        return f"{self.prefix}:{{approvals}}:remscope:{namespace}\x00{tool}\x00{input_digest}"
+
+    @property
+    def approvals_remembered_index(self) -> str:
+        """ZSET remembered decision id -> expiry (epoch ms), for listing."""
+        return f"{self.prefix}:{{approvals}}:remembered"
+
     def approvals_closed_run(self, run_id: str) -> str:
         """Marker (with a TTL) that a run closed: an ApprovalNeeded arriving late is cancelled."""
         return f"{self.prefix}:{{approvals}}:closed:{run_id}"

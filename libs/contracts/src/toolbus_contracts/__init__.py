@@ -48,6 +48,7 @@ from toolbus_contracts.credentials import (
 )
 from toolbus_contracts.errors import ErrorCode, ToolbusError
 from toolbus_contracts.registry import (
+    ApprovalRule,
     Declarations,
     EffectivePolicy,
     HostToolSpec,
@@ -92,6 +93,7 @@ __all__ = [
     "ApprovalDecideReply",
     "ApprovalDecideRequest",
     "ApprovalRequested",
+    "ApprovalRule",
     "ApprovalsListReply",
     "ApprovalsListRequest",
     "CallEvent",

@@ -116,6 +116,12 @@ class CallEvent(WireModel):
     outcome: dict[str, Any] | None = None
     reason: str | None = None
     approval_id: str | None = None
+    decider: str | None = None
+    """Who decided (`approved`, `denied`): see `approvals.decide`."""
+    input_digest: str | None = None
+    """`approved` with an edited input: the digest of the input asked about..."""
+    edited_input_digest: str | None = None
+    """...and of the input sent instead."""
 
 
 # ---- Host tools ---------------------------------------------------------------------------------

@@ -23,6 +23,10 @@ class ApprovalNeeded(WireModel):
     input: dict[str, Any]
     input_digest: str
     requested_at: str
+    timeout: str | None = None
+    """The tool's `approvalTimeout` (a duration), when its policy sets one."""
+    rule_error: str | None = None
+    """Why the tool's approval rule could not be evaluated, when that is why this call asks."""
 
 
 class ApprovalDecided(WireModel):
@@ -37,6 +41,11 @@ class ApprovalDecided(WireModel):
     input_digest: str
     decision: Decision
     reason: str | None = None
+    input: dict[str, Any] | None = None
+    """An edited input to send instead (approved only); `edited_input_digest` is its digest."""
+    edited_input_digest: str | None = None
+    decider: str | None = None
+    """Who decided (see `approvals.decide`); `expired` decisions have none."""
 
 
 class CallParked(WireModel):

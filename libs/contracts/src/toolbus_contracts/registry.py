@@ -6,6 +6,7 @@ import functools
 import re
 from typing import Annotated, Any, Literal
 
+import orjson
 from pydantic import AfterValidator, Field, SerializerFunctionWrapHandler, model_serializer
 
 from toolbus_contracts.base import Duration, WireModel, bounded, null_as
@@ -71,11 +72,25 @@ WorkflowName = Annotated[str, AfterValidator(_check_ident)]
 AllowEntry = Annotated[str, AfterValidator(_check_allow_entry)]
 
 
+class ApprovalRule(WireModel):
+    """`approval: {"when": <JSON Schema>}`: a call waits for a decision only when the schema
+    accepts `{"input": <the call's input>, "tool": <name>, "run": {"runId", "namespace",
+    "toolsetId", "credentials"}}` (`credentials`: the level an MCP call's headers come from,
+    `toolset`/`namespace`/`run`; null for other kinds). A rule that cannot be evaluated (a `$ref`
+    that does not resolve, a value nested too deep) asks for approval."""
+
+    when: dict[str, Any]
+
+    def __hash__(self) -> int:  # frozen policies are cached by value: hash the schema's JSON
+        return hash(orjson.dumps(self.when, option=orjson.OPT_SORT_KEYS))
+
+
 class PolicySpec(WireModel):
     """A tool's policy as given: every field optional, defaults filled in by the registry."""
 
     on_interruption: OnInterruption | None = None
-    approval: bool | None = None
+    approval: bool | ApprovalRule | None = None
+    approval_timeout: Duration | None = None
     timeout: Duration | None = None
     heartbeat_timeout: Duration | None = None
     concurrency: int | None = Field(default=None, ge=1, le=RUN_CONCURRENCY)
@@ -86,7 +101,10 @@ class EffectivePolicy(WireModel):
     `timeout` null: no per-attempt limit (host tools, bounded by heartbeats, and workflows)."""
 
     on_interruption: OnInterruption = "retry"
-    approval: bool = False
+    approval: bool | ApprovalRule = False
+    approval_timeout: Duration | None = None
+    """How long a call of this tool waits for a decision before it is denied `expired`; null:
+    the approval service's `TOOLBUS_APPROVAL_TIMEOUT`."""
     timeout: Duration | None = None
     heartbeat_timeout: Duration = DEFAULT_HEARTBEAT_TIMEOUT
     concurrency: int | None = Field(default=None, ge=1, le=RUN_CONCURRENCY)

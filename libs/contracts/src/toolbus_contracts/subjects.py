@@ -166,6 +166,18 @@ class Subjects:
     def approvals_decide(self) -> str:
         return self._s("approvals.decide")
 
+    @property
+    def approvals_history(self) -> str:
+        return self._s("approvals.history")
+
+    @property
+    def approvals_remembered_list(self) -> str:
+        return self._s("approvals.remembered.list")
+
+    @property
+    def approvals_remembered_revoke(self) -> str:
+        return self._s("approvals.remembered.revoke")
+
     # Credentials
     @property
     def toolsets_credentials_set(self) -> str:

@@ -114,6 +114,9 @@ class Role:
     answers_on: list[str] = field(default_factory=list)
     """Where a client role's answers to the services' messages go, when those name a reply
     subject in the services' account rather than an inbox (imported from there)."""
+    share_info: bool = False
+    """A client role whose requests carry who sent them: its service imports `share: true`, so
+    nats-server adds a `Nats-Request-Info` header (account, user) the client cannot forge."""
 
     @property
     def inbox(self) -> str:
@@ -178,8 +181,15 @@ def roles(prefix: str = "toolbus") -> list[Role]:
         Role(
             "approver",
             "list pending approvals and decide them",
-            publish=[s.approvals_list, s.approvals_decide],
+            publish=[
+                s.approvals_list,
+                s.approvals_decide,
+                s.approvals_history,
+                s.approvals_remembered_list,
+                s.approvals_remembered_revoke,
+            ],
             subscribe=[s.approvals_requested],
+            share_info=True,
         ),
         Role(
             "workflow-engine",
@@ -243,8 +253,16 @@ def roles(prefix: str = "toolbus") -> list[Role]:
                 s.internal_approval_decisions,
                 s.internal_dead_letters,
                 *js_own(internal),
+                *js_read(toolsets),
+                *js_create(toolsets),
             ],
-            subscribe=[s.approvals_list, s.approvals_decide],
+            subscribe=[
+                s.approvals_list,
+                s.approvals_decide,
+                s.approvals_history,
+                s.approvals_remembered_list,
+                s.approvals_remembered_revoke,
+            ],
             service=True,
         ),
         Role(
@@ -331,6 +349,7 @@ def roles_of(prefixes: Sequence[str]) -> list[Role]:
                 service=first.service,
                 serves=list(dict.fromkeys(s for r in same for s in r.serves)),
                 answers_on=list(dict.fromkeys(s for r in same for s in r.answers_on)),
+                share_info=first.share_info,
             )
         )
     return merged
@@ -361,8 +380,9 @@ def _export(kind: str, subject: str, accounts: list[str]) -> str:
     return f'{{ {kind}: "{subject}", accounts: [{", ".join(accounts)}]{threshold} }}'
 
 
-def _import(kind: str, account: str, subject: str) -> str:
-    return f'{{ {kind}: {{ account: {account}, subject: "{subject}" }} }}'
+def _import(kind: str, account: str, subject: str, *, share: bool = False) -> str:
+    shared = ", share: true" if share else ""
+    return f'{{ {kind}: {{ account: {account}, subject: "{subject}" }}{shared} }}'
 
 
 def _block(name: str, items: list[str], indent: str) -> list[str]:
@@ -433,7 +453,7 @@ def render_auth_conf(prefix: str | Sequence[str] = "toolbus", *, nkeys: dict[str
         services, streams = client_imports(r)
         lines.append(f"  {account}: {{")
         lines.extend(_block("users", [user(r)], "    "))
-        imports = [_import("service", SERVICES_ACCOUNT, subject) for subject in services]
+        imports = [_import("service", SERVICES_ACCOUNT, subject, share=r.share_info) for subject in services]
         imports += [_import("stream", SERVICES_ACCOUNT, subject) for subject in streams]
         lines.extend(_block("imports", imports, "    "))
         lines.extend(_block("exports", [_export("service", x, [SERVICES_ACCOUNT]) for x in r.serves], "    "))

@@ -549,6 +549,8 @@ def _up(ready_timeout: float, only: list[str] | None, as_json: bool = False) -> 
         "TOOLBUS_SUBJECT_PREFIX": prefix,
         "TOOLBUS_SECRET_KEY": key,
     }
+    if secure:  # the approver's requests carry a Nats-Request-Info header nats-server vouches for
+        env["TOOLBUS_APPROVAL_TRUST_REQUEST_INFO"] = "1"
 
     already: dict[str, Tracked] = {}
     missing: list[str] = []

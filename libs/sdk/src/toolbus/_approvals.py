@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
@@ -14,6 +15,15 @@ from toolbus_contracts import (
     ApprovalRequested,
     ApprovalsListReply,
     ApprovalsListRequest,
+)
+from toolbus_contracts.approvals import (
+    ApprovalsHistoryReply,
+    ApprovalsHistoryRequest,
+    Remember,
+    RememberedDecision,
+    RememberedListReply,
+    RememberedListRequest,
+    RememberedRevokeRequest,
 )
 
 from toolbus._client import build
@@ -51,13 +61,36 @@ class Approvals:
                 return found
             cursor = page.next_cursor
 
-    async def decide(self, approval_id: str, approve: bool, reason: str | None = None) -> str:
+    async def decide(
+        self,
+        approval_id: str,
+        approve: bool,
+        reason: str | None = None,
+        *,
+        input: dict[str, Any] | None = None,
+        decider: str | None = None,
+        remember_for: str | None = None,
+        same_input: bool = False,
+    ) -> str:
         """Decide one approval; returns `"approved"` or `"denied"`. A second decision: `Conflict`.
+        `input`: approve and send this input instead (checked against the tool's schema);
+        `decider`: who decides, recorded as the client's word where the server vouches for no
+        user; `remember_for` (a duration): decide later calls of the namespace and tool (with
+        `same_input`, of this input) the same way until then.
 
         Sent again after `unavailable` (the first decide may have been applied, its reply lost):
         a retry answered `conflict` whose standing decision (`details.state`, `details.reason`)
         is this very one is taken as this decision's reply; any other `conflict` is raised."""
-        body = build(ApprovalDecideRequest, approval_id=approval_id, approve=approve, reason=reason)
+        remember = None if remember_for is None else Remember(for_=remember_for, same_input=same_input)
+        body = build(
+            ApprovalDecideRequest,
+            approval_id=approval_id,
+            approve=approve,
+            reason=reason,
+            input=input,
+            decider=decider,
+            remember=remember,
+        )
         decision = "approved" if approve else "denied"
 
         def settle(exc: ToolbusError) -> dict[str, Any] | None:
@@ -70,6 +103,49 @@ class Approvals:
 
         data = await self._tb.request(self._tb.subjects.approvals_decide, body, retry=True, settle=settle)
         return ApprovalDecideReply.model_validate(data).decision
+
+    async def history(
+        self,
+        *,
+        toolset_id: str | None = None,
+        namespace: str | None = None,
+        tool: str | None = None,
+        decider: str | None = None,
+        outcome: str | None = None,
+        since: str | None = None,
+        until: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> ApprovalsHistoryReply:
+        """One page of `approvals.history`: decisions, newest first, matching every filter given;
+        pass its `next_cursor` as `cursor` for the next page."""
+        body = build(
+            ApprovalsHistoryRequest,
+            toolset_id=toolset_id,
+            namespace=namespace,
+            tool=tool,
+            decider=decider,
+            outcome=outcome,
+            since=since,
+            until=until,
+            limit=limit,
+            cursor=cursor,
+        )
+        data = await self._tb.request(self._tb.subjects.approvals_history, body, retry=True)
+        return ApprovalsHistoryReply.model_validate(data)
+
+    async def remembered(
+        self, *, namespace: str | None = None, tool: str | None = None
+    ) -> builtins.list[RememberedDecision]:
+        """The remembered decisions in force, soonest to expire first."""
+        body = build(RememberedListRequest, namespace=namespace, tool=tool)
+        data = await self._tb.request(self._tb.subjects.approvals_remembered_list, body, retry=True)
+        return RememberedListReply.model_validate(data).remembered
+
+    async def revoke(self, remembered_id: str) -> None:
+        """Forget a remembered decision (`NotFound` when none is in force under that id)."""
+        body = build(RememberedRevokeRequest, remembered_id=remembered_id)
+        await self._tb.request(self._tb.subjects.approvals_remembered_revoke, body, retry=False)
 
     async def approve(self, approval_id: str, reason: str | None = None) -> str:
         return await self.decide(approval_id, True, reason)

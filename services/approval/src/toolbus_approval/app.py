@@ -13,19 +13,23 @@ from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 from redis.asyncio import Redis
 from toolbus_common.bus import Bus, asyncapi_document
-from toolbus_common.connections import connect_redis, ensure_stream, internal_stream_limits
+from toolbus_common.connections import JsPlacement, connect_redis, ensure_stream, internal_stream_limits
 from toolbus_common.keys import Keys
 from toolbus_common.outages import expected_fault
 from toolbus_common.settings import Settings
 from toolbus_common.signing import CommandSigner
 from toolbus_common.tasks import cancel_and_wait
+from toolbus_common.toolsets import ToolsetStore
 from toolbus_common.webhooks import WebhookSender
 from toolbus_contracts import Subjects
 from toolbus_contracts.approvals import ApprovalRequested
 from toolbus_contracts.internal import ApprovalDecided
 
 from toolbus_approval.approvals import Approvals
+from toolbus_approval.edits import EditCheck
 from toolbus_approval.handlers import routes
+from toolbus_approval.identity import Identity
+from toolbus_approval.remembered import RememberedStore
 from toolbus_approval.settings import ApprovalSettings
 from toolbus_approval.store import ApprovalStore
 
@@ -71,6 +75,18 @@ class NatsOutlet:
         await self._js.publish(subject, body, stream=self._stream, headers=headers, timeout=5.0)
 
 
+class PinnedSchemas:
+    """Tools' input schemas from the toolsets object store (`edits.Schemas`)."""
+
+    def __init__(self, toolsets: ToolsetStore) -> None:
+        self._toolsets = toolsets
+
+    async def input_schema(self, toolset_id: str, tool: str) -> dict[str, Any] | None:
+        stored = await self._toolsets.get(toolset_id)
+        found = stored.table.get(tool) if stored is not None else None
+        return None if found is None else found.info.input_schema
+
+
 class ApprovalApp:
     """The running service (`toolbus_common.runtime.Service`): ready once connected, its command
     consumers and its routes subscribed (`toolbus_common.bus`)."""
@@ -104,12 +120,17 @@ class ApprovalApp:
             schedule=self.approval_settings.webhook_retry_schedule,
             timeout=self.approval_settings.webhook_timeout_seconds,
         )
+        toolsets = ToolsetStore(js, s.js_name("toolsets"), placement=JsPlacement.of(s))
+        await toolsets.open()
         self.approvals = approvals = Approvals(
             ApprovalStore(redis, keys),
             NatsOutlet(nc, js, subjects, stream, CommandSigner.of(self.settings)),
             webhooks=self._webhooks if self._webhooks.enabled else None,
             timeout=self.approval_settings.timeout,
             list_budget=nc.max_payload - LIST_SLACK,
+            edits=EditCheck(PinnedSchemas(toolsets)),
+            identity=Identity(trust_request_info=self.approval_settings.approval_trust_request_info),
+            remembered=RememberedStore(redis, keys),
         )
         # What a previous process stored but did not send goes out before anything new.
         try:

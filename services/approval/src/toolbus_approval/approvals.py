@@ -7,16 +7,28 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 import orjson
-from toolbus_common.clock import now_iso
+from toolbus_common.canonical import sha256_hex
 from toolbus_common.cursors import opaque, unopaque
-from toolbus_contracts.approvals import ApprovalDecideReply, ApprovalRequested
+from toolbus_contracts.approvals import (
+    REMEMBER_MAX_SECONDS,
+    ApprovalDecideReply,
+    ApprovalRecord,
+    ApprovalRequested,
+    ApprovalsHistoryRequest,
+    Remember,
+    RememberedDecision,
+)
+from toolbus_contracts.base import parse_duration, unfit_number, unfit_number_error
 from toolbus_contracts.errors import Conflict, InvalidRequest, NotFound
 from toolbus_contracts.internal import ApprovalDecided, ApprovalNeeded
 
+from toolbus_approval.edits import EditCheck
+from toolbus_approval.identity import ANONYMOUS, Identity
+from toolbus_approval.remembered import RememberedStore, new_remembered_id
 from toolbus_approval.store import (
     CANCELLED_REASON,
     EXPIRED_REASON,
@@ -24,6 +36,7 @@ from toolbus_approval.store import (
     DecideResult,
     Position,
     State,
+    StoredApproval,
     epoch_ms,
 )
 
@@ -32,6 +45,15 @@ log = logging.getLogger(__name__)
 WEBHOOK_EVENT = "approval.requested"
 _CHUNK = 200
 """Approvals read from Redis per round trip while a page is filled."""
+EDIT_ROOM = 12 * 1024
+"""Bytes below `list_budget` an edited input must stay: with the list's 4 KiB, the 16 KiB the
+dispatcher keeps around an input it sends to a host tool or workflow (`outputs.ENVELOPE_ROOM`)."""
+HISTORY_SCAN_MAX = 5000
+"""Decisions one `approvals.history` page reads at most, whatever its filters match."""
+REMEMBERED_DECIDER = "remembered:"
+"""The decider of a call decided by a remembered decision: this, then the remembered id."""
+EXPIRY_DECIDER = "toolbus:expiry"
+"""The decider recorded when an approval's timeout denied it."""
 
 
 class Outlet(Protocol):
@@ -92,6 +114,9 @@ class Approvals:
         webhooks: WebhookQueue | None = None,
         timeout: timedelta | None = None,
         list_budget: int,
+        edits: EditCheck | None = None,
+        identity: Identity | None = None,
+        remembered: RememberedStore | None = None,
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ) -> None:
         self._store = store
@@ -102,6 +127,10 @@ class Approvals:
         self._webhooks = webhooks
         self._timeout_ms = None if timeout is None else int(timeout.total_seconds() * 1000)
         self._now_ms = clock_ms
+        self._edits = edits
+        self.identity = identity or Identity()
+        self._remembered = remembered
+        """How a decision's decider is named (read by the decide handler)."""
 
     # ---- commands from the dispatcher ------------------------------------------------------------
 
@@ -109,14 +138,18 @@ class Approvals:
         """Store the approval and announce it. Idempotent on the approval id: a redelivered command
         creates nothing and announces nothing again. True when this call created it."""
         now = self._now_ms()
-        expires = None if self._timeout_ms is None else epoch_ms(needed.requested_at) + self._timeout_ms
+        timeout_ms = self._timeout_ms
+        if needed.timeout is not None:  # the tool's own approvalTimeout
+            timeout_ms = int(parse_duration(needed.timeout).total_seconds() * 1000)
+        expires = None if timeout_ms is None else epoch_ms(needed.requested_at) + timeout_ms
         result = await self._store.create(needed, expires_ms=expires, now_ms=now)
         if result.created:
             log.info(
                 "approval requested",
                 extra={"approvalId": needed.approval_id, "callId": needed.call_id, "runId": needed.run_id},
             )
-            await self.announce(needed.approval_id)
+            await self._decide_remembered(needed)
+            await self.announce(needed.approval_id)  # only dequeued when a remembered decision ended it
         elif result.state == "cancelled":
             log.info("approval for a closed run cancelled", extra={"approvalId": needed.approval_id})
         return result.created
@@ -167,11 +200,94 @@ class Approvals:
                 return page, None
             after = rows[-1]
 
-    async def decide(self, approval_id: str, *, approve: bool, reason: str | None) -> ApprovalDecideReply:
+    async def _decide_remembered(self, needed: ApprovalNeeded) -> None:
+        """Decide a new approval at once when a remembered decision covers its namespace, tool
+        (and input); the decider says which (`remembered:<rememberedId>`)."""
+        if self._remembered is None:
+            return
+        found = await self._remembered.match(needed.namespace, needed.tool, needed.input_digest)
+        if found is None:
+            return
+        state: State = "approved" if found.decision == "approved" else "denied"
+        decider = f"{REMEMBERED_DECIDER}{found.remembered_id}"
+        result = await self._transition(needed.approval_id, state, found.reason, decider=decider)
+        if result.outcome == "ok":
+            log.info(
+                "approval decided by a remembered decision",
+                extra={"approvalId": needed.approval_id, "rememberedId": found.remembered_id},
+            )
+
+    async def remember(
+        self,
+        approval_id: str,
+        remember: Remember,
+        *,
+        decision: State,
+        reason: str | None,
+        decider: str | None,
+    ) -> str:
+        """Remember a decision just made on `approval_id` for its namespace and tool."""
+        assert self._remembered is not None
+        stored = await self._store.get(approval_id)
+        assert stored is not None  # decided a moment ago; kept 30 days
+        n = stored.needed
+        now = self._now_ms()
+        expires = now + int(parse_duration(remember.for_).total_seconds() * 1000)
+        remembered = RememberedDecision(
+            remembered_id=new_remembered_id(),
+            namespace=n.namespace,
+            tool=n.tool,
+            input_digest=n.input_digest if remember.same_input else None,
+            decision="approved" if decision == "approved" else "denied",
+            reason=reason,
+            decider=decider or ANONYMOUS,
+            approval_id=approval_id,
+            created_at=iso_of(now),
+            expires_at=iso_of(expires),
+        )
+        await self._remembered.put(remembered, expires_ms=expires)
+        log.info(
+            "decision remembered", extra={"rememberedId": remembered.remembered_id, "approvalId": approval_id}
+        )
+        return remembered.remembered_id
+
+    async def remembered_in_force(
+        self, *, namespace: str | None, tool: str | None, limit: int
+    ) -> tuple[list[RememberedDecision], bool]:
+        if self._remembered is None:
+            return [], False
+        return await self._remembered.in_force(self._now_ms(), namespace=namespace, tool=tool, limit=limit)
+
+    async def revoke(self, remembered_id: str) -> None:
+        """Forget a remembered decision; `NotFound` when none is in force under that id."""
+        if self._remembered is None or not await self._remembered.revoke(remembered_id):
+            raise NotFound(
+                f"No remembered decision {remembered_id!r} in force: it expired, was revoked, or never was.",
+                details={"rememberedId": remembered_id},
+            )
+
+    async def decide(
+        self,
+        approval_id: str,
+        *,
+        approve: bool,
+        reason: str | None,
+        edited_input: dict[str, Any] | None = None,
+        decider: str | None = None,
+        remember: Remember | None = None,
+    ) -> ApprovalDecideReply:
         """Record the first decision on a pending approval and send it to the dispatcher. Raises
-        `NotFound` for an unknown id and `Conflict` (saying what came first) for a second one."""
+        `NotFound` for an unknown id and `Conflict` (saying what came first) for a second one; an
+        edited input that the tool's schema refuses, or that would not fit in the decision, is
+        `invalidRequest` naming `input` (nothing is decided)."""
         state: State = "approved" if approve else "denied"
-        result = await self._transition(approval_id, state, reason)
+        if edited_input is not None:
+            await self._check_edit(approval_id, approve, edited_input)
+        if remember is not None:
+            _check_remember(remember, edited=edited_input is not None, enabled=self._remembered is not None)
+        result = await self._transition(
+            approval_id, state, reason, edited_input=edited_input, decider=decider
+        )
         if result.outcome == "missing":
             raise NotFound(
                 f"No approval {approval_id!r}: use an id from approvals.list or an approval.requested event.",
@@ -179,8 +295,71 @@ class Approvals:
             )
         if result.outcome == "taken":
             raise Conflict(_conflict_message(approval_id, result), details=_conflict_details(result))
-        log.info("approval decided", extra={"approvalId": approval_id, "decision": state})
-        return ApprovalDecideReply(approval_id=approval_id, decision="approved" if approve else "denied")
+        log.info("approval decided", extra={"approvalId": approval_id, "decision": state, "decider": decider})
+        remembered_id = None
+        if remember is not None:
+            remembered_id = await self.remember(
+                approval_id, remember, decision=state, reason=reason, decider=decider
+            )
+        return ApprovalDecideReply(
+            approval_id=approval_id,
+            decision="approved" if approve else "denied",
+            edited_input_digest=None if edited_input is None else sha256_hex(edited_input),
+            remembered_id=remembered_id,
+        )
+
+    async def _check_edit(self, approval_id: str, approve: bool, edited: dict[str, Any]) -> None:
+        if not approve:
+            raise InvalidRequest(
+                "Field 'input' goes with approve: true (an edited input to send); a denial sends nothing.",
+                details={"field": "input"},
+            )
+        try:
+            size, limit = len(orjson.dumps(edited)), self.list_budget - EDIT_ROOM
+        except TypeError:  # an integer outside 64 bits: no event or tool could carry it
+            raise unfit_number_error(unfit_number(edited, ("input",)) or "input") from None
+        if size > limit:
+            raise InvalidRequest(
+                f"Field 'input' is {size} bytes, over the {limit} a decision (and the call it sends) "
+                "carries in one NATS message.",
+                details={"field": "input", "size": size, "limit": limit},
+            )
+        stored = await self._store.get(approval_id)
+        if stored is None:
+            return  # the transition answers notFound
+        if self._edits is None:
+            raise InvalidRequest(
+                "Field 'input': this approval service cannot check edited inputs.", details={"field": "input"}
+            )
+        await self._edits.check(stored.needed.toolset_id, stored.needed.tool, edited)
+
+    async def history(
+        self, request: ApprovalsHistoryRequest, *, scan_max: int = HISTORY_SCAN_MAX
+    ) -> tuple[list[ApprovalRecord], Position | None]:
+        """One page of decisions, newest first, that match every filter the request gives; with
+        the place the next page starts before (None when the index is exhausted). At most
+        `scan_max` decisions are read per page: a rare match returns a short page and a cursor."""
+        since_ms = _moment(request.since, "since")
+        until_ms = _moment(request.until, "until")
+        before = decode_cursor(request.cursor)
+        if until_ms is not None and (before is None or before[0] >= until_ms):
+            before = (until_ms, "")  # strictly before `until`
+        page: list[ApprovalRecord] = []
+        scanned = 0
+        while scanned < scan_max:
+            count = min(_CHUNK, scan_max - scanned)
+            rows = await self._store.decided_ids(before=before, since_ms=since_ms, count=count)
+            scanned += len(rows)
+            for position, stored in zip(rows, await self._store.get_rows([i for _, i in rows]), strict=True):
+                if stored is None or not _matches(stored, request):
+                    continue
+                page.append(_record(stored))
+                if len(page) == request.limit:
+                    return page, position
+            if len(rows) < count:
+                return page, None
+            before = rows[-1]
+        return page, before
 
     # ---- background duties ---------------------------------------------------------------------
 
@@ -189,7 +368,7 @@ class Approvals:
         this together: the atomic transition lets exactly one of them (or a person) win."""
         expired = 0
         for approval_id in await self._store.due_expiries(self._now_ms()):
-            result = await self._transition(approval_id, "denied", EXPIRED_REASON)
+            result = await self._transition(approval_id, "denied", EXPIRED_REASON, decider=EXPIRY_DECIDER)
             if result.outcome == "ok":
                 expired += 1
                 log.info("approval expired", extra={"approvalId": approval_id})
@@ -232,9 +411,24 @@ class Approvals:
         await self._store.outbox_done(approval_id)
         return True
 
-    async def _transition(self, approval_id: str, state: State, reason: str | None) -> DecideResult:
+    async def _transition(
+        self,
+        approval_id: str,
+        state: State,
+        reason: str | None,
+        *,
+        edited_input: dict[str, Any] | None = None,
+        decider: str | None = None,
+    ) -> DecideResult:
+        now_ms = self._now_ms()
         result = await self._store.transition(
-            approval_id, state, reason, decided_at=now_iso(), now_ms=self._now_ms()
+            approval_id,
+            state,
+            reason,
+            decided_at=iso_of(now_ms),  # the same instant as the history index's score
+            now_ms=now_ms,
+            edited_input=edited_input,
+            decider=decider,
         )
         if result.outcome == "ok" and state != "cancelled":
             try:
@@ -246,6 +440,74 @@ class Approvals:
                     extra={"approvalId": approval_id, "error": type(exc).__name__},
                 )
         return result
+
+
+def _check_remember(remember: Remember, *, edited: bool, enabled: bool) -> None:
+    if not enabled:
+        raise InvalidRequest(
+            "Field 'remember': this approval service keeps no remembered decisions.",
+            details={"field": "remember"},
+        )
+    if edited:
+        raise InvalidRequest(
+            "Field 'remember' cannot go with an edited 'input': a remembered decision sends each call's own input.",
+            details={"field": "remember"},
+        )
+    seconds = parse_duration(remember.for_).total_seconds()
+    if not 0 < seconds <= REMEMBER_MAX_SECONDS:
+        raise InvalidRequest(
+            f"Field 'remember.for' must be more than 0 and at most {REMEMBER_MAX_SECONDS // 86400} days.",
+            details={"field": "remember.for"},
+        )
+
+
+def iso_of(ms: int) -> str:
+    """RFC 3339 with milliseconds and `Z` (as `now_iso` writes) of epoch milliseconds."""
+    moment = datetime.fromtimestamp(ms // 1000, UTC).replace(microsecond=ms % 1000 * 1000)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _moment(value: str | None, field: str) -> int | None:
+    """Epoch ms of an RFC 3339 filter time, or `invalidRequest` naming the field."""
+    if value is None:
+        return None
+    try:
+        return epoch_ms(value)
+    except ValueError:
+        raise InvalidRequest(
+            f"Field '{field}' is not an RFC 3339 time (e.g. 2026-12-07T05:00:00Z).", details={"field": field}
+        ) from None
+
+
+def _matches(stored: StoredApproval, request: ApprovalsHistoryRequest) -> bool:
+    n = stored.needed
+    return (
+        stored.state in ("approved", "denied")
+        and (request.toolset_id is None or n.toolset_id == request.toolset_id)
+        and (request.namespace is None or n.namespace == request.namespace)
+        and (request.tool is None or n.tool == request.tool)
+        and (request.decider is None or stored.decider == request.decider)
+        and (request.outcome is None or stored.state == request.outcome)
+    )
+
+
+def _record(stored: StoredApproval) -> ApprovalRecord:
+    n = stored.needed
+    return ApprovalRecord(
+        approval_id=n.approval_id,
+        call_id=n.call_id,
+        run_id=n.run_id,
+        namespace=n.namespace,
+        toolset_id=n.toolset_id,
+        tool=n.tool,
+        decision="approved" if stored.state == "approved" else "denied",
+        reason=stored.reason,
+        decider=stored.decider,
+        requested_at=n.requested_at,
+        decided_at=stored.decided_at or "",
+        input_digest=n.input_digest,
+        edited_input_digest=None if stored.edited_input is None else sha256_hex(stored.edited_input),
+    )
 
 
 def _conflict_message(approval_id: str, result: DecideResult) -> str:

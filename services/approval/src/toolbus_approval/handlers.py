@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-from toolbus_common.bus import Routes
+from toolbus_common.bus import REQUEST_HEADERS, Routes
 from toolbus_contracts.approvals import (
     ApprovalDecideReply,
     ApprovalDecideRequest,
     ApprovalRequested,
+    ApprovalsHistoryReply,
+    ApprovalsHistoryRequest,
     ApprovalsListReply,
     ApprovalsListRequest,
+    RememberedListReply,
+    RememberedListRequest,
+    RememberedRevokeReply,
+    RememberedRevokeRequest,
 )
 from toolbus_contracts.internal import ApprovalDecided, ApprovalNeeded, RunClosed
 
@@ -35,8 +41,42 @@ async def handle_list(approvals: Approvals, request: ApprovalsListRequest) -> Ap
 
 @routes.request(lambda s: s.approvals_decide)
 async def handle_decide(approvals: Approvals, request: ApprovalDecideRequest) -> ApprovalDecideReply:
-    """Decide a pending approval; a second decision is `conflict` (the first stands)."""
-    return await approvals.decide(request.approval_id, approve=request.approve, reason=request.reason)
+    """Decide a pending approval, optionally sending an edited input; a second decision is
+    `conflict` (the first stands). The decider is who the request came in as (`identity`)."""
+    decider = approvals.identity.decider(REQUEST_HEADERS.get({}), request.decider)
+    return await approvals.decide(
+        request.approval_id,
+        approve=request.approve,
+        reason=request.reason,
+        edited_input=request.input,
+        decider=decider,
+        remember=request.remember,
+    )
+
+
+@routes.request(lambda s: s.approvals_remembered_list)
+async def handle_remembered_list(approvals: Approvals, request: RememberedListRequest) -> RememberedListReply:
+    """Remembered decisions in force, soonest to expire first, by namespace and/or tool."""
+    found, truncated = await approvals.remembered_in_force(
+        namespace=request.namespace, tool=request.tool, limit=request.limit
+    )
+    return RememberedListReply(remembered=found, truncated=truncated)
+
+
+@routes.request(lambda s: s.approvals_remembered_revoke)
+async def handle_remembered_revoke(
+    approvals: Approvals, request: RememberedRevokeRequest
+) -> RememberedRevokeReply:
+    """Forget a remembered decision: later calls ask a person again."""
+    await approvals.revoke(request.remembered_id)
+    return RememberedRevokeReply(remembered_id=request.remembered_id, revoked=True)
+
+
+@routes.request(lambda s: s.approvals_history)
+async def handle_history(approvals: Approvals, request: ApprovalsHistoryRequest) -> ApprovalsHistoryReply:
+    """Decisions, newest first, filtered by toolset, namespace, tool, decider, outcome and time."""
+    page, before = await approvals.history(request)
+    return ApprovalsHistoryReply(decisions=page, next_cursor=encode_cursor(before) if before else None)
 
 
 @routes.command(lambda s: s.internal_approval_requests, durable=DURABLE_NEEDED)

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+import orjson
 from redis.asyncio import Redis
+from toolbus_common.canonical import sha256_hex
 from toolbus_common.keys import Keys
 from toolbus_contracts.approvals import ApprovalRequested, Decision
 from toolbus_contracts.internal import ApprovalDecided, ApprovalNeeded
@@ -52,8 +54,9 @@ redis.call('ZADD', KEYS[6], ARGV[7], ARGV[6])
 return {'created', 'pending'}
 """
 
-# KEYS: approval, pending, pending_run, pending_ns, expiry, outbox
-# ARGV: new state, reason ('' = none), decided_at (ISO), id, now_ms, ttl, outbox? ('1'/'0')
+# KEYS: approval, pending, pending_run, pending_ns, expiry, outbox, decided
+# ARGV: new state, reason ('' = none), decided_at (ISO), id, now_ms, ttl, outbox? ('1'/'0'),
+#       edited input JSON ('' = none), decider ('' = none)
 _DECIDE = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return {'missing'} end
@@ -62,6 +65,12 @@ if state ~= 'pending' then
 end
 redis.call('HSET', KEYS[1], 'state', ARGV[1], 'decidedAt', ARGV[3])
 if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'reason', ARGV[2]) end
+if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'editedInput', ARGV[8]) end
+if ARGV[9] ~= '' then redis.call('HSET', KEYS[1], 'decider', ARGV[9]) end
+if ARGV[7] == '1' then
+  redis.call('ZADD', KEYS[7], ARGV[5], ARGV[4])
+  redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', tonumber(ARGV[5]) - tonumber(ARGV[6]) * 1000)
+end
 redis.call('ZREM', KEYS[2], ARGV[4])
 redis.call('ZREM', KEYS[3], ARGV[4])
 redis.call('ZREM', KEYS[4], ARGV[4])
@@ -84,6 +93,8 @@ class StoredApproval:
     state: State
     reason: str | None
     decided_at: str | None
+    edited_input: dict[str, Any] | None = None
+    decider: str | None = None
 
     def requested(self) -> ApprovalRequested:
         """The public `approval.requested` body (the input digest stays internal)."""
@@ -97,6 +108,7 @@ class StoredApproval:
             tool=n.tool,
             input=n.input,
             requested_at=n.requested_at,
+            rule_error=n.rule_error,
         )
 
     def decided(self) -> ApprovalDecided:
@@ -114,6 +126,9 @@ class StoredApproval:
             input_digest=n.input_digest,
             decision=decision,
             reason=self.reason,
+            input=self.edited_input,
+            edited_input_digest=None if self.edited_input is None else sha256_hex(self.edited_input),
+            decider=self.decider,
         )
 
 
@@ -203,6 +218,16 @@ class ApprovalStore:
         rows: list[dict[bytes, bytes]] = await pipe.execute()
         return [self._parse(raw) for raw in rows if raw]
 
+    async def get_rows(self, approval_ids: list[str]) -> list[StoredApproval | None]:
+        """The approvals of `approval_ids`, in that order, None for one that is gone (one round trip)."""
+        if not approval_ids:
+            return []
+        pipe = self._redis.pipeline(transaction=False)
+        for approval_id in approval_ids:
+            pipe.hgetall(self._keys.approval(approval_id))
+        rows: list[dict[bytes, bytes]] = await pipe.execute()
+        return [self._parse(raw) if raw else None for raw in rows]
+
     @staticmethod
     def _parse(raw: dict[bytes, bytes]) -> StoredApproval:
         needed = ApprovalNeeded.model_validate_json(raw[b"needed"], by_alias=True)
@@ -211,6 +236,8 @@ class ApprovalStore:
             state=raw[b"state"].decode(),  # type: ignore[arg-type]
             reason=_s(raw.get(b"reason")),
             decided_at=_s(raw.get(b"decidedAt")),
+            edited_input=orjson.loads(raw[b"editedInput"]) if b"editedInput" in raw else None,
+            decider=_s(raw.get(b"decider")),
         )
 
     async def pending_ids(
@@ -239,7 +266,15 @@ class ApprovalStore:
         return [(int(score), m.decode()) for m, score in rows[:count]]
 
     async def transition(
-        self, approval_id: str, state: State, reason: str | None, *, decided_at: str, now_ms: int
+        self,
+        approval_id: str,
+        state: State,
+        reason: str | None,
+        *,
+        decided_at: str,
+        now_ms: int,
+        edited_input: dict[str, Any] | None = None,
+        decider: str | None = None,
     ) -> DecideResult:
         """Move a pending approval to `state` atomically; only the first transition wins. A decision
         (`approved`/`denied`) also goes to the outbox for the dispatcher; a cancel does not."""
@@ -255,6 +290,7 @@ class ApprovalStore:
             k.approvals_pending_namespace(namespace or ""),
             k.approvals_expiry,
             k.approvals_outbox,
+            k.approvals_decided,
         ]
         argv = [
             state,
@@ -264,6 +300,8 @@ class ApprovalStore:
             str(now_ms),
             str(DECIDED_TTL_SECONDS),
             "0" if state == "cancelled" else "1",
+            "" if edited_input is None else orjson.dumps(edited_input).decode(),
+            decider or "",
         ]
         reply = [_s(x) for x in await self._decide(keys=keys, args=argv)]
         if reply[0] == "missing":
@@ -271,6 +309,25 @@ class ApprovalStore:
         if reply[0] == "taken":
             return DecideResult("taken", state=reply[1], reason=reply[2] or None)  # type: ignore[arg-type]
         return DecideResult("ok", state=state, reason=reason)
+
+    async def decided_ids(
+        self, *, before: Position | None, since_ms: int | None, count: int
+    ) -> list[Position]:
+        """Up to `count` decisions, newest first, strictly before `before` (from the newest
+        without), none decided before `since_ms`: (decided ms, id) each."""
+        index = self._keys.approvals_decided
+        low: Any = "-inf" if since_ms is None else since_ms
+        if before is None:
+            rows = await self._redis.zrevrangebyscore(index, "+inf", low, start=0, num=count, withscores=True)
+        else:
+            ms, last = before
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.zrangebyscore(index, ms, ms, withscores=True)  # those of the same millisecond
+            pipe.zrevrangebyscore(index, f"({ms}", low, start=0, num=count, withscores=True)
+            ties, earlier = await pipe.execute()
+            ties = sorted(((m, sc) for m, sc in ties if m.decode() < last), key=lambda r: r[0], reverse=True)
+            rows = ties + earlier
+        return [(int(score), m.decode()) for m, score in rows[:count]]
 
     async def mark_run_closed(self, run_id: str) -> list[str]:
         """Remember that the run closed and return its pending approval ids."""

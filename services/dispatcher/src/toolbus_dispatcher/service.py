@@ -15,7 +15,7 @@ from nats.js import JetStreamContext
 from toolbus_common.canonical import canonical_json, sha256_hex
 from toolbus_common.clock import now_iso
 from toolbus_common.in_flight import InFlight
-from toolbus_common.toolsets import ToolsetStore
+from toolbus_common.toolsets import Tool, ToolsetStore
 from toolbus_contracts import (
     CallGetReply,
     CallGetRequest,
@@ -27,9 +27,11 @@ from toolbus_contracts import (
     Subjects,
 )
 from toolbus_contracts.base import unfit_number, unfit_number_error
-from toolbus_contracts.errors import Conflict, InvalidRequest, NotFound, UnknownTool
+from toolbus_contracts.errors import Conflict, InvalidInput, InvalidRequest, NotFound, UnknownTool
 from toolbus_contracts.internal import ApprovalDecided, ApprovalNeeded, CallsResume
+from toolbus_contracts.registry import ApprovalRule
 
+from toolbus_dispatcher.approval_rules import ALWAYS, NEVER, ApprovalRules, Verdict, uses_credentials
 from toolbus_dispatcher.calls import CallRunner, reply_body
 from toolbus_dispatcher.credentials import CredentialResolver
 from toolbus_dispatcher.outcomes import failed
@@ -104,6 +106,7 @@ class DispatcherService:
         self._retention = run_retention
         self._publish_reply = publish_reply
         self._schemas = SchemaCache()
+        self._rules = ApprovalRules()
         self._runs: OrderedDict[str, tuple[str, str | None]] = OrderedDict()
         self._answering: set[str] = set()
         """Runs a close of this process is closing: another close of them answers no invoker."""
@@ -209,7 +212,8 @@ class DispatcherService:
         now = now_iso()
         approval_id = digest = ""
         announce: tuple[str, bytes] | None = None
-        if policy.approval:
+        verdict = await self._approval_verdict(req, tool, toolset_id, namespace)
+        if verdict.ask:
             approval_id, digest = "apr_" + fresh_approval, sha256_hex(req.input)
             # The approval command goes into the outbox with the stored call (message id
             # `approvalNeeded:<callId>`): a dispatcher dying right after the store can no longer
@@ -224,6 +228,8 @@ class DispatcherService:
                 input=req.input,
                 input_digest=digest,
                 requested_at=now,
+                timeout=policy.approval_timeout,
+                rule_error=verdict.error,
             )
             command = needed.wire_json()
             self._check_fits(len(command), "an approval: its request")
@@ -283,6 +289,22 @@ class DispatcherService:
             self._runner.start(created.admitted)
         return Started(call_id, key)
 
+    async def _approval_verdict(
+        self, req: CallStartRequest, tool: Tool, toolset_id: str, namespace: str | None
+    ) -> Verdict:
+        """Whether this call waits for a decision: its tool's `approval`, a rule evaluated here."""
+        approval = tool.policy.approval
+        if not isinstance(approval, ApprovalRule):
+            return ALWAYS if approval else NEVER
+        level: str | None = None
+        if tool.kind == "mcp" and uses_credentials(approval):
+            try:
+                _, level = await self._credentials.resolve(toolset_id, namespace, req.run_id, tool.target)
+            except Exception as exc:  # the credentials store away: a person decides instead
+                return Verdict(True, f"the credentials level could not be read ({type(exc).__name__})")
+        run = {"runId": req.run_id, "namespace": namespace, "toolsetId": toolset_id, "credentials": level}
+        return self._rules.verdict(approval, {"input": req.input, "tool": tool.name, "run": run})
+
     async def get_call(self, req: CallGetRequest) -> CallGetReply:
         found = await self._store.get_call(req.call_id)
         if found is None:
@@ -301,24 +323,58 @@ class DispatcherService:
         """Apply an approval decision if the call still waits for exactly this one."""
         match = (decision.approval_id, decision.tool, decision.toolset_id, decision.input_digest)
         now = now_iso()
+        decider = decision.decider or ""
+        problem = None
         if decision.decision == "approved":
-            result = await self._store.release_waiting(
-                decision.call_id, "awaitingApproval", now=now, approval=match
-            )
-            if result.status in ("queued", "skipped"):  # skipped: a repeat may hand calls back
-                self._runner.start(result.admitted)
-            return
-        outcome = failed("denied", decision.reason or "The call was denied.")
+            edited = None
+            if decision.input is not None:
+                edited, problem = await self._edited(decision)
+            if problem is None:
+                result = await self._store.release_waiting(
+                    decision.call_id,
+                    "awaitingApproval",
+                    now=now,
+                    approval=match,
+                    edited=edited,
+                    decider=decider,
+                )
+                if result.status in ("queued", "skipped"):  # skipped: a repeat may hand calls back
+                    self._runner.start(result.admitted)
+                return
+        reason = problem or decision.reason
+        outcome = failed("denied", reason or "The call was denied.")
         result = await self._store.release_waiting(
             decision.call_id,
             "awaitingApproval",
             outcome_json=orjson.dumps(outcome).decode(),
             now=now,
             approval=match,
-            reason=decision.reason or "",
+            reason=reason or "",
+            decider=decider,
         )
         if result.status == "done":
             await self._end_held(decision.call_id, result.run_id, result.replies, result.key, outcome)
+
+    async def _edited(self, decision: ApprovalDecided) -> tuple[tuple[str, str] | None, str | None]:
+        """(input JSON, digest) of an approval's edited input, or why it cannot be sent (the
+        approval service checked it against the same schema; this holds if the toolset is gone)."""
+        edited = decision.input
+        assert edited is not None
+        stored = await self._toolsets.get(decision.toolset_id)
+        tool = stored.table.get(decision.tool) if stored is not None else None
+        if tool is None:
+            return None, "The edited input could not be checked: the tool is no longer known."
+        try:
+            self._schemas.check(decision.toolset_id, tool.name, tool.info.input_schema, edited)
+        except InvalidInput as exc:
+            return None, f"The edited input is invalid: {exc.message}"
+        text = orjson.dumps(edited).decode()
+        if len(text) > self._message_limit:
+            return (
+                None,
+                f"The edited input is {len(text)} bytes, over the {self._message_limit} a call carries.",
+            )
+        return (text, sha256_hex(edited)), None
 
     async def apply_resume(self, resume: CallsResume) -> None:
         """Send parked calls again in order, or end them with `credentialsRejected`."""

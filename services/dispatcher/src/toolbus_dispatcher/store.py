@@ -357,10 +357,13 @@ class CallStore:
         now: str,
         approval: tuple[str, str, str, str] | None = None,
         reason: str = "",
+        edited: tuple[str, str] | None = None,
+        decider: str = "",
     ) -> Finished:
         """Queue a call held in `from_state` for a slot, or end it with `outcome_json`.
 
         `approval` (approvalId, tool, toolsetId, digest) must all match the call, else `mismatch`.
+        `edited` (input JSON, its digest): the input an approval sends instead of the one asked.
         """
         k = self.keys
         res = await self._release(
@@ -377,7 +380,9 @@ class CallStore:
                 MAX_SCAN,
                 *(approval or ("", "", "", "")),
                 reason,
-                now,
+                *(edited or ("", "")),
+                decider,
+                now,  # the last two: NOW and EVENTS of the event prelude
                 self.events_prefix,
             ],
         )

@@ -30,6 +30,7 @@ from toolbus_common.egress import EgressPolicy
 from toolbus_common.lru import Lru
 from toolbus_common.toolsets import mcp_tool_name, qualified_names
 from toolbus_contracts import (
+    ApprovalRule,
     EffectivePolicy,
     HttpSpec,
     McpServerSpec,
@@ -94,6 +95,12 @@ def check_json_schema(schema: dict[str, Any], field: str) -> None:
             f"Field '{field}' is not a valid JSON Schema at {where}: {bounded(exc.message, 300)}.",
             details={"field": field},
         ) from None
+
+
+def _check_rule(policy: PolicySpec | None, field: str) -> None:
+    """Refuse an approval rule whose `when` is not valid JSON Schema."""
+    if policy is not None and isinstance(policy.approval, ApprovalRule):
+        check_json_schema(policy.approval.when, f"{field}.approval.when")
 
 
 def _normalise_policy(kind: ToolKind, spec: PolicySpec | None) -> PolicySpec | None:
@@ -404,6 +411,12 @@ class Pinner:
             check_json_schema(tool.input_schema, f"host[{i}].inputSchema")
             if tool.output_schema is not None:
                 check_json_schema(tool.output_schema, f"host[{i}].outputSchema")
+            _check_rule(tool.policy, f"host[{i}].policy")
+        for i, server in enumerate(spec.mcp):
+            for name, policy in server.policies.items():
+                _check_rule(policy, f"mcp[{i}].policies.{bounded(name, 200)}")
+        if spec.http is not None:
+            _check_rule(spec.http.policy, "http.policy")
         _check_credential_servers(spec, seen)
 
     async def _pin_servers(

@@ -251,7 +251,8 @@ def _toolset_table(toolset: Toolset) -> None:
     for tool in toolset.tools:
         first = shorten((tool.description or "").split(". ")[0], 80)
         policy = tool.policy
-        table.add_row(tool.name, tool.kind, "yes" if policy.approval else "", policy.on_interruption, first)
+        approval = "yes" if policy.approval is True else ("" if policy.approval is False else "rule")
+        table.add_row(tool.name, tool.kind, approval, policy.on_interruption, first)
     out.print(table)
 
 

@@ -16,7 +16,8 @@ if run[2] ~= ARGV[5] then return {'toolsetChanged', credv} end
 local existing = redis.call('HGET', KEYS[2], ARGV[2])
 if existing then
   local ck = ARGV[14] .. existing
-  local c = redis.call('HMGET', ck, 'state', 'outcome', 'attempts', 'tool', 'input')
+  local c = redis.call('HMGET', ck, 'state', 'outcome', 'attempts', 'tool', 'input', 'asked')
+  c[5] = c[6] or c[5]  -- the input asked about, when a decision sent an edited one
   if c[4] and (c[4] ~= ARGV[3] or c[5] ~= ARGV[4]) then
     -- The key names a call of another tool or input (or the same input written otherwise):
     -- nothing is registered here; the dispatcher compares the two and says which.

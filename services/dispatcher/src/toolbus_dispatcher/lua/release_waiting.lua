@@ -4,7 +4,10 @@
 -- KEYS: call, call_replies, leases, outbox
 -- ARGV: callId, fromState, outcomeJson ('' to queue), owner, now, lease, callPrefix, runLimit,
 --       maxScan, approvalId, tool, toolsetId, digest (these four '' when not an approval),
---       reason (of a denial), now, eventsPrefix
+--       reason (of a denial), editedInputJson, editedDigest ('' when not edited), decider
+--       ('' when unknown), now, eventsPrefix
+-- An edited input replaces `input` (what is sent); the one asked about is kept as `asked`, which
+-- a repeated idempotency key is compared with.
 local ck = KEYS[1]
 local cid = ARGV[1]
 local c = redis.call('HMGET', ck, 'state', 'approval', 'tool', 'ts', 'digest', 'run', 'key')
@@ -25,6 +28,7 @@ if ARGV[10] ~= '' then
   end
 end
 local approval = ARGV[10] ~= '' and (',"approvalId":' .. cjson.encode(ARGV[10])) or ''
+if ARGV[17] ~= '' then approval = approval .. ',"decider":' .. cjson.encode(ARGV[17]) end
 if ARGV[3] ~= '' then
   redis.call('HSET', ck, 'state', 'done', 'outcome', ARGV[3], 'finished', ARGV[5])
   if ARGV[2] == 'awaitingApproval' then
@@ -34,6 +38,10 @@ if ARGV[3] ~= '' then
   local replies = redis.call('LRANGE', KEYS[2], 0, -1)
   redis.call('EXPIRE', KEYS[2], 300)  -- kept a while for a retry of this script
   return {'done', replies, {}, c[6], c[7]}
+end
+if ARGV[15] ~= '' then
+  redis.call('HSET', ck, 'asked', redis.call('HGET', ck, 'input'), 'input', ARGV[15], 'editedDigest', ARGV[16])
+  approval = approval .. ',"inputDigest":' .. cjson.encode(c[5]) .. ',"editedInputDigest":' .. cjson.encode(ARGV[16])
 end
 emit(ck, c[6], cid, ARGV[2] == 'awaitingApproval' and 'approved' or 'resumed', approval)
 enqueue(ck, cid)
