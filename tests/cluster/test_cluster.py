@@ -14,7 +14,6 @@ idempotent server applies each once). Prints the figures (`pytest -s`).
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 import nats
 import pytest
 from redis.asyncio import Redis
+from toolbus._stored import read_object
 from toolbus_common.connections import JsPlacement, ensure_kv, ensure_object_store
 from toolbus_common.keys import Keys
 from toolbus_devstack.nats_conf import client_env, dev_credentials, server_env
@@ -166,7 +166,9 @@ async def test_a_burst_survives_a_nats_node_and_a_dispatcher_killed(
             "the R1 outputs store",
             limit=120.0,
         )
-        before = await _replicas(nc, readers)
+        before = await _replicas(
+            readers[1], readers
+        )  # the harness lists no streams: its account has no JetStream
         # One replica of each service first (they create the R3 streams and consumers), then the
         # second ones: on a loaded 2-core machine eight processes racing to create them time out.
         for replica in range(2):
@@ -237,10 +239,9 @@ async def test_a_burst_survives_a_nats_node_and_a_dispatcher_killed(
             )
             big = await run_burst(nc, prefix, run_id, "s.big", 1, key_prefix="big")
             ref = big.outcomes["big-0"]["outputRef"]
-            sink = io.BytesIO()
-            await (await js.object_store(ref["bucket"])).get(ref["name"], writeinto=sink)
-            assert json.loads(sink.getvalue()) == {"data": "b" * BIG}
-            replicas = await _replicas(nc, readers)
+            # read as a harness reads it: direct gets (its account has no other JetStream)
+            assert json.loads(await read_object(js, ref["bucket"], ref["name"])) == {"data": "b" * BIG}
+            replicas = await _replicas(readers[1], readers)
 
             killed_at: list[float] = []
 

@@ -370,7 +370,7 @@ async def test_redis_service_of_compose_runs_on_a_real_redis_server(
                     reach[name] = False
             assert reach == {"dispatcher": True, "credentials": True, "approval": False, "gateway": False}
             await users["approval"].zcard("toolbus:{approvals}:pending")  # its own keys
-            await users["gateway"].hlen("toolbus:gw:tokens")  # its own keys
+            await users["gateway"].hgetall("toolbus:gw:tokens")  # its own keys
             with pytest.raises(redis.exceptions.NoPermissionError):
                 await users["approval"].flushall()
             for user_client in users.values():

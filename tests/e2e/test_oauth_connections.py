@@ -34,6 +34,7 @@ from toolbus_contracts import Subjects
 from toolbus_devstack.processes import free_port
 
 from tests.support.bus_modes import Bus
+from tests.support.events import stored_events
 from tests.support.infra import drop_deployment_state, drop_redis_keys, js_name, request, until
 from tests.support.mcp_servers import McpTestServer
 from tests.support.oauth import OidcProvider, consent, provider_available, query, resource_guard
@@ -103,22 +104,7 @@ class Stack:
         return event
 
     async def run_events(self, run_id: str) -> list[dict[str, Any]]:
-        js = self.nc.jetstream()
-        sub = await js.subscribe(
-            self.subjects.run_events(run_id), stream=js_name(self.prefix, "EVENTS"), ordered_consumer=True
-        )
-        out: list[dict[str, Any]] = []
-        try:
-            while True:
-                try:
-                    msg = await sub.next_msg(timeout=2)
-                except Exception:
-                    return out
-                out.append(json.loads(msg.data))
-                if msg.metadata.num_pending == 0:
-                    return out
-        finally:
-            await sub.unsubscribe()
+        return await stored_events(self.nc, js_name(self.prefix, "EVENTS"), self.subjects.run_events(run_id))
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
@@ -497,11 +483,11 @@ async def test_7_disconnect_revokes_and_nothing_secret_anywhere(
     assert len(guard_tokens) >= 2  # the tokens the server accepted (many in a whole-module run)
     texts = [json.dumps(s.replies), json.dumps(s.events), *s.pages]
     texts += [p.read_text(errors="replace") for p in s.logs if p.exists()]
-    # JetStream: every message of the deployment's streams (INTERNAL read as the credentials
-    # service, which owns it: the harness role may not).
-    owner = await bus.connect("credentials")
+    # JetStream: every message of the deployment's streams, read as a service (the harness role
+    # reads EVENTS with direct gets only).
+    owner = await bus.connect("dispatcher")
     try:
-        for stream, nc in (("EVENTS", s.nc), ("INTERNAL", owner)):
+        for stream, nc in (("EVENTS", owner), ("INTERNAL", owner)):
             js = nc.jetstream()
             name = js_name(s.prefix, stream)
             info = await js.stream_info(name)

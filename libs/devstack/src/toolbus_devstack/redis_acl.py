@@ -101,9 +101,10 @@ def redis_users(prefix: str = "toolbus") -> list[RedisUser]:
             (f"{k}:{{approvals}}:*", f"{k}:webhooks:*", f"{k}:webhook:*"),
             (),
             (
-                "exists", "expire", "set", "del",
+                "exists", "expire", "get", "mget", "set", "del",
                 "hget", "hmget", "hgetall", "hset",
-                "zadd", "zcard", "zrange", "zrangebyscore", "zrem",
+                "zadd", "zcard", "zrange", "zrangebyscore", "zrevrangebyscore", "zrem",
+                "zremrangebyscore",
             ),
         ),
         RedisUser(
