@@ -419,7 +419,9 @@ def render_auth_conf(prefix: str | Sequence[str] = "toolbus", *, nkeys: dict[str
         var = r.name.upper().replace("-", "_") + "_PERMISSIONS"
         lines.append(f"# {r.name}: {r.purpose}")
         lines.append(f"{var} = {{")
-        lines.append(f"  publish: {{ allow: {_list(r.publish, '  ')} }}")
+        # A service answers clients' requests through their imports: on `_R_.…` subjects.
+        publish = [*r.publish, f"{RESPONSES}.>"] if r.service else r.publish
+        lines.append(f"  publish: {{ allow: {_list(publish, '  ')} }}")
         lines.append(f"  subscribe: {{ allow: {_list([*r.subscribe, f'{r.inbox}.>'], '  ')} }}")
         if r.allow_responses:
             lines.append(f'  allow_responses: {{ max: 1, expires: "{RESPONSE_EXPIRES}" }}')
