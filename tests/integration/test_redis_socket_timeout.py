@@ -26,6 +26,7 @@ from toolbus_common.settings import REDIS_LONGEST_BLOCK, Settings
 from toolbus_contracts import Subjects
 
 from tests.integration.test_approval_service import Stack, needed
+from tests.support.commands import TEST_SECRET_KEY
 from tests.support.cutting_proxy import CuttingProxy, proxy_to
 from tests.support.infra import eventually, request
 
@@ -103,6 +104,7 @@ async def test_the_approval_service_answers_unavailable_then_carries_on(
         subject_prefix=prefix,
         redis_prefix=redis_prefix,
         redis_socket_timeout=TIMEOUT,
+        secret_key=TEST_SECRET_KEY,
     )
     subjects = Subjects(prefix)
     stack = Stack(nc, js, redis_client, prefix)

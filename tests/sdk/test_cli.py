@@ -179,7 +179,15 @@ async def test_cli_status_outside_the_repository(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["stackDir"] == str(tmp_path / "stack")
-    assert set(report["processes"]) == {"nats", "redis", "registry", "dispatcher", "approval", "credentials"}
+    assert set(report["processes"]) == {
+        "nats",
+        "redis",
+        "registry",
+        "dispatcher",
+        "approval",
+        "credentials",
+        "gateway",
+    }
     assert report["processes"]["nats"]["pid"] is None
     down = await asyncio.to_thread(
         subprocess.run,

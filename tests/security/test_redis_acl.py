@@ -147,11 +147,13 @@ OWN_KEY = {
     "dispatcher": f"{PREFIX}:call:c1",
     "credentials": f"{PREFIX}:parked:run:r1:servers",
     "approval": f"{PREFIX}:{{approvals}}:a:ap1",
+    "gateway": f"{PREFIX}:gw:tokens",
 }
 OTHERS_KEYS = {
     "dispatcher": [f"{PREFIX}:{{approvals}}:a:ap1", f"{PREFIX}:parked-index", f"{PREFIX}:webhooks:due"],
     "credentials": [f"{PREFIX}:call:c1", f"{PREFIX}:{{approvals}}:a:ap1", f"{PREFIX}:calls:outbox"],
     "approval": [f"{PREFIX}:cred:toolset:ts_1", f"{PREFIX}:run:{{r1}}", f"{PREFIX}:call:c1"],
+    "gateway": [f"{PREFIX}:cred:toolset:ts_1", f"{PREFIX}:run:{{r1}}", f"{PREFIX}:{{approvals}}:a:ap1"],
 }
 
 
@@ -235,6 +237,7 @@ _SERVICE_LUA_SOURCES = {
         "libs/common/src/toolbus_common/webhooks.py",
     ],
     "approval": ["services/approval/src", "libs/common/src/toolbus_common/webhooks.py"],
+    "gateway": ["services/gateway/src"],
 }
 
 
@@ -249,7 +252,7 @@ def test_every_command_of_a_services_scripts_is_allowed_to_its_user(user: str) -
         files = [path] if path.is_file() else [*path.rglob("*.py"), *path.rglob("*.lua")]
         for file in files:
             called |= {c.lower() for c in re.findall(r"redis\.p?call\(\s*'([A-Za-z]+)'", file.read_text())}
-    assert len(called) >= 5, called  # the scripts were found
+    assert len(called) >= 5 or user == "gateway", called  # the scripts were found (the gateway has none)
     assert called - allowed == set()
 
 

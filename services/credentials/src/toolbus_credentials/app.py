@@ -182,8 +182,9 @@ class CredentialsService:
         while True:
             try:
                 await self.oauth.refresh_due()
-            except Exception:
-                log.exception("renewing OAuth tokens failed; retrying")
+            except Exception as exc:
+                if not expected_fault(exc, "renewing OAuth tokens"):
+                    log.exception("renewing OAuth tokens failed; retrying")
             await asyncio.sleep(self.own.oauth_interval_seconds)
 
     def http_routes(self) -> list[Route]:
