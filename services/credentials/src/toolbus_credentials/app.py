@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -16,6 +17,7 @@ from starlette.routing import Route
 from toolbus_common.bus import Bus, asyncapi_document
 from toolbus_common.connections import JsPlacement, connect_redis, ensure_stream, internal_stream_limits
 from toolbus_common.credential_store import CredentialStore
+from toolbus_common.egress import EgressPolicy, EgressRefused
 from toolbus_common.keys import Keys
 from toolbus_common.outages import expected_fault
 from toolbus_common.secrets import Cipher
@@ -39,6 +41,21 @@ log = logging.getLogger(__name__)
 
 QUEUE = "toolbus-credentials"
 INTERNAL_STREAM = "INTERNAL"
+
+
+def egress_check(policy: EgressPolicy) -> Callable[[httpx.Request], Awaitable[None]]:
+    """An httpx request hook: OAuth discovery, registration and token requests go only where the
+    deployment's egress policy allows (the URLs come from MCP servers and their metadata). A
+    refusal is a connection error, as a host that does not answer is."""
+
+    async def check(request: httpx.Request) -> None:
+        port = request.url.port or (443 if request.url.scheme == "https" else 80)
+        try:
+            await policy.addresses(request.url.host, port)
+        except (EgressRefused, OSError, UnicodeError):
+            raise httpx.ConnectError("refused by the deployment's egress policy", request=request) from None
+
+    return check
 
 
 class NatsOutbox:
@@ -132,7 +149,11 @@ class CredentialsService:
             stored = await toolsets.get(toolset_id)
             return None if stored is None else {s.name: s.url for s in stored.pinned.servers}
 
-        self._http = httpx.AsyncClient(timeout=own.webhook_timeout_seconds, follow_redirects=False)
+        self._http = httpx.AsyncClient(
+            timeout=own.webhook_timeout_seconds,
+            follow_redirects=False,
+            event_hooks={"request": [egress_check(settings.egress)]},
+        )
         self.oauth = logic.oauth = OAuthConnections(
             redis=redis,
             keys=self.keys,
