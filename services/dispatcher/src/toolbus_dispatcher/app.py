@@ -199,7 +199,6 @@ class DispatcherApp:
             executors=executors,
             outputs=outputs,
             publish_reply=self.bus.reply,
-            js=js,
             subjects=subjects,
             retry_backoff=s.dispatcher_retry_backoff,
             retry_backoff_max=s.dispatcher_retry_backoff_max,
@@ -210,7 +209,6 @@ class DispatcherApp:
             toolsets=toolsets,
             runner=runner,
             credentials=credentials,
-            js=js,
             subjects=subjects,
             run_retention=s.dispatcher_run_retention,
             message_limit=inline_limit(None, nc.max_payload)[0],  # what fits with its fields

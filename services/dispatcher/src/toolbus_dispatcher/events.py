@@ -68,6 +68,7 @@ from toolbus_common.direct_sub import subscribe_direct
 from toolbus_common.in_flight import InFlight
 from toolbus_common.outages import expected_fault
 from toolbus_common.raw_pub import Batch, fits
+from toolbus_common.redis_values import text as _s
 from toolbus_common.script_pipe import ScriptPipe, ScriptReplyError
 from toolbus_common.settings import REDIS_LONGEST_BLOCK
 from toolbus_common.signing import SIGNATURE_HEADER, CommandSigner
@@ -96,10 +97,6 @@ RETRY_MAX = 5.0
 next batch) is tried again; pauses start at `retry_pause` and double."""
 
 Entry = tuple[bytes, dict[bytes, bytes]]
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _forget(future: asyncio.Future[Any]) -> None:

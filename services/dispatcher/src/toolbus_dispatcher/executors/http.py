@@ -20,12 +20,12 @@ import codecs
 import re
 import ssl
 import zlib
-from collections import OrderedDict
 from typing import Any
 from urllib.parse import urljoin, urlunsplit
 
 import httpx
 from toolbus_common.egress import EgressPolicy
+from toolbus_common.lru import Lru
 from toolbus_contracts.errors import (
     HostNotAllowed,
     InvalidInput,
@@ -65,6 +65,8 @@ CROSS_ORIGIN_HEADERS = frozenset(
 """The caller's headers a redirect to another origin (scheme, host or port) carries: content
 negotiation and the call's idempotency key. Any other (`Authorization`, `Cookie`, `X-Api-Key`, a
 vendor's token header) was meant for the first origin only and is dropped."""
+ALLOW_LISTS = 256
+"""Toolsets whose parsed HTTP allow-lists are kept (least recently used dropped first)."""
 MAX_HEADERS = 100
 """Default of `TOOLBUS_HTTP_MAX_HEADERS`: the most request headers one `http.fetch` may give."""
 MAX_HEADER_BYTES = 64 * 1024
@@ -233,7 +235,7 @@ class HttpExecutor:
         self._max_header_bytes = max_header_bytes
         self._max_body = max_body
         self._max_redirects = max_redirects
-        self._allow: OrderedDict[str, AllowList] = OrderedDict()
+        self._allow: Lru[str, AllowList] = Lru(ALLOW_LISTS)
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -241,9 +243,8 @@ class HttpExecutor:
     def allow_list(self, toolset_id: str, entries: list[str]) -> AllowList:
         hit = self._allow.get(toolset_id)
         if hit is None:
-            hit = self._allow[toolset_id] = AllowList(entries)
-            while len(self._allow) > 256:
-                self._allow.popitem(last=False)
+            hit = AllowList(entries)
+            self._allow.put(toolset_id, hit)
         return hit
 
     async def execute(self, attempt: Attempt) -> Any:
