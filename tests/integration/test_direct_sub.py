@@ -10,7 +10,7 @@ from typing import Any
 import nats
 import pytest
 from nats.aio.msg import Msg
-from toolbus_common.direct_sub import spawner, subscribe_direct
+from toolbus_common.private.direct_sub import spawner, subscribe_direct
 
 from tests.support.infra import unique_prefix, until
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from nats.aio.msg import Msg
 from nats.js.api import StreamConfig
-from toolbus_common.direct_sub import subscribe_direct
-from toolbus_common.raw_pub import SEND_AT_BYTES, Batch, fits
+from toolbus_common.private.direct_sub import subscribe_direct
+from toolbus_common.private.raw_pub import SEND_AT_BYTES, Batch, fits
 
 from tests.support.infra import js_name, unique_prefix, until
 

@@ -63,7 +63,8 @@ from redis.asyncio import Redis
 from redis.exceptions import LockError, ResponseError
 from toolbus_common.in_flight import InFlight
 from toolbus_common.outages import expected_fault
-from toolbus_common.raw_pub import Batch, fits
+from toolbus_common.private.raw_pub import Batch, fits
+from toolbus_common.private.redis_lock import forget_token, has_token
 from toolbus_common.redis_values import text as _s
 from toolbus_common.script_pipe import ScriptPipe, ScriptReplyError
 from toolbus_common.settings import REDIS_LONGEST_BLOCK
@@ -212,11 +213,11 @@ class EventRelay:
         sent = self._loop.time()
         was = sent < self._valid_until
         ours = False
-        if self._lock.local.token is not None:
+        if has_token(self._lock):
             try:
                 ours = bool(await self._lock.reacquire())
             except LockError:  # LockNotOwnedError: it lapsed and was taken, or Redis lost it
-                self._lock.local.token = None
+                forget_token(self._lock)
         if not ours:
             ours = bool(await self._lock.acquire(blocking=False, token=self._token))
             if ours:
@@ -247,7 +248,7 @@ class EventRelay:
     async def release(self) -> None:
         """Give the lock up (on stop), so that another replica takes over at once."""
         self._valid_until = self._renew_at = 0.0
-        if self._lock.local.token is not None:
+        if has_token(self._lock):
             with contextlib.suppress(Exception):  # not ours any more, or Redis away: it lapses
                 await self._lock.release()
 

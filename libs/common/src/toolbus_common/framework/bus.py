@@ -19,7 +19,6 @@ from nats.aio.subscription import Subscription
 from toolbus_contracts import parse_body
 
 from toolbus_common.connections import flush, nats_options
-from toolbus_common.direct_sub import spawner, subscribe_direct
 from toolbus_common.framework.commands import (
     ACK_WAIT,
     RETRY_DELAY,
@@ -41,6 +40,8 @@ from toolbus_common.framework.replies import (
     too_large,
 )
 from toolbus_common.framework.routes import D, Entry, Routes
+from toolbus_common.private.direct_sub import spawner, subscribe_direct
+from toolbus_common.private.faststream_broker import forget_connection
 from toolbus_common.settings import Settings
 
 log = logging.getLogger("toolbus_common.bus")
@@ -327,6 +328,6 @@ class Bus:
                 await nc.flush(timeout=5)
             with contextlib.suppress(Exception):
                 await nc.close()
-        self.broker._connection = None  # closed above; FastStream would drain it again (30 s on pulls)
+        forget_connection(self.broker)  # closed above; FastStream would drain it again (30 s on pulls)
         with contextlib.suppress(Exception):
             await self.broker.stop()

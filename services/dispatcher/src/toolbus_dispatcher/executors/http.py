@@ -26,6 +26,7 @@ from urllib.parse import urljoin, urlunsplit
 import httpx
 from toolbus_common.egress import EgressPolicy
 from toolbus_common.lru import Lru
+from toolbus_common.private.httpcore_guard import GuardedBackend, Resolver, guard_transport
 from toolbus_contracts.errors import (
     HostNotAllowed,
     InvalidInput,
@@ -38,7 +39,6 @@ from toolbus_mcp_client.decoding import MAX_CODINGS, BoundedDecoder, OverLimit, 
 
 from toolbus_dispatcher.allowlist import AllowList
 from toolbus_dispatcher.executors.base import Attempt, Interrupted
-from toolbus_dispatcher.executors.guard import GuardedBackend, Resolver
 
 REDIRECTS = frozenset({301, 302, 303, 307, 308})
 INTERRUPTING = frozenset({502, 503, 504})
@@ -221,9 +221,7 @@ class HttpExecutor:
         """`egress`: where connections may go (default: public addresses only)."""
         if client is None:
             transport = httpx.AsyncHTTPTransport(verify=verify)
-            # httpx takes no network backend argument; its pool's is the one place to check
-            # addresses at connect time (see guard.py).
-            transport._pool._network_backend = GuardedBackend(egress or EgressPolicy(), resolver)
+            guard_transport(transport, GuardedBackend(egress or EgressPolicy(), resolver))
             client = _CookielessClient(
                 transport=transport,
                 follow_redirects=False,
