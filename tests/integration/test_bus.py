@@ -20,11 +20,13 @@ import nats.errors
 import pytest
 import pytest_asyncio
 import redis.exceptions
+from pydantic import SecretStr
 from toolbus_common.bus import MAX_DELIVERIES, Bus, Routes
 from toolbus_common.connections import ensure_stream
 from toolbus_common.settings import Settings
 from toolbus_contracts import Subjects, WireModel
 
+from tests.support.commands import TEST_SECRET_KEY, publish_command
 from tests.support.infra import js_name, request, unique_prefix, until
 
 pytestmark = pytest.mark.integration
@@ -84,7 +86,7 @@ def note_routes() -> Routes[Sink]:
 @pytest_asyncio.fixture(loop_scope="session")
 async def env(nats_url: str) -> AsyncIterator[tuple[Settings, Any]]:
     prefix = unique_prefix("tbbus")
-    settings = Settings(nats_url=nats_url, subject_prefix=prefix)
+    settings = Settings(nats_url=nats_url, subject_prefix=prefix, secret_key=SecretStr(TEST_SECRET_KEY))
     client = await nats.connect(nats_url)
     js = client.jetstream()
     await ensure_stream(js, js_name(prefix, "INTERNAL"), [Subjects(prefix).internal_all])
@@ -174,8 +176,8 @@ async def test_a_failed_reply_publish_on_the_raw_path_becomes_unavailable(env: t
 async def _publish_notes(client: Any, settings: Settings, ids: list[str], **extra: str) -> None:
     js = client.jetstream()
     for note_id in ids:
-        await js.publish(
-            settings.subjects._s("internal.bus.notes"), json.dumps({"id": note_id, **extra}).encode()
+        await publish_command(
+            js, settings.subjects._s("internal.bus.notes"), json.dumps({"id": note_id, **extra}).encode()
         )
 
 
@@ -271,8 +273,8 @@ async def test_an_unparseable_command_is_dead_lettered_and_the_consumer_goes_on(
     js = client.jetstream()
     subject = settings.subjects._s("internal.bus.notes")
     try:
-        await js.publish(subject, b'{"id": 7, "oops": true}')
-        await js.publish(subject, b"not json at all")
+        await publish_command(js, subject, b'{"id": 7, "oops": true}')
+        await publish_command(js, subject, b"not json at all")
         await _publish_notes(client, settings, ["after"])
         await until(lambda: sink.applied == ["after"], "the valid command after the bad ones")
 
