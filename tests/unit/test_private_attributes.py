@@ -4,7 +4,6 @@ fails here, by name, before anything relies on it at run time."""
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import inspect
 
@@ -12,7 +11,6 @@ import httpx
 import pytest
 from faststream.nats import NatsBroker
 from nats.aio.client import Client as NatsClient
-from nats.aio.subscription import Subscription
 from redis.asyncio import Redis
 from redis.asyncio.lock import Lock
 
@@ -23,13 +21,6 @@ def test_nats_client_keeps_the_pending_buffer_raw_pub_writes() -> None:
         assert hasattr(nc, name), name
     assert callable(nc._flush_pending)
     assert isinstance(nc._pending, list)
-
-
-async def test_nats_subscription_keeps_the_queue_and_task_direct_sub_swaps() -> None:
-    sub = Subscription(NatsClient(), 1, "s", cb=None)
-    for name in ("_pending_queue", "_wait_for_msgs_task"):
-        assert hasattr(sub, name), name
-    assert isinstance(sub._pending_queue, asyncio.Queue)
 
 
 def test_faststream_broker_keeps_its_connection_attribute() -> None:

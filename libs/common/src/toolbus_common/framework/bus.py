@@ -40,7 +40,6 @@ from toolbus_common.framework.replies import (
     too_large,
 )
 from toolbus_common.framework.routes import D, Entry, Routes
-from toolbus_common.private.direct_sub import spawner, subscribe_direct
 from toolbus_common.private.faststream_broker import forget_connection
 from toolbus_common.settings import Settings
 
@@ -297,8 +296,7 @@ class Bus:
         await self.broker.start()
         for subject, queue, handle in self._raw:
             # each message straight from the client's reader into a task of its own
-            deliver = spawner(self._tasks, handle)
-            self._subs.append(await subscribe_direct(self.nc, subject, deliver, queue=queue))
+            self._subs.append(await self.nc.subscribe(subject, queue=queue, cb=self._spawning(handle)))
         # nats-py buffers SUB lines; a PING/PONG round trip proves the server has them, so a request
         # sent once `start()` returns (the service reports ready) always finds its subscriber.
         await flush(self.nc)
