@@ -17,7 +17,7 @@ NPM_DIR := .cache/npm
 NPM_BIN := $(CURDIR)/$(NPM_DIR)/node_modules/.bin
 NPM_TOOLS := $(NPM_DIR)/node_modules/.bin/tsc $(NPM_DIR)/node_modules/@modelcontextprotocol/server-everything/dist/index.js $(NPM_DIR)/node_modules/@modelcontextprotocol/sdk/package.json $(NPM_DIR)/node_modules/oidc-provider/lib/index.js
 
-.PHONY: help install up down logs status test lint docs bench bench-gateway bench-peers bench-alternatives bench-profile bench-memory bench-cpu bench-cpu-all bench-callgrind images compose-env charts helm-lint npm-tools
+.PHONY: help install up down logs status test lint docs bench bench-gateway bench-peers bench-alternatives bench-profile bench-memory bench-cpu bench-cpu-all bench-callgrind bench-validators images compose-env charts helm-lint npm-tools
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -96,6 +96,9 @@ bench-cpu-all: .venv/.synced ## CPU per call of every process on the path (own n
 
 bench-callgrind: .venv/.synced ## the dispatcher's instructions per call under valgrind's callgrind (repeatable under load)
 	$(UV) run --frozen python bench/callgrind.py $(ARGS)
+
+bench-validators: .venv/.synced ## input validation: toolbus's SchemaCache beside jsonschema, fastjsonschema and jsonschema-rs
+	$(UV) run --frozen python bench/validators.py $(ARGS)
 
 bench-memory: .venv/.synced ## what holds each service's memory (RSS by import, tracemalloc by package)
 	$(UV) run --frozen python bench/memory.py $(ARGS)

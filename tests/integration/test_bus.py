@@ -20,6 +20,7 @@ import nats.errors
 import pytest
 import pytest_asyncio
 import redis.exceptions
+from pydantic import SecretStr
 from toolbus_common.bus import MAX_DELIVERIES, Bus, Routes
 from toolbus_common.connections import ensure_stream
 from toolbus_common.settings import Settings
@@ -85,7 +86,7 @@ def note_routes() -> Routes[Sink]:
 @pytest_asyncio.fixture(loop_scope="session")
 async def env(nats_url: str) -> AsyncIterator[tuple[Settings, Any]]:
     prefix = unique_prefix("tbbus")
-    settings = Settings(nats_url=nats_url, subject_prefix=prefix, secret_key=TEST_SECRET_KEY)
+    settings = Settings(nats_url=nats_url, subject_prefix=prefix, secret_key=SecretStr(TEST_SECRET_KEY))
     client = await nats.connect(nats_url)
     js = client.jetstream()
     await ensure_stream(js, js_name(prefix, "INTERNAL"), [Subjects(prefix).internal_all])

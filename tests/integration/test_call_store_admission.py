@@ -16,7 +16,8 @@ import pytest
 import pytest_asyncio
 from toolbus_common.keys import Keys
 from toolbus_common.script_pipe import ScriptPipe
-from toolbus_dispatcher.store import RUN_LIMIT, CallStore, Created
+from toolbus_contracts.registry import RUN_CONCURRENCY
+from toolbus_dispatcher.store import CallStore, Created
 
 from tests.support.infra import drop_redis_keys, unique_prefix
 
@@ -156,7 +157,7 @@ async def test_a_repeated_create_hands_the_short_path_call_back(store: CallStore
 
 async def test_the_run_limit_queues_the_call_after_it(store: CallStore) -> None:
     run_id = await _run(store)
-    running = [await _create(store, run_id) for _ in range(RUN_LIMIT)]
+    running = [await _create(store, run_id) for _ in range(RUN_CONCURRENCY)]
     assert all(c.state == "running" for c in running)
     queued = await _create(store, run_id)
     assert queued.state == "waitingSlot"

@@ -5,17 +5,26 @@ rewrite is left to `publish`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from nats.aio.msg import Msg
 from nats.js.api import StreamConfig
-from toolbus_common.direct_sub import subscribe_direct
-from toolbus_common.raw_pub import SEND_AT_BYTES, Batch, fits
+from toolbus_common.private.raw_pub import SEND_AT_BYTES, Batch, fits
 
 from tests.support.infra import js_name, unique_prefix, until
 
 pytestmark = pytest.mark.integration
+
+
+async def subscribe(nc: Any, subject: str, deliver: Callable[[Msg], None]) -> None:
+    """A plain nats-py subscription handing each message to `deliver`, in order."""
+
+    async def cb(msg: Msg) -> None:
+        deliver(msg)
+
+    await nc.subscribe(subject, cb=cb)
 
 
 async def _queued_by_publish(nc: Any, subject: str, payload: bytes, reply: str, msg_id: str) -> bytes:
@@ -78,10 +87,10 @@ async def test_messages_arrive_in_order_with_reply_and_id_and_jetstream_drops_re
     def on_ack(msg: Msg) -> None:
         acks[msg.subject] = msg.data
 
-    await subscribe_direct(nc, f"{inbox}.*", on_ack)
+    await subscribe(nc, f"{inbox}.*", on_ack)
     try:
         seen: list[Msg] = []
-        await subscribe_direct(nc, f"{subject}.>", seen.append)
+        await subscribe(nc, f"{subject}.>", seen.append)
         await nc.flush()
         batch = Batch(nc)
         for i in range(60):
@@ -109,7 +118,7 @@ async def test_a_batch_of_large_messages_is_full_at_a_mebibyte_and_sent_in_parts
     never held whole in the batch; what is sent in parts arrives in the order added."""
     subject = f"{unique_prefix()}.raw.large"
     seen: list[Msg] = []
-    await subscribe_direct(nc, subject, seen.append)
+    await subscribe(nc, subject, seen.append)
     await nc.flush()
     payload = b"x" * (300 * 1024)
     batch = Batch(nc)

@@ -135,15 +135,6 @@ async def test_stream_commands_for_the_event_relay(redis_url: str, redis_prefix:
         assert await redis.xlen(key) == 0
         with pytest.raises(ScriptReplyError):
             await pipe.execute("XDEL")
-        # Several in one write (the relay's XDEL ahead of its next XREAD), answered in order.
-        first = await other.execute("XADD", key, "*", "i", "c:2", "b", b"x")
-        xdel, xread, bad = await pipe.execute_many(
-            ("XDEL", key, first), ("XREAD", "COUNT", 10, "BLOCK", 50, "STREAMS", key, "0-0"), ("XDEL",)
-        )
-        assert await xdel == 1
-        assert await xread is None
-        with pytest.raises(ScriptReplyError):
-            await bad
     finally:
         await pipe.aclose()
         await other.aclose()

@@ -48,7 +48,6 @@ async def test_a_renewal_during_a_park_does_not_cancel_it() -> None:
         executors={},
         outputs=None,  # type: ignore[arg-type]
         publish_reply=None,  # type: ignore[arg-type]
-        js=None,  # type: ignore[arg-type]
         subjects=subjects,
         retry_backoff=0.01,
         retry_backoff_max=0.01,

@@ -55,7 +55,7 @@ async def test_requests_failing_on_redis_are_counted_not_logged_each(
 ) -> None:
     caplog.set_level(logging.INFO)
     redis = Outage("Redis", period=0.01)
-    monkeypatch.setattr("toolbus_common.bus.REDIS", redis)
+    monkeypatch.setattr("toolbus_common.framework.replies.REDIS", redis)
     up = asyncio.Event()
 
     async def probe() -> None:

@@ -4,7 +4,6 @@ from toolbus_common.bus import Bus, Routes
 from toolbus_common.canonical import canonical_json, content_id, sha256_hex
 from toolbus_common.clock import now_iso
 from toolbus_common.connections import (
-    connect_nats,
     connect_redis,
     ensure_kv,
     ensure_object_store,
@@ -20,7 +19,6 @@ __all__ = [
     "Service",
     "Settings",
     "canonical_json",
-    "connect_nats",
     "connect_redis",
     "content_id",
     "ensure_kv",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import math
@@ -14,8 +13,6 @@ from functools import cache
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
-import nats
-from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 from nats.js.api import ObjectStoreConfig, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BucketNotFoundError, NotFoundError
@@ -84,21 +81,6 @@ def nats_options(settings: Settings, name: str) -> dict[str, Any]:
         "disconnected_cb": on_disconnect,
         "reconnected_cb": on_reconnect,
     }
-
-
-async def connect_nats(settings: Settings, name: str) -> NatsClient:
-    """A connection with the services' options (`nats_options`), for tools that serve nothing."""
-    return await nats.connect(**nats_options(settings, name))
-
-
-async def close_nats(nc: NatsClient) -> None:
-    """Close a service's connection once its requests are drained (`Bus.drain`): send what
-    is still buffered (replies, events), then close. Not `nc.drain()`: it also waits on pull
-    consumers that `fetch()` read, up to its 30 s timeout, which stalls every shutdown."""
-    with contextlib.suppress(Exception):
-        await nc.flush(timeout=5)
-    with contextlib.suppress(Exception):
-        await nc.close()
 
 
 def redis_uses_tls(settings: Settings) -> bool:

@@ -24,6 +24,7 @@ from redis.exceptions import WatchError
 from toolbus_contracts.credentials import CredentialLevel, Credentials
 
 from toolbus_common.keys import Keys
+from toolbus_common.redis_values import text
 from toolbus_common.secrets import Cipher, DecryptionError
 
 log = logging.getLogger(__name__)
@@ -195,7 +196,7 @@ class CredentialStore:
         Redis user allowed to `SCAN`."""
         count = 0
         async for member in self._redis.sscan_iter(self._keys.credentials_index, count=500):
-            key = member.decode() if isinstance(member, bytes) else str(member)
+            key = text(member)
             raw = await self._redis.get(key)
             if raw is None:
                 continue
@@ -220,7 +221,7 @@ class CredentialStore:
         prefix = self._keys.credentials("", "").removesuffix("::")
         found: list[str] = []
         async for raw in self._redis.scan_iter(match=f"{prefix}:*:*", count=500):
-            key = raw.decode() if isinstance(raw, bytes) else str(raw)
+            key = text(raw)
             value = await self._redis.get(key) if key.endswith(":set-version") else b""
             if value is not None and value.isdigit():  # a set's version counter, not a document
                 continue

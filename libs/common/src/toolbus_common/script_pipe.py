@@ -1,8 +1,7 @@
 """One Redis connection for hot-path Lua scripts: each EVALSHA is written the moment it is made
 and its reply is matched in order (Redis answers a connection's commands in the order sent).
 `execute` sends any other command the same way (the event relay's `XREAD BLOCK` and `XDEL`, on a
-pipe of the relay's own: a blocking command holds up everything behind it on its connection), and
-`execute_many` several in one write.
+pipe of the relay's own: a blocking command holds up everything behind it on its connection).
 
 Why not redis-py's asyncio client here: measured in the dispatcher, a script call through it
 costs ~260 µs where Redis itself spends ~60 µs and the loopback round trip ~40 µs; the rest is
@@ -251,17 +250,6 @@ class ScriptPipe:
         if protocol is None or protocol.transport is None or protocol.transport.is_closing():
             protocol = await self._live()
         return await self._send(protocol, command)
-
-    async def execute_many(
-        self, *commands: tuple[bytes | str | int | float, ...]
-    ) -> list[asyncio.Future[Any]]:
-        """Several commands in one write (the event relay's `XDEL` of what JetStream acked, with its
-        next `XREAD`); returns their replies' futures, in the order sent: await every one (each
-        fails as `execute` would), or cancel the ones no longer wanted."""
-        protocol = self._protocol
-        if protocol is None or protocol.transport is None or protocol.transport.is_closing():
-            protocol = await self._live()
-        return [self._send(protocol, command) for command in commands]
 
     async def aclose(self) -> None:
         """Close the connection, and one still being made (a caller cancelled while it waited for

@@ -36,6 +36,7 @@ from toolbus_contracts import parse_duration
 
 from toolbus_common.keys import Keys
 from toolbus_common.outages import expected_fault
+from toolbus_common.redis_values import text
 from toolbus_common.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -230,7 +231,7 @@ class WebhookSender:
             args=[int(now * 1000), int((now + self._lease) * 1000), free],
         )
         for raw in ids:
-            task = asyncio.create_task(self._attempt(raw.decode() if isinstance(raw, bytes) else str(raw)))
+            task = asyncio.create_task(self._attempt(text(raw)))
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
         return len(ids)

@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from redis.asyncio import Redis
 from toolbus_common.keys import Keys
+from toolbus_common.redis_values import text as _str
 from toolbus_contracts.credentials import CredentialLevel
 
 # KEYS: scope zset, scope servers, notified, index, where, seq, run set, notify due, set version
@@ -126,10 +126,6 @@ class Notice:
         return cls(
             d["level"], d["scope"], d["server"], d["toolsetId"], d["namespace"], d["runId"], d["trigger"], raw
         )
-
-
-def _str(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class ParkingLot:

@@ -27,6 +27,7 @@ from toolbus_common.connections import (
 from toolbus_common.in_flight import InFlight
 from toolbus_common.keys import Keys
 from toolbus_common.outages import expected_fault
+from toolbus_common.private.httpcore_guard import Resolver
 from toolbus_common.script_pipe import ScriptPipe
 from toolbus_common.signing import CommandSigner
 from toolbus_common.tasks import cancel_and_wait
@@ -37,7 +38,6 @@ from toolbus_dispatcher.calls import CallRunner
 from toolbus_dispatcher.credentials import CredentialResolver, NoCredentials, StoreCredentials
 from toolbus_dispatcher.events import EventRelay
 from toolbus_dispatcher.executors.base import Executor
-from toolbus_dispatcher.executors.guard import Resolver
 from toolbus_dispatcher.executors.host import HostExecutor
 from toolbus_dispatcher.executors.http import HttpExecutor
 from toolbus_dispatcher.executors.mcp import McpExecutor, McpPoolLike
@@ -199,7 +199,6 @@ class DispatcherApp:
             executors=executors,
             outputs=outputs,
             publish_reply=self.bus.reply,
-            js=js,
             subjects=subjects,
             retry_backoff=s.dispatcher_retry_backoff,
             retry_backoff_max=s.dispatcher_retry_backoff_max,
@@ -210,7 +209,6 @@ class DispatcherApp:
             toolsets=toolsets,
             runner=runner,
             credentials=credentials,
-            js=js,
             subjects=subjects,
             run_retention=s.dispatcher_run_retention,
             message_limit=inline_limit(None, nc.max_payload)[0],  # what fits with its fields

@@ -23,7 +23,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import orjson
-from nats.js import JetStreamContext
 from toolbus_common.bus import RawJson, encode_error, encode_ok
 from toolbus_common.clock import now_iso
 from toolbus_common.faults import is_backing_store_fault, is_redis_fault
@@ -82,7 +81,6 @@ class CallRunner:
         executors: Mapping[ToolKind, Executor],
         outputs: OutputStore,
         publish_reply: PublishReply,
-        js: JetStreamContext,
         subjects: Subjects,
         retry_backoff: float,
         retry_backoff_max: float,
@@ -96,7 +94,6 @@ class CallRunner:
         self._executors = executors
         self._outputs = outputs
         self._publish_reply = publish_reply
-        self._js = js
         self._subjects = subjects
         self._backoff = retry_backoff
         self._backoff_max = retry_backoff_max

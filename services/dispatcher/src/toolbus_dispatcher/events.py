@@ -29,10 +29,9 @@ paused holder) only publish duplicates, which JetStream drops. The lock keeps th
 on one replica and makes such overlaps rare.
 
 Acks come to one inbox subscription of the relay's (not a request and a task per event, as
-`JetStreamContext.publish` does: that costs more than the rest of a call's dispatching), a direct
-one (`toolbus_common.direct_sub`: the client's reader hands each ack to `_on_ack`, with no queue
-and task between); each round waits on one future that its acks count down (`_Round`), in time
-slices of a timer each (no `asyncio.wait`). The relay keeps the loop it runs on (`run`, `drain`)
+`JetStreamContext.publish` does: that costs more than the rest of a call's dispatching); each
+round waits on one future that its acks count down (`_Round`), in time slices of a timer each (no
+`asyncio.wait`). The relay keeps the loop it runs on (`run`, `drain`)
 rather than looking it up per round (each look-up is a `getpid` system call in CPython).
 
 Under load the relay lingers (`LINGER` after a batch of `LINGER_FROM` entries or more), so that
@@ -40,9 +39,8 @@ each read, delete and round carries more entries: on two cores the calls' own wo
 the wake-ups would take. A quiet outbox is read at once.
 
 The outbox is read (`XREAD BLOCK`) and trimmed (`XDEL`) over a `ScriptPipe` of the relay's own (a
-connection apart from the hot path's scripts, since a blocking read holds up what follows it); the
-`XDEL` of a batch's acked entries goes in one write with the next `XREAD`, ahead of it (one round
-trip a batch instead of two; when relaying stops they are deleted at once):
+connection apart from the hot path's scripts, since a blocking read holds up what follows it); a
+batch's acked entries are deleted just before the next read (when relaying stops, at once):
 through redis-py's pool the two cost about a tenth of a call's dispatching (measured in
 instructions, docs/design.md). The lock stays on redis-py (`redis.lock`, every third of its TTL,
 on its pool: apart from the lease renewal's commands and from the relay's blocking read).
@@ -56,7 +54,6 @@ import itertools
 import logging
 import uuid
 from collections import deque
-from typing import Any
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
@@ -64,10 +61,11 @@ from nats.aio.subscription import Subscription
 from nats.errors import MaxPayloadError
 from redis.asyncio import Redis
 from redis.exceptions import LockError, ResponseError
-from toolbus_common.direct_sub import subscribe_direct
 from toolbus_common.in_flight import InFlight
 from toolbus_common.outages import expected_fault
-from toolbus_common.raw_pub import Batch, fits
+from toolbus_common.private.raw_pub import Batch, fits
+from toolbus_common.private.redis_lock import forget_token, has_token
+from toolbus_common.redis_values import text as _s
 from toolbus_common.script_pipe import ScriptPipe, ScriptReplyError
 from toolbus_common.settings import REDIS_LONGEST_BLOCK
 from toolbus_common.signing import SIGNATURE_HEADER, CommandSigner
@@ -96,18 +94,6 @@ RETRY_MAX = 5.0
 next batch) is tried again; pauses start at `retry_pause` and double."""
 
 Entry = tuple[bytes, dict[bytes, bytes]]
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _forget(future: asyncio.Future[Any]) -> None:
-    """A reply no longer wanted: cancelled if still to come, its error taken if it failed."""
-    if not future.done():
-        future.cancel()
-    elif not future.cancelled():
-        future.exception()
 
 
 def order_key(msg_id: str) -> str:
@@ -227,11 +213,11 @@ class EventRelay:
         sent = self._loop.time()
         was = sent < self._valid_until
         ours = False
-        if self._lock.local.token is not None:
+        if has_token(self._lock):
             try:
                 ours = bool(await self._lock.reacquire())
             except LockError:  # LockNotOwnedError: it lapsed and was taken, or Redis lost it
-                self._lock.local.token = None
+                forget_token(self._lock)
         if not ours:
             ours = bool(await self._lock.acquire(blocking=False, token=self._token))
             if ours:
@@ -262,14 +248,14 @@ class EventRelay:
     async def release(self) -> None:
         """Give the lock up (on stop), so that another replica takes over at once."""
         self._valid_until = self._renew_at = 0.0
-        if self._lock.local.token is not None:
+        if has_token(self._lock):
             with contextlib.suppress(Exception):  # not ours any more, or Redis away: it lapses
                 await self._lock.release()
 
     # ---- relaying -------------------------------------------------------------------------------
 
     def _on_ack(self, msg: Msg) -> None:
-        """Called by the NATS client's reader with each ack (a direct subscription): must not block."""
+        """Count one ack towards its round (never blocks)."""
         waiting = self._acks.pop(msg.subject, None)
         if waiting is None:  # a late ack of a round given up, or not ours
             return
@@ -278,9 +264,13 @@ class EventRelay:
         # success; an error reply or a status message (503: no stream captures it) is not.
         waiting[0].answer(waiting[1], bool(data) and data.startswith(b"{") and b'"error"' not in data)
 
+    async def _ack(self, msg: Msg) -> None:
+        """The ack subscription's callback (nats-py awaits it one message at a time)."""
+        self._on_ack(msg)
+
     async def _subscribe(self) -> None:
         if self._sub is None:
-            self._sub = await subscribe_direct(self._nc, f"{self._inbox}.*", self._on_ack)
+            self._sub = await self._nc.subscribe(f"{self._inbox}.*", cb=self._ack)
 
     @property
     def _loop(self) -> asyncio.AbstractEventLoop:
@@ -352,28 +342,21 @@ class EventRelay:
                     await asyncio.sleep(self._linger)  # busy: let the next batch fill (see LINGER)
 
     async def _read(self, cursor: bytes, block_ms: int | None) -> list[Entry]:
-        """The next entries after `cursor`; the `XDEL` of what was acked since the last read goes
-        in the same write, ahead of the `XREAD` (so a pass from the oldest entry never sees them)."""
+        """The next entries after `cursor`; what was acked since the last read is deleted first
+        (so a pass from the oldest entry never sees it)."""
         command: tuple[bytes | str | int, ...] = ("XREAD", "COUNT", BATCH)
         if block_ms is not None:
             command += ("BLOCK", block_ms)
         command += ("STREAMS", self._outbox, cursor)
         deletes, self._acked = self._acked, []
-        if not deletes:
-            res = await self._pipe.execute(*command)
-        else:
+        if deletes:
             try:
-                xdel, read = await self._pipe.execute_many(("XDEL", self._outbox, *deletes), command)
-                try:
-                    await xdel
-                except BaseException:
-                    _forget(read)
-                    raise
+                await self._pipe.execute("XDEL", self._outbox, *deletes)
             except BaseException:  # not known to be deleted: sent again (deleting twice is harmless)
                 self._acked[:0] = deletes
                 raise
             self.relayed += len(deletes)
-            res = await read
+        res = await self._pipe.execute(*command)
         if not res:
             return []
         entries: list[Entry] = []

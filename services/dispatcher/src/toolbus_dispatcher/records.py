@@ -6,10 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+from toolbus_common.redis_values import text as _s
 
 
 @dataclass(slots=True)

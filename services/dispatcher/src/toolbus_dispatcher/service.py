@@ -6,15 +6,14 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import orjson
-from nats.js import JetStreamContext
 from toolbus_common.canonical import canonical_json, sha256_hex
 from toolbus_common.clock import now_iso
 from toolbus_common.in_flight import InFlight
+from toolbus_common.lru import Lru
 from toolbus_common.toolsets import Tool, ToolsetStore
 from toolbus_contracts import (
     CallGetReply,
@@ -43,6 +42,8 @@ log = logging.getLogger(__name__)
 PublishReply = Callable[[str, bytes], Awaitable[None]]
 """Publishes a reply body on a subject (the dispatcher's NATS connection)."""
 
+RUNS_CACHED = 10_000
+"""Open runs whose owner and deadline are kept in memory (least recently used dropped first)."""
 CANCELLED_JSON = orjson.dumps(
     failed("cancelled", "The call's run was closed before the call finished.")
 ).decode()
@@ -84,7 +85,6 @@ class DispatcherService:
         toolsets: ToolsetStore,
         runner: CallRunner,
         credentials: CredentialResolver,
-        js: JetStreamContext,
         subjects: Subjects,
         run_retention: float,
         publish_reply: PublishReply,
@@ -101,13 +101,12 @@ class DispatcherService:
         self._toolsets = toolsets
         self._runner = runner
         self._credentials = credentials
-        self._js = js
         self._subjects = subjects
         self._retention = run_retention
         self._publish_reply = publish_reply
         self._schemas = SchemaCache()
         self._rules = ApprovalRules()
-        self._runs: OrderedDict[str, tuple[str, str | None]] = OrderedDict()
+        self._runs: Lru[str, tuple[str, str | None]] = Lru(RUNS_CACHED)
         self._answering: set[str] = set()
         """Runs a close of this process is closing: another close of them answers no invoker."""
 
@@ -144,7 +143,7 @@ class DispatcherService:
             closed = await self._store.close_run(run_id, now_iso(), CANCELLED_JSON, self._retention)
             if closed.status == "notFound":
                 raise NotFound(f"Run '{run_id}' does not exist.", details={"runId": run_id})
-            self._runs.pop(run_id, None)
+            self._runs.pop(run_id)
             self._runner.stop_local([cid for cid, _, _ in closed.cancelled])
             waited = [entry for entry in closed.cancelled if entry[1]] if answers else []
             for cid, replies, key in waited:
@@ -177,9 +176,8 @@ class DispatcherService:
         if info is None or info[0] != "open":
             advice = "was closed; open a run with a new id" if info else "is not open; open it with runs.open"
             raise NotFound(f"Run '{run_id}' {advice}.", details={"runId": run_id})
-        hit = self._runs[run_id] = (info[1], info[2])
-        while len(self._runs) > 10_000:
-            self._runs.popitem(last=False)
+        hit = (info[1], info[2])
+        self._runs.put(run_id, hit)
         return hit
 
     # ---- calls ----------------------------------------------------------------------------------
@@ -276,7 +274,7 @@ class DispatcherService:
                 self._runner.start(created.admitted)
             return Started(created.call_id, key, created.outcome_json if created.state == "done" else None)
         if created.status != "created":
-            self._runs.pop(req.run_id, None)
+            self._runs.pop(req.run_id)
             raise NotFound(
                 f"Run '{req.run_id}' is not open; open it with runs.open.", details={"runId": req.run_id}
             )

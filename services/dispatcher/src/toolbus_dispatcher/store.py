@@ -17,11 +17,12 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from toolbus_common.keys import Keys
+from toolbus_common.redis_values import text as _s
 from toolbus_common.script_pipe import NoScript, ScriptPipe
+from toolbus_contracts.registry import RUN_CONCURRENCY
 
-from toolbus_dispatcher.records import CallRecord, _s
+from toolbus_dispatcher.records import CallRecord
 
-RUN_LIMIT = 16
 MAX_SCAN = 1000
 """How many waiting calls of one run admission looks at, at most, per script run."""
 
@@ -258,7 +259,7 @@ class CallStore:
                 digest,
                 self._call_prefix,
                 k.run_tool_slots(run_id, tool) if concurrency else "",
-                RUN_LIMIT,
+                RUN_CONCURRENCY,
                 MAX_SCAN,
                 self._replies_prefix,
                 run_id,
@@ -313,7 +314,7 @@ class CallStore:
                 now,
                 self._lease(),
                 self._call_prefix,
-                RUN_LIMIT,
+                RUN_CONCURRENCY,
                 MAX_SCAN,
                 now,
                 self.events_prefix,
@@ -338,7 +339,7 @@ class CallStore:
                 now,
                 self._lease(),
                 self._call_prefix,
-                RUN_LIMIT,
+                RUN_CONCURRENCY,
                 MAX_SCAN,
                 subject,
                 body,
@@ -376,7 +377,7 @@ class CallStore:
                 now,
                 self._lease(),
                 self._call_prefix,
-                RUN_LIMIT,
+                RUN_CONCURRENCY,
                 MAX_SCAN,
                 *(approval or ("", "", "", "")),
                 reason,
@@ -429,21 +430,3 @@ class CallStore:
         if state is None:
             return None
         return _s(state), int(attempts or 0), _s(outcome) if outcome else None
-
-    async def approval_of(self, call_id: str) -> tuple[CallRecord, str, str, str] | None:
-        """(call, approvalId, inputDigest, createdAt) of a call awaiting approval, else None."""
-        rec = await self.call_fields(call_id)
-        if rec is None or rec.state != "awaitingApproval":
-            return None
-        approval, digest, created = await self._r.hmget(
-            self.keys.call(call_id), ["approval", "digest", "created"]
-        )
-        if not approval:
-            return None
-        return rec, _s(approval), _s(digest or b""), _s(created or b"")
-
-    async def call_fields(self, call_id: str) -> CallRecord | None:
-        raw = await self._r.hgetall(self.keys.call(call_id))
-        if not raw:
-            return None
-        return CallRecord.from_hash(call_id, {_s(k): _s(v) for k, v in raw.items()})

@@ -20,12 +20,13 @@ import codecs
 import re
 import ssl
 import zlib
-from collections import OrderedDict
 from typing import Any
 from urllib.parse import urljoin, urlunsplit
 
 import httpx
 from toolbus_common.egress import EgressPolicy
+from toolbus_common.lru import Lru
+from toolbus_common.private.httpcore_guard import GuardedBackend, Resolver, guard_transport
 from toolbus_contracts.errors import (
     HostNotAllowed,
     InvalidInput,
@@ -38,7 +39,6 @@ from toolbus_mcp_client.decoding import MAX_CODINGS, BoundedDecoder, OverLimit, 
 
 from toolbus_dispatcher.allowlist import AllowList
 from toolbus_dispatcher.executors.base import Attempt, Interrupted
-from toolbus_dispatcher.executors.guard import GuardedBackend, Resolver
 
 REDIRECTS = frozenset({301, 302, 303, 307, 308})
 INTERRUPTING = frozenset({502, 503, 504})
@@ -65,6 +65,8 @@ CROSS_ORIGIN_HEADERS = frozenset(
 """The caller's headers a redirect to another origin (scheme, host or port) carries: content
 negotiation and the call's idempotency key. Any other (`Authorization`, `Cookie`, `X-Api-Key`, a
 vendor's token header) was meant for the first origin only and is dropped."""
+ALLOW_LISTS = 256
+"""Toolsets whose parsed HTTP allow-lists are kept (least recently used dropped first)."""
 MAX_HEADERS = 100
 """Default of `TOOLBUS_HTTP_MAX_HEADERS`: the most request headers one `http.fetch` may give."""
 MAX_HEADER_BYTES = 64 * 1024
@@ -219,9 +221,7 @@ class HttpExecutor:
         """`egress`: where connections may go (default: public addresses only)."""
         if client is None:
             transport = httpx.AsyncHTTPTransport(verify=verify)
-            # httpx takes no network backend argument; its pool's is the one place to check
-            # addresses at connect time (see guard.py).
-            transport._pool._network_backend = GuardedBackend(egress or EgressPolicy(), resolver)
+            guard_transport(transport, GuardedBackend(egress or EgressPolicy(), resolver))
             client = _CookielessClient(
                 transport=transport,
                 follow_redirects=False,
@@ -233,7 +233,7 @@ class HttpExecutor:
         self._max_header_bytes = max_header_bytes
         self._max_body = max_body
         self._max_redirects = max_redirects
-        self._allow: OrderedDict[str, AllowList] = OrderedDict()
+        self._allow: Lru[str, AllowList] = Lru(ALLOW_LISTS)
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -241,9 +241,8 @@ class HttpExecutor:
     def allow_list(self, toolset_id: str, entries: list[str]) -> AllowList:
         hit = self._allow.get(toolset_id)
         if hit is None:
-            hit = self._allow[toolset_id] = AllowList(entries)
-            while len(self._allow) > 256:
-                self._allow.popitem(last=False)
+            hit = AllowList(entries)
+            self._allow.put(toolset_id, hit)
         return hit
 
     async def execute(self, attempt: Attempt) -> Any:

@@ -8,7 +8,9 @@ only narrows what the operator allows, it never widens it. A refusal is decided 
 connection, so it is the same whether or not something listens there.
 
 It is an httpcore network backend (the layer httpx connects through), so TLS still verifies the
-certificate against the name and connections are pooled per name as before.
+certificate against the name and connections are pooled per name as before. httpx takes no
+network backend argument: `guard_transport` sets its pool's (`_pool._network_backend`, httpx
+0.28.1 / httpcore 1.0.9), the one place to check addresses at connect time.
 """
 
 from __future__ import annotations
@@ -16,13 +18,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import httpx
 from httpcore import AsyncNetworkStream, ConnectError
 from httpcore._backends.auto import AutoBackend
 from httpcore._backends.base import SOCKET_OPTION, AsyncNetworkBackend
-from toolbus_common.egress import EgressPolicy, EgressRefused, Resolver
 from toolbus_contracts.errors import HostNotAllowed
 
-__all__ = ["GuardedBackend", "Resolver"]
+from toolbus_common.egress import EgressPolicy, EgressRefused, Resolver
+
+__all__ = ["GuardedBackend", "Resolver", "guard_transport"]
 
 
 class GuardedBackend(AsyncNetworkBackend):
@@ -67,3 +71,8 @@ class GuardedBackend(AsyncNetworkBackend):
 
     async def sleep(self, seconds: float) -> None:
         await self._inner.sleep(seconds)
+
+
+def guard_transport(transport: httpx.AsyncHTTPTransport, backend: AsyncNetworkBackend) -> None:
+    """Make `transport` connect through `backend` (its pool's private network backend)."""
+    transport._pool._network_backend = backend
