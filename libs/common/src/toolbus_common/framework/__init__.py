@@ -65,7 +65,7 @@ from toolbus_common.framework.replies import (
     publish_failed,
     too_large,
 )
-from toolbus_common.framework.routes import Entry, Routes, SubjectOf
+from toolbus_common.framework.routes import REQUEST_HEADERS, Entry, Routes, SubjectOf
 
 __all__ = [
     "ACK_WAIT",
@@ -78,6 +78,7 @@ __all__ = [
     "PULL_TIMEOUT",
     "REPLY_FAILURES",
     "REQUESTS",
+    "REQUEST_HEADERS",
     "RETRY_DELAY",
     "Bus",
     "Commands",
