@@ -27,7 +27,7 @@ const count = (key) => { stats[key] = (stats[key] || 0) + 1; };
 
 const provider = new Provider(issuer, {
   clients,
-  scopes: ['openid', 'offline_access', 'tools:read', 'tools:write'],
+  scopes: ['openid', 'offline_access', 'tools:read', 'tools:write', 'tools:admin'],
   features: {
     devInteractions: { enabled: true },
     registration: { enabled: true },
@@ -38,7 +38,7 @@ const provider = new Provider(issuer, {
       defaultResource: () => undefined,
       useGrantedResource: () => true,
       getResourceServerInfo: (ctx, resource) => ({
-        scope: 'tools:read tools:write',
+        scope: 'tools:read tools:write tools:admin',
         audience: resource,
         accessTokenFormat: 'jwt',
         accessTokenTTL: ttl,

@@ -91,6 +91,11 @@ class Keys:
         """Set of the servers with an OAuth connection at one level and scope."""
         return f"{self.prefix}:oauth:servers:{level}:{scope}"
 
+    def oauth_step_up(self, level: str, scope: str, server: str) -> str:
+        """Set of the scopes servers asked for in `insufficient_scope` challenges to one
+        connection's token (step-up): the next authorization asks for them too."""
+        return f"{self.prefix}:oauth:step-up:{level}:{scope}:{server}"
+
     @property
     def oauth_due(self) -> str:
         """ZSET `level\0scope\0server` -> when (ms) its access token is to be renewed."""

@@ -511,6 +511,7 @@ class OAuthConnections:
             connected_at=now,
         )
         await self._store(connection)
+        await self._redis.delete(self._keys.oauth_step_up(flow.target.level, flow.target.scope, flow.server))
         await self._patch(flow.target, flow.server, _bearer(connection))
         CONNECTS.labels("connected").inc()
         await self._outbox.connected(CredentialsConnected(data=_event_data(connection)))
@@ -587,6 +588,7 @@ class OAuthConnections:
     async def forget(self, target: Target, server: str) -> None:
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.delete(self._keys.oauth_connection(target.level, target.scope, server))
+            pipe.delete(self._keys.oauth_step_up(target.level, target.scope, server))
             pipe.srem(self._keys.oauth_servers(target.level, target.scope), server)
             pipe.zrem(self._keys.oauth_due, _member(target, server))
             await pipe.execute()
@@ -617,10 +619,17 @@ class OAuthConnections:
             return Target(level="namespace", toolset_id=toolset_id, namespace=namespace, run_id=None)
         return await self._run_target(scope)
 
-    async def renew(self, target: Target, server: str, *, reason: Literal["due", "rejected"]) -> bool:
+    async def renew(
+        self,
+        target: Target,
+        server: str,
+        *,
+        reason: Literal["due", "rejected"],
+        step_up: list[str] | None = None,
+    ) -> bool:
         """Renew one connection's access token under its lock; True when this call renewed it.
         A permanent failure marks the connection expired (calls then park and the notice carries
-        a new authorization URL)."""
+        a new authorization URL). `step_up`: scopes a client-credentials token is to have too."""
         lock = self._keys.oauth_lock(target.level, target.scope, server)
         if not await self._redis.set(lock, self._holder, nx=True, px=30_000):
             return False
@@ -637,6 +646,9 @@ class OAuthConnections:
                 return False  # the token of the last such renewal was refused too: park
             try:
                 if connection.grant == "clientCredentials":
+                    if step_up:
+                        wanted = list(dict.fromkeys([*connection.requested_scopes, *step_up]))
+                        connection = connection.model_copy(update={"requested_scopes": wanted})
                     tokens = await proto.client_credentials(
                         self._http,
                         connection.server_auth().auth_methods,
@@ -694,16 +706,43 @@ class OAuthConnections:
             self._keys.oauth_servers(target.level, target.scope), parked.server
         ):
             return False
-        return await self.renew(target, parked.server, reason="rejected")
+        if parked.required_scopes is None:
+            return await self.renew(target, parked.server, reason="rejected")
+        return await self._step_up(target, parked.server, parked.required_scopes)
+
+    async def _step_up(self, target: Target, server: str, asked: list[str]) -> bool:
+        """A 403 `insufficient_scope` (MCP authorization spec, scope challenge handling): the
+        next token is to carry the current scopes and those the challenge asked for (all the
+        server offers when it named none). A client-credentials connection gets one such token
+        at once (True: resume); an end user must consent to the larger scope, so the call parks
+        and the notice's link asks for it (a refresh cannot widen a grant, RFC 6749 section 6)."""
+        connection = await self.load(target, server)
+        if connection is None or connection.status != "connected":
+            return False
+        wanted = list(asked) or connection.server_auth().scopes_supported
+        if connection.grant == "clientCredentials":
+            return await self.renew(target, server, reason="rejected", step_up=wanted)
+        if wanted:
+            await self._redis.sadd(self._keys.oauth_step_up(target.level, target.scope, server), *wanted)
+        log.info(
+            "oauth step-up: the server asks for a larger scope",
+            extra={"server": server, "credentialsLevel": target.level, "scopes": wanted},
+        )
+        return False
 
     async def reconnect_url(self, target: Target, server: str) -> tuple[str, str] | None:
-        """For a notice: a new authorization URL for a connected server (the granted scopes and
-        all the server offers, so a step-up asks for the larger scope), or None."""
+        """For a notice: a new authorization URL for a connected server, asking for the scopes
+        asked before plus those of any step-up since, or None."""
         connection = await self.load(target, server)
         if connection is None or connection.grant != "authorizationCode" or self.callback_url is None:
             return None
         auth = connection.server_auth()
-        scopes = list(dict.fromkeys([*connection.requested_scopes, *auth.scopes_supported]))
+        more = await self._redis.smembers(self._keys.oauth_step_up(target.level, target.scope, server))
+        scopes = list(
+            dict.fromkeys(
+                [*connection.requested_scopes, *connection.scopes, *sorted(m.decode() for m in more)]
+            )
+        )
         url, _ = await self._new_link(
             connection.connection_id, target, server, auth, connection.client(), scopes
         )
