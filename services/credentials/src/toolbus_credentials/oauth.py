@@ -27,7 +27,7 @@ import httpx
 from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict
 from redis.asyncio import Redis
-from toolbus_common.credential_store import scope_of
+from toolbus_common.credential_store import index_encrypted, scope_of, unindex_encrypted
 from toolbus_common.keys import Keys
 from toolbus_common.secrets import Cipher, DecryptionError
 from toolbus_contracts.credentials import (
@@ -288,18 +288,14 @@ class OAuthConnections:
             client_secret=client.client_secret,
             scopes=scopes,
         )
-        await self._redis.set(
-            self._keys.oauth_start(_digest(token)),
-            self._cipher.encrypt(start.model_dump_json().encode()),
-            px=int(self.link_ttl * 1000),
-        )
+        await self._put(self._keys.oauth_start(_digest(token)), start.model_dump_json(), self.link_ttl)
         base = self.callback_url.rsplit("/", 1)[0]
         return f"{base}/start/{token}", time.time() + self.link_ttl
 
     async def start(self, token: str) -> str | None:
         """`GET /oauth/start/<token>`: the authorization server's URL to redirect to (a new state
         and verifier), or None when the link is unknown, used or expired."""
-        raw = await self._redis.getdel(self._keys.oauth_start(_digest(token)))
+        raw = await self._take(self._keys.oauth_start(_digest(token)))
         if raw is None:
             return None
         try:
@@ -339,11 +335,7 @@ class OAuthConnections:
             redirect_uri=self.callback_url,
             scopes=scopes,
         )
-        await self._redis.set(
-            self._keys.oauth_flow(_digest(state)),
-            self._cipher.encrypt(flow.model_dump_json().encode()),
-            px=int(self.state_ttl * 1000),
-        )
+        await self._put(self._keys.oauth_flow(_digest(state)), flow.model_dump_json(), self.state_ttl)
         url = proto.authorization_url(
             auth, client, redirect_uri=self.callback_url, state=state, verifier=verifier, scopes=scopes
         )
@@ -368,7 +360,7 @@ class OAuthConnections:
             )
         except OAuthFailure as exc:
             raise self._as_error(exc, "registering toolbus as a client") from None
-        await self._redis.set(key, self._cipher.encrypt(json.dumps(asdict(client)).encode()))
+        await self._put(key, json.dumps(asdict(client)), None)
         return client
 
     async def _client_credentials(
@@ -435,7 +427,7 @@ class OAuthConnections:
         if not state:
             await self._failed(None, None, None, "unknownState", "the callback came with no state")
             return False, "This link is not a valid authorization response (it has no state)."
-        raw = await self._redis.getdel(self._keys.oauth_flow(_digest(state)))
+        raw = await self._take(self._keys.oauth_flow(_digest(state)))
         flow: Flow | None = None
         if raw is not None:
             try:
@@ -549,10 +541,28 @@ class OAuthConnections:
 
     # ---- storage -----------------------------------------------------------------------------
 
+    async def _put(self, key: str, plaintext: str, ttl: float | None) -> None:
+        """Store an encrypted record (for `ttl` seconds, else for good), indexed for the
+        secret key's rotation (`CredentialStore.rotate`)."""
+        ttl_ms = None if ttl is None else int(ttl * 1000)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.set(key, self._cipher.encrypt(plaintext.encode()), px=ttl_ms)
+            index_encrypted(pipe, self._keys, key, ttl_ms=ttl_ms)
+            await pipe.execute()
+
+    async def _take(self, key: str) -> bytes | None:
+        """Get and delete a single-use record (a pending flow or link)."""
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.getdel(key)
+            unindex_encrypted(pipe, self._keys, key)
+            raw, *_ = await pipe.execute()
+        return raw  # type: ignore[no-any-return]
+
     async def _store(self, connection: Connection) -> None:
         key = self._keys.oauth_connection(connection.target.level, connection.target.scope, connection.server)
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.set(key, self._cipher.encrypt(connection.model_dump_json().encode()))
+            index_encrypted(pipe, self._keys, key)
             pipe.sadd(
                 self._keys.oauth_servers(connection.target.level, connection.target.scope), connection.server
             )
@@ -587,7 +597,9 @@ class OAuthConnections:
 
     async def forget(self, target: Target, server: str) -> None:
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.delete(self._keys.oauth_connection(target.level, target.scope, server))
+            key = self._keys.oauth_connection(target.level, target.scope, server)
+            pipe.delete(key)
+            unindex_encrypted(pipe, self._keys, key)
             pipe.delete(self._keys.oauth_step_up(target.level, target.scope, server))
             pipe.srem(self._keys.oauth_servers(target.level, target.scope), server)
             pipe.zrem(self._keys.oauth_due, _member(target, server))
