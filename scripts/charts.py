@@ -250,10 +250,11 @@ def values_yaml(s: ServiceChart) -> str:
     )
     egress_config = (
         "  ## What the service may connect to beyond public addresses (MCP servers; http.fetch in the\n"
-        "  ## dispatcher): networks, addresses and host names. Unset (the default): loopback, private,\n"
-        "  ## link-local (cloud metadata), CGNAT, reserved and multicast addresses are refused.\n"
+        "  ## dispatcher; OAuth servers in credentials): networks, addresses and host names. Unset\n"
+        "  ## (the default): loopback, private, link-local (cloud metadata), CGNAT, reserved and\n"
+        "  ## multicast addresses are refused.\n"
         "  # TOOLBUS_EGRESS_ALLOW: 10.20.0.0/16,mcp.corp.internal,*.svc.cluster.local\n"
-        if s.name in ("registry", "dispatcher")
+        if s.name in ("registry", "dispatcher", "credentials")
         else ""
     )
     secrets = ""

@@ -380,12 +380,12 @@ class OAuthConnections:
             )
         client = ClientInfo(request.client.client_id, request.client.client_secret.get_secret_value())
         try:
-            tokens = await proto.client_credentials(
+            tokens = await proto.token_grant(
                 self._http,
-                auth.auth_methods,
-                auth.token_endpoint,
+                auth,
                 client,
-                scopes=scopes,
+                "client_credentials",
+                scope=" ".join(scopes) or None,
                 resource=auth.resource,
             )
         except OAuthFailure as exc:
@@ -469,14 +469,14 @@ class OAuthConnections:
             return False, "The authorization response had no code. Nothing was connected."
         client = ClientInfo(flow.client_id, flow.client_secret)
         try:
-            tokens = await proto.exchange_code(
+            tokens = await proto.token_grant(
                 self._http,
-                auth.auth_methods,
-                auth.token_endpoint,
+                auth,
                 client,
+                "authorization_code",
                 code=code,
-                verifier=flow.verifier,
                 redirect_uri=flow.redirect_uri,
+                code_verifier=flow.verifier,
                 resource=auth.resource,
             )
         except OAuthFailure as exc:
@@ -656,30 +656,31 @@ class OAuthConnections:
                     return False  # another replica renewed it meanwhile
             elif connection.renewed_on_reject:
                 return False  # the token of the last such renewal was refused too: park
+            auth = connection.server_auth()
             try:
                 if connection.grant == "clientCredentials":
                     if step_up:
                         wanted = list(dict.fromkeys([*connection.requested_scopes, *step_up]))
                         connection = connection.model_copy(update={"requested_scopes": wanted})
-                    tokens = await proto.client_credentials(
+                    tokens = await proto.token_grant(
                         self._http,
-                        connection.server_auth().auth_methods,
-                        connection.server_auth().token_endpoint,
+                        auth,
                         connection.client(),
-                        scopes=connection.requested_scopes,
-                        resource=connection.server_auth().resource,
+                        "client_credentials",
+                        scope=" ".join(connection.requested_scopes) or None,
+                        resource=auth.resource,
                     )
                 elif connection.refresh_token is None:
                     raise OAuthFailure("no refresh token was issued", error="noRefreshToken", permanent=True)
                 else:
                     self.refreshes += 1
-                    tokens = await proto.refresh(
+                    tokens = await proto.token_grant(
                         self._http,
-                        connection.server_auth().auth_methods,
-                        connection.server_auth().token_endpoint,
+                        auth,
                         connection.client(),
+                        "refresh_token",
                         refresh_token=connection.refresh_token,
-                        resource=connection.server_auth().resource,
+                        resource=auth.resource,
                     )
             except OAuthFailure as exc:
                 REFRESHES.labels(reason, "permanent" if exc.permanent else "retry").inc()
@@ -790,15 +791,14 @@ class OAuthConnections:
             return CredentialsDisconnectReply(
                 level=target.level, server=request.server, disconnected=False, revoked=False
             )
-        revoked = False
-        endpoint = connection.server_auth().revocation_endpoint
-        if endpoint:
-            token, hint = (
-                (connection.refresh_token, "refresh_token")
-                if connection.refresh_token
-                else (connection.access_token, "access_token")
-            )
-            revoked = await proto.revoke(self._http, endpoint, connection.client(), token=token, hint=hint)
+        token, hint = (
+            (connection.refresh_token, "refresh_token")
+            if connection.refresh_token
+            else (connection.access_token, "access_token")
+        )
+        revoked = await proto.revoke(
+            self._http, connection.server_auth(), connection.client(), token=token, hint=hint
+        )
         await self.forget(target, request.server)
         await self._patch(target, request.server, None)
         log.info("oauth connection removed", extra={"server": request.server, "revoked": revoked})
