@@ -544,7 +544,7 @@ def _tls_ref() -> dict[str, Any]:
 OAUTH_INGRESS_VALUES = """
 ## @section OAuth pages (connected accounts: docs/oauth.md)
 
-## @param oauthIngress.enabled Create an Ingress for the OAuth pages only (/oauth/start/<token> and /oauth/callback); set TOOLBUS_OAUTH_CALLBACK_URL in config to https://<host>/oauth/callback
+## @param oauthIngress.enabled Create an Ingress for the OAuth pages only (/oauth/start/<token>, /oauth/callback, /oauth/client-metadata.json); set TOOLBUS_OAUTH_CALLBACK_URL in config to https://<host>/oauth/callback
 ## @param oauthIngress.className IngressClass name (empty: the cluster's default)
 ## @param oauthIngress.host Public host name end users' browsers reach
 ## @param oauthIngress.annotations Annotations on the Ingress (e.g. cert-manager's cluster-issuer)

@@ -191,19 +191,20 @@ async def test_oauth_records_are_re_encrypted_when_the_secret_key_rotates(
             assert [w for w, v in after.items() if _opens(old_cipher, v)] == []
 
             async with services(new):
+                # The flow and the link stored under the old key complete under the new one.
+                await _land(landing)
+                assert await call("user-q") == "ok"
+                await _land(await consent(link, login="user-p"))
+                assert await call("user-p") == "ok"
+                # The connection made under the old key is refreshed and used.
                 refreshed = (await provider.stats()).get("refresh_token:ok", 0)
-                await asyncio.sleep(TTL + 1)  # the token of the old key's time has expired
+                await asyncio.sleep(TTL + 1)  # every token issued before this point has expired
                 assert (await provider.stats()).get("refresh_token:ok", 0) > refreshed
                 assert await call("user-r") == "ok"
                 status = await _ok(
                     nc, subjects.credentials_status, {"toolsetId": toolset_id, "namespace": "user-r"}
                 )
                 assert status["connections"][0]["status"] == "connected"
-                # The flow and the link stored under the old key complete under the new one.
-                await _land(landing)
-                assert await call("user-q") == "ok"
-                await _land(await consent(link, login="user-p"))
-                assert await call("user-p") == "ok"
     finally:
         await drop_deployment_state(nc, redis_url, prefix)
         await redis.aclose()  # type: ignore[attr-defined]

@@ -30,9 +30,9 @@ from toolbus_contracts import Subjects
 from toolbus_contracts.credentials import CredentialsConnected, CredentialsConnectFailed, CredentialsExpired
 from toolbus_contracts.internal import CallsResume, CredentialsChanged
 
-from toolbus_credentials.callback import callback_route, start_route
+from toolbus_credentials.callback import callback_route, client_metadata_route, start_route
 from toolbus_credentials.handlers import routes
-from toolbus_credentials.oauth import OAuthConnections
+from toolbus_credentials.oauth import OAuthConnections, client_metadata
 from toolbus_credentials.parking import ParkingLot
 from toolbus_credentials.service import CredentialsLogic
 from toolbus_credentials.settings import CredentialsSettings
@@ -201,7 +201,8 @@ class CredentialsService:
             await asyncio.sleep(self.own.oauth_interval_seconds)
 
     def http_routes(self) -> list[Route]:
-        """`GET /oauth/callback` and `GET /oauth/start/<token>` on the service's HTTP port."""
+        """`GET /oauth/callback`, `GET /oauth/start/<token>` and `GET /oauth/client-metadata.json`
+        on the service's HTTP port."""
 
         async def handle(params: dict[str, str]) -> tuple[bool, str]:
             if self.oauth is None:  # the HTTP port opens before the service has started
@@ -211,7 +212,10 @@ class CredentialsService:
         async def begin(token: str) -> str | None:
             return None if self.oauth is None else await self.oauth.start(token)
 
-        return [callback_route(handle), start_route(begin)]
+        def document() -> dict[str, object] | None:
+            return client_metadata(self.own.oauth_callback_url, self.own.oauth_client_name)
+
+        return [callback_route(handle), start_route(begin), client_metadata_route(document)]
 
     def ready(self) -> bool:
         return self._ready and self.bus.ready()

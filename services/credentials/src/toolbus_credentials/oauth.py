@@ -143,6 +143,23 @@ ServerUrls = Callable[[str], Awaitable[dict[str, str] | None]]
 RunTarget = Callable[[str], Awaitable[Target | None]]
 
 
+def client_metadata_url(callback_url: str | None) -> str | None:
+    """The URL of toolbus's Client ID Metadata Document, beside the callback, used as its
+    `client_id` where the authorization server supports that; None unless the callback URL is
+    HTTPS (the draft requires an HTTPS client id)."""
+    if callback_url is None or not callback_url.startswith("https://"):
+        return None
+    return callback_url.rsplit("/", 1)[0] + "/client-metadata.json"
+
+
+def client_metadata(callback_url: str | None, client_name: str) -> dict[str, object] | None:
+    """The document served at `client_metadata_url`, or None when there is none."""
+    url = client_metadata_url(callback_url)
+    if url is None or callback_url is None:
+        return None
+    return proto.client_metadata(url, callback_url, client_name)
+
+
 def _iso(ts: float | None) -> str | None:
     return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
 
@@ -341,10 +358,19 @@ class OAuthConnections:
         )
         return url, time.time() + self.state_ttl
 
+    @property
+    def client_metadata_url(self) -> str | None:
+        return client_metadata_url(self.callback_url)
+
     async def _client(self, request: CredentialsConnectRequest, auth: ServerAuth) -> ClientInfo:
+        """The client to connect as, in the MCP spec's order: the one the caller registered,
+        else toolbus's Client ID Metadata Document where the authorization server supports it,
+        else dynamic registration (once per authorization server, cached encrypted)."""
         if request.client is not None:
             secret = request.client.client_secret
             return ClientInfo(request.client.client_id, None if secret is None else secret.get_secret_value())
+        if auth.client_id_metadata_document_supported and self.client_metadata_url is not None:
+            return ClientInfo(self.client_metadata_url)
         assert self.callback_url is not None
         key = self._keys.oauth_client(_digest(f"{auth.issuer}\0{self.callback_url}"))
         raw = await self._redis.get(key)

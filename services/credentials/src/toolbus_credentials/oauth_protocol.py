@@ -1,6 +1,6 @@
 """The OAuth client side of the MCP authorization spec, with no Redis or NATS in it: discovery
-(RFC 9728 protected-resource metadata, RFC 8414 / OpenID discovery), dynamic client registration
-(RFC 7591), the authorization URL with PKCE S256, `state` and `resource` (RFC 8707), and the token
+(RFC 9728 protected-resource metadata, RFC 8414 / OpenID discovery), the Client ID Metadata
+Document toolbus serves (`client_metadata`), dynamic client registration (RFC 7591), the authorization URL with PKCE S256, `state` and `resource` (RFC 8707), and the token
 endpoint's grants (authorization code, refresh, client credentials: one `token_grant`) and
 revocation (RFC 7009).
 
@@ -69,6 +69,9 @@ class ServerAuth:
     auth_methods: list[str]
     iss_parameter_supported: bool
     offline_access: bool
+    client_id_metadata_document_supported: bool = False
+    """The authorization server takes an HTTPS URL as `client_id` and fetches the client's
+    metadata there (draft-ietf-oauth-client-id-metadata-document)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +222,22 @@ async def discover(http: httpx.AsyncClient, server_url: str) -> ServerAuth:
         ],
         iss_parameter_supported=bool(meta.get("authorization_response_iss_parameter_supported")),
         offline_access="offline_access" in (meta.get("scopes_supported") or []),
+        client_id_metadata_document_supported=meta.get("client_id_metadata_document_supported") is True,
     )
+
+
+def client_metadata(client_id: str, redirect_uri: str, client_name: str) -> dict[str, Any]:
+    """toolbus's Client ID Metadata Document (draft-ietf-oauth-client-id-metadata-document):
+    served at `client_id`, an HTTPS URL, for authorization servers that fetch it instead of
+    registering toolbus; a public client (PKCE, no secret) of the authorization code grant."""
+    return {
+        "client_id": client_id,
+        "client_name": client_name,
+        "redirect_uris": [redirect_uri],
+        "grant_types": ["authorization_code", "refresh_token"],
+        "response_types": ["code"],
+        "token_endpoint_auth_method": "none",
+    }
 
 
 async def register_client(
