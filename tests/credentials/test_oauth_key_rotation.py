@@ -81,6 +81,10 @@ def _opens(cipher: Cipher, value: bytes) -> bool:
     return True
 
 
+def bearer(token: str) -> dict[str, Any]:
+    return {"credentials": {"servers": {"gh": {"headers": {"Authorization": f"Bearer {token}"}}}}}
+
+
 async def _m2m_token(provider: OidcProvider, resource: str) -> str:
     async with httpx.AsyncClient() as http:
         response = await http.post(
@@ -121,14 +125,37 @@ async def test_oauth_records_are_re_encrypted_when_the_secret_key_rotates(
     redis: Redis[bytes] = Redis.from_url(redis_url)
 
     @asynccontextmanager
-    async def services(key: str) -> AsyncIterator[None]:
+    async def services(key: str, credentials_key: str | None = None) -> AsyncIterator[None]:
+        """The services on `key` (the credentials service on `credentials_key`: a rolling
+        restart half done)."""
         keyed = {**env, "TOOLBUS_SECRET_KEY": key}
         async with (
             aservice_process("registry", keyed),
-            aservice_process("credentials", keyed, port=port),
+            aservice_process(
+                "credentials", {**keyed, "TOOLBUS_SECRET_KEY": credentials_key or key}, port=port
+            ),
             aservice_process("dispatcher", keyed),
         ):
             yield
+
+    async def parked_then_resumed(key: str) -> None:
+        """A call that meets a 401 with the toolset's header is parked (CallParked, dispatcher to
+        credentials) and resumed by a set (CallsResume, credentials to dispatcher): the services'
+        signed commands get through."""
+        await _ok(nc, subjects.toolsets_credentials_set, {"toolsetId": toolset_id, **bearer("expired")})
+        run = await _ok(nc, subjects.runs_open, {"toolsetId": toolset_id, "namespace": "user-none"})
+        body = {"runId": run["runId"], "tool": "gh.echo", "input": {"text": key}, "idempotencyKey": key}
+        started = await _ok(nc, subjects.calls_start, body)
+        for _ in range(200):
+            if (await _ok(nc, subjects.calls_get, {"callId": started["callId"]}))["state"] == "parked":
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)  # the credentials service has the park (or a set resumes nothing)
+        fresh = await _m2m_token(provider, server.url)
+        await _ok(nc, subjects.toolsets_credentials_set, {"toolsetId": toolset_id, **bearer(fresh)})
+        done = await _ok(nc, subjects.calls_invoke, body, within=30)
+        assert done["callId"] == started["callId"] and done["outcome"]["status"] == "ok"
+        await _ok(nc, subjects.runs_close, {"runId": run["runId"]})
 
     async def call(namespace: str) -> str:
         run = await _ok(nc, subjects.runs_open, {"toolsetId": toolset_id, "namespace": namespace})
@@ -172,6 +199,10 @@ async def test_oauth_records_are_re_encrypted_when_the_secret_key_rotates(
                 reply = await _ok(nc, subjects.credentials_connect, {**target, "namespace": "user-q"})
                 landing = await consent(reply["authorizationUrl"], login="user-q")
 
+            # A rolling restart onto `new,old`: the dispatcher first, the credentials service after.
+            async with services(f"{new},{old}", credentials_key=old):
+                await parked_then_resumed("k-rolling-1")
+
             before = await _encrypted_values(redis, prefix)
             kinds = {k.split(":")[1] + ":" + k.split(":")[2] for k in before}
             assert {"cred:namespace", "oauth:conn", "oauth:client", "oauth:start", "oauth:flow"} <= kinds, (
@@ -184,6 +215,10 @@ async def test_oauth_records_are_re_encrypted_when_the_secret_key_rotates(
                 assert await call("user-r") == "ok"
                 rotated = await CredentialStore(redis, Keys(prefix), Cipher(f"{new},{old}")).rotate()
                 assert rotated > 0  # (the service rewrote some itself meanwhile: a refresh)
+
+            # The old key dropped: the dispatcher first again.
+            async with services(new, credentials_key=f"{new},{old}"):
+                await parked_then_resumed("k-rolling-2")
 
             after = await _encrypted_values(redis, prefix)
             assert set(after) >= set(before)
