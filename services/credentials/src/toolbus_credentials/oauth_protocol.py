@@ -1,8 +1,9 @@
 """The OAuth client side of the MCP authorization spec, with no Redis or NATS in it: discovery
 (RFC 9728 protected-resource metadata, RFC 8414 / OpenID discovery), the Client ID Metadata
-Document toolbus serves (`client_metadata`), dynamic client registration (RFC 7591), the authorization URL with PKCE S256, `state` and `resource` (RFC 8707), and the token
-endpoint's grants (authorization code, refresh, client credentials: one `token_grant`) and
-revocation (RFC 7009).
+Document toolbus serves (`client_metadata`), dynamic client registration (RFC 7591), the
+authorization URL with PKCE S256, `state` and `resource` (RFC 8707), and the token endpoint's
+grants (authorization code, refresh, client credentials: one `token_grant`) and revocation
+(RFC 7009).
 
 authlib builds and parses the protocol's messages (`prepare_grant_uri`, `prepare_token_request`,
 `create_s256_code_challenge`, `generate_token`); httpx sends them. authlib's own httpx client is
@@ -330,7 +331,8 @@ async def token_grant(
     code (`permanent` when no retry can help)."""
     body = prepare_token_request(grant_type, **{k: v for k, v in params.items() if v is not None})
     fields, basic = _client_auth(client, auth.auth_methods)
-    body += "&" + str(httpx.QueryParams(fields)) if fields else ""
+    if fields:
+        body += "&" + str(httpx.QueryParams(fields))
     response = await _send(
         http,
         "POST",
