@@ -143,7 +143,7 @@ def test_no_service_at_all_is_sent_again_for_a_few_seconds_not_the_whole_timeout
     """No subscriber (`noService`): sent again for `NO_SERVICE_WAIT` seconds (a restarting service
     is back by then), then raised, so a stack that is not running is told in seconds; a store
     that is down is waited out until the timeout."""
-    from toolbus._client import NO_SERVICE_WAIT, _no_service_for_long
+    from toolbus._core import NO_SERVICE_WAIT, _no_service_for_long
 
     # (details, the least and the most time spent before the last Unavailable is raised)
     cases = (({"noService": True}, NO_SERVICE_WAIT, NO_SERVICE_WAIT + 2.5), ({"store": "Redis"}, 28.0, 30.0))
