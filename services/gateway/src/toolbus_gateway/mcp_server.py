@@ -17,6 +17,7 @@ from mcp.server import Server, ServerRequestContext
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
+from opentelemetry import trace
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -147,7 +148,7 @@ def build_server(gateway: Gateway) -> Server[Any]:
         catalogue = _catalogue.get()
         return None if catalogue is None else catalogue.schemas.get(name)
 
-    return Server(
+    server: Server[Any] = Server(
         "toolbus",
         title="toolbus gateway",
         instructions="The tools of one toolbus toolset; each call runs under the toolset's policies.",
@@ -158,6 +159,9 @@ def build_server(gateway: Gateway) -> Server[Any]:
         on_read_resource=on_read_resource,
         get_tool_input_schema=input_schema,
     )
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        server.middleware.clear()  # no tracer configured: the SDK's span a request records nothing
+    return server
 
 
 def _json_error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
