@@ -294,7 +294,7 @@ def roles(prefix: str = "toolbus") -> list[Role]:
         Role(
             "gateway",
             "MCP endpoint: opens runs and calls tools for MCP clients, searches toolsets and reads their "
-            "declarations, reads "
+            "namespaces and declarations, reads "
             "toolsets and stored outputs; serves tokens.*",
             publish=[
                 f"{INBOX}.>",
@@ -302,6 +302,7 @@ def roles(prefix: str = "toolbus") -> list[Role]:
                 *calls,
                 s.toolsets_search,
                 s.toolsets_declarations,
+                s.toolsets_namespaces,
                 *js_read(toolsets),
                 *js_create(toolsets),
                 *js_read(outputs),
