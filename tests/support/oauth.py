@@ -38,15 +38,25 @@ class OidcProvider:
     """`async with OidcProvider(access_ttl=5) as op:` `op.issuer`, `await op.stats()`,
     `await op.revoke_grants()`, `await op.stop()` / `start()` (a provider that is down)."""
 
-    def __init__(self, *, access_ttl: int = 5, clients: list[dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        access_ttl: int = 5,
+        clients: list[dict[str, Any]] | None = None,
+        accounts: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
         self.access_ttl = access_ttl
         self.clients = clients or []
+        self.accounts = accounts
+        """login -> extra ID token claims (`groups`), for OpenID Connect sign-ins (the console)."""
         self.port = free_port()
         self.issuer = f"http://127.0.0.1:{self.port}"
         self._proc: subprocess.Popen[bytes] | None = None
 
     async def start(self) -> OidcProvider:
         env = {**os.environ, "NODE_MODULES": str(NODE_MODULES), "CLIENTS": json.dumps(self.clients)}
+        if self.accounts is not None:
+            env["ACCOUNTS"] = json.dumps(self.accounts)
         self._proc = await asyncio.to_thread(
             subprocess.Popen,
             ["node", str(SCRIPT), str(self.port), str(self.access_ttl)],
@@ -148,10 +158,12 @@ def resource_guard(
     return guard
 
 
-async def consent(authorization_url: str, *, login: str = "user-42", deny: bool = False) -> str:
+async def consent(
+    authorization_url: str, *, login: str = "user-42", deny: bool = False, callback: str = "/oauth/callback"
+) -> str:
     """Open toolbus's connect link, log in and consent (or abort) on the provider's
     devInteractions pages over HTTP; returns the URL the provider redirects the user's browser to
-    (toolbus's `/oauth/callback`, with code, state, iss), not yet opened."""
+    (toolbus's `callback` path, with code, state, iss), not yet opened."""
     async with httpx.AsyncClient(follow_redirects=False, timeout=10) as http:
         url = authorization_url
         for _ in range(20):
@@ -159,7 +171,7 @@ async def consent(authorization_url: str, *, login: str = "user-42", deny: bool 
             location = response.headers.get("location")
             if response.status_code in (302, 303) and location:
                 target = str(urljoin(url, location))
-                if urlsplit(target).path.endswith("/oauth/callback"):
+                if urlsplit(target).path.endswith(callback):
                     return target
                 url = target
                 continue
