@@ -6,7 +6,8 @@ Proves: a pending approval appears on the open page without a reload (server-sen
 its tool, declaration line and input; an edited input is checked as it is typed (an invalid one
 says where and disables Approve); approving the edit sends the edited input, and the call
 completes with it; another is denied with a reason, from the keyboard alone; both are in the
-history under the person's name. Screenshots (pending, edit, history) are kept in
+history under the person's name. Run on an open NATS and on deploy/nats/'s users and permissions
+(nothing refused). Screenshots (pending, edit, history) are kept in
 `.cache/test-artifacts/console/`.
 """
 
@@ -24,11 +25,13 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from toolbus_contracts import Subjects
+from toolbus_nats_connect import NatsAuth
 
 from tests.approval.conftest import ConsoleSetup
+from tests.security.conftest import start_secured_nats
 from tests.support.events import stored_events
 from tests.support.gates import missing
-from tests.support.infra import aservice_process, drop_deployment_state, js_name, request
+from tests.support.infra import aservice_process, drop_deployment_state, drop_redis_keys, js_name, request
 from tests.support.mcp_servers import McpTestServer
 
 pytestmark = pytest.mark.e2e
@@ -71,31 +74,54 @@ class Harness:
         raise AssertionError(f"call {call_id} did not complete")
 
 
-@pytest_asyncio.fixture(loop_scope="session", scope="module")
+@pytest_asyncio.fixture(loop_scope="session", scope="module", params=["open", "secured"])
 async def stack(
-    console_setup: ConsoleSetup, service_env: dict[str, str], nats_url: str, redis_url: str
+    request: pytest.FixtureRequest,
+    console_setup: ConsoleSetup,
+    service_env: dict[str, str],
+    nats_url: str,
+    redis_url: str,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> AsyncIterator[tuple[Harness, str]]:
+    """`open`: the session's NATS; `secured`: deploy/nats/'s users and permissions on a server of
+    the test's own (each service as its user, the test as `harness`), so the console's event
+    subscriptions and registry requests are shown to be allowed to the approval user."""
     import nats
 
     if not os.access(CHROMIUM, os.X_OK):
         missing(f"no {CHROMIUM}: install Debian's chromium (make browser, as root)")
+    secured = None
+    if request.param == "secured":
+        secured = start_secured_nats(tmp_path_factory.mktemp("console-nats"), prefixes=[console_setup.prefix])
+
+    def role(name: str) -> dict[str, str]:
+        return {"TOOLBUS_NATS_URL": nats_url} if secured is None else secured.env(name)
+
     env = console_setup.env(service_env)
-    nc = await nats.connect(nats_url)
+    nc = await nats.connect(**NatsAuth.from_env(role("harness")).connect_options())
     harness = Harness(nc, console_setup.prefix)
     try:
         async with (
             McpTestServer(name="shop") as mcp,
-            aservice_process("registry", env),
-            aservice_process("approval", env),
-            aservice_process("dispatcher", env),
+            aservice_process("registry", env | role("registry")),
+            aservice_process("approval", env | role("approval")),
+            aservice_process("dispatcher", env | role("dispatcher")),
         ):
             spec = {"mcp": [{"name": "shop", "url": mcp.url, "policies": {"echo": {"approval": True}}}]}
             toolset = (await harness.ok(harness.subjects.toolsets_create, spec, within=30))["id"]
             run = await harness.ok(harness.subjects.runs_open, {"toolsetId": toolset, "namespace": "shop"})
             yield harness, run["runId"]
     finally:
-        await drop_deployment_state(nc, redis_url, console_setup.prefix)
+        if secured is None:
+            await drop_deployment_state(nc, redis_url, console_setup.prefix)
+        else:
+            await drop_redis_keys(redis_url, console_setup.prefix)
         await nc.drain()
+        if secured is not None:
+            secured.server.stop()
+            log = secured.server.log_path.read_text(errors="replace")
+            refused = [line for line in log.splitlines() if "Violation" in line]
+            assert refused == [], refused
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -187,6 +213,7 @@ async def test_sign_in_see_live_edit_approve_deny_and_find_both_in_history(
     assert approved["decider"] == "console:alice" and approved["editedInputDigest"]
 
     # Another, denied with a reason from the keyboard alone.
+    await expect(page.locator("#pending")).to_have_attribute("data-live", "on")
     other = await start_call(harness, run_id, "refund 500", "browser-deny")
     item = page.locator("li[data-approval]").first
     await expect(item.locator("textarea")).to_have_value(json.dumps({"text": "refund 500"}, indent=2))

@@ -95,7 +95,12 @@ function live() {
   };
   source.addEventListener("approved", decided);
   source.addEventListener("denied", decided);
-  source.addEventListener("open", () => { list.dataset.live = "on"; });
+  // On each (re)connection, catch up with what changed while not connected.
+  source.addEventListener("open", () => {
+    list.dataset.live = "on";
+    refresh(list, null);
+  });
+  source.addEventListener("error", () => { list.dataset.live = "off"; });
 }
 
 wireEditors(document);
