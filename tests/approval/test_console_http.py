@@ -292,3 +292,63 @@ async def test_no_secret_in_any_page_header_or_cookie(
     login = await alice.get("/login/oidc")
     set_cookie = login.headers["set-cookie"].lower()
     assert "httponly" in set_cookie and "samesite=lax" in set_cookie
+
+
+async def test_remembered_decisions_are_listed_and_revoked_within_ones_groups(
+    deployment: Deployment, alice: httpx.AsyncClient, bob: httpx.AsyncClient
+) -> None:
+    needed = await deployment.needs_approval("shop", tool="shop.remembered")
+    body = {"approvalId": needed.approval_id, "approve": True, "remember": {"for": "1h"}}
+    decided = await request(deployment.nc, deployment.subjects.approvals_decide, body, timeout=5)
+    remembered_id = decided["data"]["rememberedId"]
+    url = f"/remembered/{remembered_id}/revoke"
+    assert url in (await alice.get("/remembered")).text
+    assert remembered_id not in (await bob.get("/remembered")).text
+    refused = await bob.post(url, data={"csrf": await csrf(bob)})
+    assert refused.status_code == 403 and "namespace shop" in refused.text
+    assert (await alice.post(url, data={"csrf": "forged"})).status_code == 403
+    listed = await request(deployment.nc, deployment.subjects.approvals_remembered_list, {}, timeout=5)
+    assert remembered_id in [r["rememberedId"] for r in listed["data"]["remembered"]]
+    revoked = await alice.post(url, data={"csrf": await csrf(alice)})
+    assert revoked.status_code == 303
+    assert url not in (await alice.get("/remembered")).text  # no revoke form for it any more
+    listed = await request(deployment.nc, deployment.subjects.approvals_remembered_list, {}, timeout=5)
+    assert remembered_id not in [r["rememberedId"] for r in listed["data"]["remembered"]]
+    again = await alice.post(url, data={"csrf": await csrf(alice)})
+    assert again.status_code == 404
+
+
+async def test_the_live_stream_tells_a_person_only_of_approvals_their_groups_cover(
+    deployment: Deployment, bob: httpx.AsyncClient
+) -> None:
+    seen: list[str] = []
+
+    async def listen() -> None:
+        async with bob.stream("GET", "/events", timeout=30) as stream:
+            assert stream.headers["content-type"].startswith("text/event-stream")
+            async for line in stream.aiter_lines():
+                seen.append(line)
+                if line.startswith("data:") and "elsewhere.tool" in line:
+                    return
+
+    listening = asyncio.create_task(listen())
+    await asyncio.sleep(0.5)  # the stream is open and subscribed
+    hidden = await deployment.needs_approval("shop", tool="shop.hidden")
+    shown = await deployment.needs_approval("elsewhere", tool="elsewhere.tool")
+    await asyncio.wait_for(listening, 20)
+    text = "\n".join(seen)
+    assert "event: requested" in text and shown.approval_id in text
+    assert hidden.approval_id not in text and "shop.hidden" not in text
+
+
+async def test_history_filters_by_outcome_and_refuses_a_bad_time(
+    deployment: Deployment, alice: httpx.AsyncClient
+) -> None:
+    token = await csrf(alice)
+    approved, denied = await deployment.needs_approval("shop"), await deployment.needs_approval("shop")
+    await alice.post(f"/approvals/{approved.approval_id}/decide", data=decide_form(token, "approve"))
+    await alice.post(f"/approvals/{denied.approval_id}/decide", data=decide_form(token, "deny"))
+    only_denied = (await alice.get("/history", params={"outcome": "denied"})).text
+    assert denied.approval_id in only_denied and approved.approval_id not in only_denied
+    bad = await alice.get("/history", params={"since": "yesterday"})
+    assert bad.status_code == 400 and "since" in bad.text
