@@ -49,3 +49,10 @@ def test_remembered_decisions_need_a_grant_of_any_toolset() -> None:
 def test_a_malformed_group_map_is_refused_naming_the_group(groups: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="TOOLBUS_CONSOLE_GROUPS"):
         Grants(groups)
+
+
+def test_the_namespaces_to_read_pending_approvals_from() -> None:
+    assert person("shop").namespaces() == {"shop-prod", "shop-dev"}
+    assert person("shop", "refunds").namespaces() == {"shop-prod", "shop-dev", "prod"}
+    assert person("ops").namespaces() is None and person("two").namespaces() is None
+    assert person().namespaces() == frozenset()

@@ -151,6 +151,8 @@ async def test_a_missing_or_forged_csrf_token_decides_nothing(
         f"/approvals/{needed.approval_id}/check", json={"input": "{}"}, headers={"X-CSRF-Token": "x"}
     )
     assert check.status_code == 403
+    huge = await alice.post(url, data=decide_form(await csrf(alice), "approve", input="x" * (2 << 20)))
+    assert huge.status_code == 413
     logout = await alice.post("/logout", data={"csrf": "nope"})
     assert logout.status_code == 403
     assert await deployment.state(needed.approval_id) == "pending"

@@ -86,6 +86,16 @@ class Person:
         """May see and decide an approval of this toolset and namespace."""
         return any(g.covers(toolset_id, namespace) for g in self.grants)
 
+    def namespaces(self) -> frozenset[str] | None:
+        """The namespaces the person's grants name, when every grant names some (and none is the
+        "no namespace" `""`); None when a grant covers any namespace."""
+        names: set[str] = set()
+        for grant in self.grants:
+            if grant.namespaces is None or "" in grant.namespaces:
+                return None
+            names |= grant.namespaces
+        return frozenset(names)
+
     def may_remembered(self, namespace: str | None) -> bool:
         """May see and revoke a remembered decision (it names a namespace and tool, no toolset):
         only with a grant of any toolset covering its namespace."""

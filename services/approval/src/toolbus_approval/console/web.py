@@ -8,7 +8,6 @@ import asyncio
 import hmac
 import json
 import logging
-import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +24,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from toolbus_contracts.approvals import ApprovalsHistoryRequest
+from toolbus_contracts.approvals import ApprovalRequested, ApprovalsHistoryRequest
 from toolbus_contracts.errors import Conflict, InvalidRequest, NotFound
 
 from toolbus_approval.approvals import Approvals, encode_cursor
@@ -34,6 +32,7 @@ from toolbus_approval.console.access import EVERYTHING, Grants, Person
 from toolbus_approval.console.declarations import Declarations
 from toolbus_approval.console.live import LiveHub, Update
 from toolbus_approval.console.oidc import OidcClient, SignInFailed
+from toolbus_approval.console.security import Guard, csrf_ok, csrf_token, new_csrf_token
 from toolbus_approval.store import StoredApproval
 
 log = logging.getLogger(__name__)
@@ -46,39 +45,6 @@ PENDING_MAX = 200
 HISTORY_PAGE = 50
 HEARTBEAT_SECONDS = 15.0
 DEV_SUBJECT = "dev"
-
-SECURITY_HEADERS = [
-    (
-        b"content-security-policy",
-        b"default-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
-    ),
-    (b"x-frame-options", b"DENY"),
-    (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
-    (b"cache-control", b"no-store"),
-]
-
-
-class SecurityHeaders:
-    """Every answer of the console: a content security policy allowing only its own files (no
-    inline script or style), no framing, no caching, no referrer."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                names = {name for name, _ in SECURITY_HEADERS}
-                kept = [(n, v) for n, v in message.get("headers", []) if n.lower() not in names]
-                message["headers"] = kept + SECURITY_HEADERS
-            await send(message)
-
-        await self.app(scope, receive, with_headers)
 
 
 @dataclass
@@ -124,23 +90,6 @@ class Console:
         grants = (EVERYTHING,) if session.get("dev") else self.config.grants.of(groups)
         return Person(subject=subject, name=str(session.get("name", subject)), groups=groups, grants=grants)
 
-    def csrf(self, request: Request) -> str:
-        token = request.session.get("csrf")
-        if not isinstance(token, str):
-            token = request.session["csrf"] = secrets.token_urlsafe(32)
-        return token
-
-    async def csrf_ok(self, request: Request, form: Any | None = None) -> bool:
-        """The request carries the session's CSRF token (form field `csrf` or header
-        `X-CSRF-Token`), compared in constant time; a request without a session has none."""
-        expected = request.session.get("csrf")
-        given = request.headers.get("x-csrf-token")
-        if given is None and form is not None:
-            given = form.get("csrf")
-        if not isinstance(expected, str) or not isinstance(given, str):
-            return False
-        return hmac.compare_digest(given.encode(), expected.encode())
-
     def _sign_in(self, request: Request, subject: str, name: str, groups: tuple[str, ...], dev: bool) -> None:
         request.session.clear()
         request.session.update(
@@ -149,7 +98,7 @@ class Console:
                 "name": name,
                 "groups": list(groups),
                 "dev": dev,
-                "csrf": secrets.token_urlsafe(32),
+                "csrf": new_csrf_token(),
             }
         )
 
@@ -159,7 +108,7 @@ class Console:
         person = self.person(request)
         text = self._env.get_template(template).render(
             base=self.base,
-            csrf=self.csrf(request),
+            csrf=csrf_token(request),
             person=person,
             flash=request.session.pop("flash", None),
             oidc=self.oidc is not None,
@@ -169,21 +118,26 @@ class Console:
         return HTMLResponse(text, status_code=status)
 
     async def _pending_items(self, person: Person) -> tuple[list[dict[str, Any]], bool]:
-        page, more = await self.approvals.pending(
-            run_id=None, namespace=None, limit=PENDING_MAX, budget=1 << 30
-        )
-        items = []
-        for approval in page:
-            if not person.may(approval.toolset_id, approval.namespace):
-                continue
-            items.append(
-                {
-                    "a": approval,
-                    "input": json.dumps(approval.input, indent=2, ensure_ascii=False, sort_keys=True),
-                    "declaration": await self.declarations.line(approval.toolset_id, approval.tool),
-                }
+        """The oldest pending approvals the person may decide (at most `PENDING_MAX`), and whether
+        more are waiting: read per namespace when every grant names its namespaces."""
+        namespaces = person.namespaces()
+        pages: list[tuple[list[ApprovalRequested], bool]] = []
+        for namespace in sorted(namespaces) if namespaces is not None else [None]:
+            page, after = await self.approvals.pending(
+                run_id=None, namespace=namespace, limit=PENDING_MAX, budget=1 << 30
             )
-        return items, more is not None
+            pages.append((page, after is not None))
+        found = sorted((a for page, _ in pages for a in page), key=lambda a: (a.requested_at, a.approval_id))
+        mine = [a for a in found if person.may(a.toolset_id, a.namespace)]
+        items = [
+            {
+                "a": approval,
+                "input": json.dumps(approval.input, indent=2, ensure_ascii=False, sort_keys=True),
+                "declaration": await self.declarations.line(approval.toolset_id, approval.tool),
+            }
+            for approval in mine[:PENDING_MAX]
+        ]
+        return items, len(mine) > PENDING_MAX or any(more for _, more in pages)
 
     # ---- routes --------------------------------------------------------------------------------
 
@@ -236,7 +190,7 @@ class Console:
 
         async def login_dev(request: Request) -> Response:
             form = await request.form()
-            if not await c.csrf_ok(request, form):
+            if not csrf_ok(request, form):
                 return c.page(request, "login.html", 403, error="The form was stale; sign in again.")
             token, expected = str(form.get("token", "")), c.config.dev_token
             if expected is None or not hmac.compare_digest(token.encode(), expected.encode()):
@@ -246,7 +200,7 @@ class Console:
 
         async def logout(request: Request) -> Response:
             form = await request.form()
-            if not await c.csrf_ok(request, form):
+            if not csrf_ok(request, form):
                 return c.page(
                     request, "message.html", 403, title="Refused", text="Missing or wrong CSRF token."
                 )
@@ -267,7 +221,7 @@ class Console:
 
         async def decide(request: Request, person: Person) -> Response:
             form = await request.form()
-            if not await c.csrf_ok(request, form):
+            if not csrf_ok(request, form):
                 return await refuse(
                     request, person, 403, "Refused: missing or wrong CSRF token; reload the page."
                 )
@@ -308,7 +262,7 @@ class Console:
             return RedirectResponse(f"{c.base}/", status_code=303)
 
         async def check(request: Request, person: Person) -> Response:
-            if not await c.csrf_ok(request):
+            if not csrf_ok(request):
                 return JSONResponse({"ok": False, "message": "Missing or wrong CSRF token."}, status_code=403)
             stored, message = await c._decidable(person, request.path_params["approval_id"])
             if stored is None:
@@ -335,7 +289,7 @@ class Console:
             form = await request.form()
             remembered_id = request.path_params["remembered_id"]
             error, status = None, 200
-            if not await c.csrf_ok(request, form):
+            if not csrf_ok(request, form):
                 error, status = "Refused: missing or wrong CSRF token; reload the page.", 403
             else:
                 found = await c.approvals.remembered(remembered_id)
@@ -442,7 +396,7 @@ class Console:
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ]
         middleware = [
-            Middleware(SecurityHeaders),
+            Middleware(Guard),
             Middleware(
                 SessionMiddleware,
                 secret_key=self.config.session_key,
@@ -455,7 +409,7 @@ class Console:
         inner = Starlette(routes=routes, middleware=middleware)
         if not self.base:
             return inner
-        return Starlette(routes=[Mount(self.base, inner)], middleware=[Middleware(SecurityHeaders)])
+        return Starlette(routes=[Mount(self.base, inner)], middleware=[Middleware(Guard)])
 
     async def _decidable(self, person: Person, approval_id: str) -> tuple[StoredApproval | None, str]:
         """The approval when this person may decide on it; else None and why (unknown, or outside
