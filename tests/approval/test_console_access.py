@@ -52,7 +52,7 @@ def test_a_malformed_group_map_is_refused_naming_the_group(groups: dict[str, Any
 
 
 def test_the_namespaces_to_read_pending_approvals_from() -> None:
-    assert person("shop").namespaces() == {"shop-prod", "shop-dev"}
-    assert person("shop", "refunds").namespaces() == {"shop-prod", "shop-dev", "prod"}
+    assert person("shop").namespaces() == frozenset({"shop-prod", "shop-dev"})
+    assert person("shop", "refunds").namespaces() == frozenset({"shop-prod", "shop-dev", "prod"})
     assert person("ops").namespaces() is None and person("two").namespaces() is None
     assert person().namespaces() == frozenset()
