@@ -41,9 +41,9 @@ class Deployment:
         self.subjects = Subjects(setup.prefix)
 
     async def needs_approval(
-        self, namespace: str, *, tool: str = "shop.refund", timeout: str | None = None
+        self, namespace: str, *, tool: str = "shop.refund", timeout: str | None = None, pending: bool = True
     ) -> ApprovalNeeded:
-        """An approval as the dispatcher asks for it."""
+        """An approval as the dispatcher asks for it, once stored (`pending`, or else decided)."""
         suffix = secrets.token_hex(6)
         body = {"amount": 5}
         needed = ApprovalNeeded(
@@ -61,7 +61,8 @@ class Deployment:
         subject = self.subjects.internal_approval_requests
         await publish_command(self.js, subject, needed.wire_json(), msg_id=f"needed-{suffix}")
         for _ in range(200):
-            if await self.state(needed.approval_id) == "pending":
+            state = await self.state(needed.approval_id)
+            if (state == "pending") if pending else (state not in (None, "pending")):
                 return needed
             await asyncio.sleep(0.025)
         raise AssertionError("the approval service did not store the approval")
@@ -354,3 +355,23 @@ async def test_history_filters_by_outcome_and_refuses_a_bad_time(
     assert denied.approval_id in only_denied and approved.approval_id not in only_denied
     bad = await alice.get("/history", params={"since": "yesterday"})
     assert bad.status_code == 400 and "since" in bad.text
+
+
+async def test_a_decision_can_be_remembered_from_the_console(
+    deployment: Deployment, alice: httpx.AsyncClient
+) -> None:
+    token = await csrf(alice)
+    first = await deployment.needs_approval("shop", tool="shop.again")
+    bad = await alice.post(
+        f"/approvals/{first.approval_id}/decide", data=decide_form(token, "approve", remember="soon")
+    )
+    assert bad.status_code == 400 and await deployment.state(first.approval_id) == "pending"
+    done = await alice.post(
+        f"/approvals/{first.approval_id}/decide", data=decide_form(token, "approve", remember="1h")
+    )
+    assert done.status_code == 303
+    remembered = (await alice.get("/remembered")).text
+    assert "shop.again" in remembered and "console:alice" in remembered
+    # The next call of the tool in the namespace is decided at once, by the remembered decision.
+    second = await deployment.needs_approval("shop", tool="shop.again", pending=False)
+    assert (await deployment.state(second.approval_id) or "").startswith("approved by remembered:")

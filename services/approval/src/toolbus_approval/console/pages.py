@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
-from toolbus_contracts.approvals import ApprovalRequested, ApprovalsHistoryRequest
+from toolbus_contracts.approvals import ApprovalRequested, ApprovalsHistoryRequest, Remember
 from toolbus_contracts.errors import Conflict, InvalidRequest, NotFound
 
 from toolbus_approval.approvals import encode_cursor
@@ -88,9 +88,21 @@ def routes(c: Console) -> list[Route]:
                     return await refuse(request, person, 400, "The edited input must be a JSON object.")
                 edited = parsed
         try:
+            remember = None
+            if form.get("remember"):
+                remember = Remember.model_validate(
+                    {"for": str(form.get("remember")), "sameInput": form.get("same_input") == "on"}
+                )
             await c.approvals.decide(
-                approval_id, approve=approve, reason=reason, edited_input=edited, decider=person.decider
+                approval_id,
+                approve=approve,
+                reason=reason,
+                edited_input=edited,
+                decider=person.decider,
+                remember=remember,
             )
+        except ValidationError:
+            return await refuse(request, person, 400, "Remember for: not a duration; nothing was decided.")
         except Conflict as exc:
             return await refuse(request, person, 409, exc.message)
         except (InvalidRequest, NotFound) as exc:
