@@ -7,7 +7,7 @@ its tool, declaration line and input; an edited input is checked as it is typed 
 says where and disables Approve); approving the edit sends the edited input, and the call
 completes with it; another is denied with a reason, from the keyboard alone; both are in the
 history under the person's name. Run on an open NATS and on deploy/nats/'s users and permissions
-(nothing refused). Screenshots (pending, edit, history) are kept in
+(nothing refused). Screenshots (pending, edit-invalid, edit, history) are kept in
 `.cache/test-artifacts/console/`.
 """
 
@@ -198,6 +198,7 @@ async def test_sign_in_see_live_edit_approve_deny_and_find_both_in_history(
     await editor.fill('{"text": 5}')
     await expect(item.locator(".check")).to_contain_text("invalid at '$.text'")
     await expect(item.get_by_role("button", name="Approve")).to_be_disabled()
+    await page.screenshot(path=str(ARTIFACTS / "edit-invalid.png"), full_page=True)
     await editor.fill('{"text": "refund 4"}')
     await expect(item.locator(".check")).to_contain_text("Valid for the tool's input schema")
     await expect(item.get_by_role("button", name="Approve")).to_be_enabled()

@@ -141,9 +141,7 @@ class OidcClient:
         id_token = token.get("id_token")
         if not isinstance(id_token, str):
             raise SignInFailed("the provider sent no ID token")
-        claims = await self._verify(id_token, meta)
-        if not hmac.compare_digest(str(claims.get("nonce", "")).encode(), started["nonce"].encode()):
-            raise SignInFailed("the ID token is not for this sign-in (nonce)")
+        claims = await self.verify(id_token, meta, nonce=started["nonce"])
         groups = claims.get(self._groups_claim) or []
         if isinstance(groups, str):
             groups = [groups]
@@ -170,11 +168,13 @@ class OidcClient:
                     return found[0]
         raise SignInFailed("the ID token is signed with a key the provider does not publish")
 
-    async def _verify(self, id_token: str, meta: dict[str, Any]) -> dict[str, Any]:
-        key = await self._key(id_token, meta)
+    async def verify(self, id_token: str, meta: dict[str, Any], *, nonce: str) -> dict[str, Any]:
+        """The ID token's claims once its signature (the provider's published keys, asymmetric
+        algorithms only), issuer, audience, expiry and nonce hold; else `SignInFailed`."""
         offered = meta.get("id_token_signing_alg_values_supported") or ["RS256"]
         algorithms = [a for a in offered if a in ASYMMETRIC]
         try:
+            key = await self._key(id_token, meta)
             claims: dict[str, Any] = jwt.decode(
                 id_token,
                 key.key,
@@ -186,4 +186,6 @@ class OidcClient:
             )
         except jwt.PyJWTError as exc:
             raise SignInFailed(f"the ID token is not valid ({type(exc).__name__})") from None
+        if not hmac.compare_digest(str(claims.get("nonce", "")).encode(), nonce.encode()):
+            raise SignInFailed("the ID token is not for this sign-in (nonce)")
         return claims
