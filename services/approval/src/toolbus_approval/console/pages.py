@@ -70,9 +70,9 @@ def routes(c: Console) -> list[Route]:
                 request, person, 403, "Refused: missing or wrong CSRF token; reload the page."
             )
         approval_id = request.path_params["approval_id"]
-        stored, message = await decidable(c, person, approval_id)
+        stored, status, message = await decidable(c, person, approval_id)
         if stored is None:
-            return await refuse(request, person, 404 if message.startswith("No ") else 403, message)
+            return await refuse(request, person, status, message)
         approve = form.get("decision") == "approve"
         reason = str(form.get("reason") or "").strip() or None
         edited = None
@@ -116,9 +116,9 @@ def routes(c: Console) -> list[Route]:
     async def check(request: Request, person: Person) -> Response:
         if not csrf_ok(request):
             return JSONResponse({"ok": False, "message": "Missing or wrong CSRF token."}, status_code=403)
-        stored, message = await decidable(c, person, request.path_params["approval_id"])
+        stored, status, message = await decidable(c, person, request.path_params["approval_id"])
         if stored is None:
-            return JSONResponse({"ok": False, "message": message}, status_code=403)
+            return JSONResponse({"ok": False, "message": message}, status_code=status)
         try:
             body = orjson.loads(await request.body())
             edited = json.loads(body["input"])
@@ -268,19 +268,23 @@ async def pending_items(c: Console, person: Person) -> tuple[list[dict[str, Any]
     return items, len(mine) > PENDING_MAX or any(more for _, more in found_pages)
 
 
-async def decidable(c: Console, person: Person, approval_id: str) -> tuple[StoredApproval | None, str]:
-    """The approval when this person may decide on it; else None and why (unknown, or outside
-    their groups). Whether it is still pending is for `decide` to say."""
+async def decidable(c: Console, person: Person, approval_id: str) -> tuple[StoredApproval | None, int, str]:
+    """The approval when this person may decide on it; else None, the status (404 unknown, 403
+    outside their groups) and why. Whether it is still pending is for `decide` to say."""
     stored = await c.approvals.get(approval_id)
     if stored is None:
-        return None, f"No approval {approval_id}: it never existed or was decided long ago."
+        return None, 404, f"No approval {approval_id}: it never existed or was decided long ago."
     n = stored.needed
     if not person.may(n.toolset_id, n.namespace):
-        return None, (
-            f"Refused: your groups ({', '.join(person.groups) or 'none'}) do not cover toolset "
-            f"{n.toolset_id} in namespace {n.namespace or '(none)'}."
+        return (
+            None,
+            403,
+            (
+                f"Refused: your groups ({', '.join(person.groups) or 'none'}) do not cover toolset "
+                f"{n.toolset_id} in namespace {n.namespace or '(none)'}."
+            ),
         )
-    return stored, ""
+    return stored, 200, ""
 
 
 def _sse(update: Update) -> bytes:
