@@ -4,8 +4,8 @@ the registry, the dispatcher and the approval service as processes, a real MCP s
 
 Proves: a pending approval appears on the open page without a reload (server-sent events), with
 its tool, declaration line and input; an edited input is checked as it is typed (an invalid one
-says where and disables Approve); approving the edit sends the edited input, and the call
-completes with it; another is denied with a reason, from the keyboard alone; both are in the
+says where and disables Approve); approving the edit sends the edited input, and the page says
+the call completed (it did, with the edited input); another is denied with a reason, from the keyboard alone; both are in the
 history under the person's name. Run on an open NATS and on deploy/nats/'s users and permissions
 (nothing refused). Screenshots (pending, edit-invalid, edit, history) are kept in
 `.cache/test-artifacts/console/`.
@@ -206,6 +206,7 @@ async def test_sign_in_see_live_edit_approve_deny_and_find_both_in_history(
     await page.screenshot(path=str(ARTIFACTS / "edit.png"), full_page=True)
     await item.get_by_role("button", name="Approve").click()
     await expect(page.locator(".flash")).to_contain_text("approved with the edited input")
+    await expect(page.locator("#live")).to_have_text("Call of shop.echo completed: ok.")
 
     # The call completes with the edited input.
     done = await harness.completed(run_id, call_id)
@@ -225,6 +226,7 @@ async def test_sign_in_see_live_edit_approve_deny_and_find_both_in_history(
     await expect(item.get_by_role("button", name="Deny")).to_be_focused()
     await page.keyboard.press("Enter")
     await expect(page.locator(".flash")).to_contain_text("denied")
+    await expect(page.locator("#live")).to_have_text("Call of shop.echo completed: error: denied.")
     await expect(page.locator("li[data-approval]")).to_have_count(0)
     denied = await harness.completed(run_id, other)
     assert denied["outcome"]["status"] == "error" and denied["outcome"]["error"]["code"] == "denied"

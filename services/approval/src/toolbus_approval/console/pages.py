@@ -288,7 +288,8 @@ async def decidable(c: Console, person: Person, approval_id: str) -> tuple[Store
 
 
 def _sse(update: Update) -> bytes:
-    data = orjson.dumps({"approvalId": update.approval_id, "tool": update.tool})
+    fields = {"approvalId": update.approval_id, "tool": update.tool}
+    data = orjson.dumps(fields if update.status is None else {**fields, "status": update.status})
     return b"event: " + update.kind.encode() + b"\ndata: " + data + b"\n\n"
 
 

@@ -95,6 +95,10 @@ function live() {
   };
   source.addEventListener("approved", decided);
   source.addEventListener("denied", decided);
+  source.addEventListener("completed", (e) => {
+    const data = JSON.parse(e.data);
+    status.textContent = "Call of " + data.tool + " completed: " + data.status + ".";
+  });
   // On each (re)connection, catch up with what changed while not connected.
   source.addEventListener("open", () => {
     list.dataset.live = "on";
