@@ -28,11 +28,11 @@ from toolbus_contracts import Subjects
 from toolbus_nats_connect import NatsAuth
 
 from tests.approval.conftest import ConsoleSetup
-from tests.security.conftest import start_secured_nats
 from tests.support.events import stored_events
 from tests.support.gates import missing
 from tests.support.infra import aservice_process, drop_deployment_state, drop_redis_keys, js_name, request
 from tests.support.mcp_servers import McpTestServer
+from tests.system.security.conftest import start_secured_nats
 
 pytestmark = pytest.mark.e2e
 

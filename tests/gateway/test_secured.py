@@ -19,9 +19,9 @@ from toolbus_contracts import Subjects
 from toolbus_nats_connect import NatsAuth
 
 from tests.gateway.conftest import mcp_client
-from tests.security.conftest import SecuredNats, start_secured_nats
 from tests.support.infra import aservice_process, drop_redis_keys, unique_prefix
 from tests.support.mcp_servers import McpTestServer
+from tests.system.security.conftest import SecuredNats, start_secured_nats
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 

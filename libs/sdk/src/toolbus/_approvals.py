@@ -26,21 +26,19 @@ from toolbus_contracts.approvals import (
     RememberedRevokeRequest,
 )
 
-from toolbus._client import build
 from toolbus._connection import flush
+from toolbus._core import Core, build
 from toolbus._errors import Conflict, ToolbusError, closed_as_unavailable
 from toolbus._feeds import next_unless_closed
 
 if TYPE_CHECKING:
     from nats.aio.msg import Msg
 
-    from toolbus._client import Toolbus
-
 
 class Approvals:
     """`‹p›.approvals.*` and the `events.approvals.requested` event."""
 
-    def __init__(self, tb: Toolbus) -> None:
+    def __init__(self, tb: Core) -> None:
         self._tb = tb
 
     async def list(

@@ -3,7 +3,8 @@ returns (`authorization_url`, `await conn.wait()`), status and disconnect."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import asyncio
+from typing import Any
 
 from toolbus_contracts.credentials import (
     CredentialsConnected,
@@ -16,12 +17,9 @@ from toolbus_contracts.credentials import (
     CredentialsStatusRequest,
 )
 
-from toolbus._client import build
+from toolbus._core import Core, build
 from toolbus._errors import InvalidRequest, Timeout
 from toolbus._feeds import Feed
-
-if TYPE_CHECKING:
-    from toolbus._client import Toolbus
 
 
 class Connection:
@@ -45,8 +43,6 @@ class Connection:
 
     async def wait(self, timeout: float | None = None) -> dict[str, Any]:
         """Until the end user connected (the event's data) or the attempt failed."""
-        import asyncio
-
         try:
             if self.status == "connected":
                 return {"connectionId": self.id, "level": self.level}
@@ -76,7 +72,7 @@ class Connections:
     """`credentials.connect` / `.status` / `.disconnect` for any level; `tb.namespaces.connect`,
     `tb.toolsets.connect` and `run.connect` call this."""
 
-    def __init__(self, tb: Toolbus) -> None:
+    def __init__(self, tb: Core) -> None:
         self._tb = tb
 
     async def connect(self, server: str, **target: Any) -> Connection:

@@ -13,6 +13,7 @@ import orjson
 from pydantic import BaseModel, ValidationError
 
 from toolbus._connection import flush
+from toolbus._core import Core
 from toolbus._errors import Timeout, client_closed, closed_as_unavailable
 
 if TYPE_CHECKING:
@@ -20,7 +21,6 @@ if TYPE_CHECKING:
     from nats.aio.msg import Msg
     from nats.aio.subscription import Subscription
 
-    from toolbus._client import Toolbus
 
 E = TypeVar("E", bound=BaseModel)
 T = TypeVar("T")
@@ -56,7 +56,7 @@ class Feed(Generic[E]):
         self._subject = subject
 
     @classmethod
-    async def open(cls, tb: Toolbus, subject: str, model: type[E], keep: Callable[[E], bool]) -> Feed[E]:
+    async def open(cls, tb: Core, subject: str, model: type[E], keep: Callable[[E], bool]) -> Feed[E]:
         feed = cls(model, keep, tb.nc, subject)
         with closed_as_unavailable(subject):
             feed._sub = await tb.nc.subscribe(subject, cb=feed._on_msg)

@@ -14,7 +14,7 @@ from typing import Any, overload
 from pydantic import BaseModel, TypeAdapter, ValidationError, create_model
 from toolbus_contracts import HostToolSpec, PolicySpec
 
-from toolbus._client import build
+from toolbus._core import build
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import uuid
 from collections.abc import AsyncIterator, Generator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from toolbus_contracts import (
@@ -27,16 +27,13 @@ from toolbus_contracts import (
     RunOpenRequest,
 )
 
-from toolbus._client import build
 from toolbus._connections import Connection, Connections
+from toolbus._core import Core, build
 from toolbus._errors import InvalidRequest, Timeout, closed_as_unavailable
 from toolbus._feeds import CLOSED_CHECK_EVERY
 from toolbus._outcomes import CallResult, resolve
 from toolbus._stored import call_events
-from toolbus._toolsets import CredentialsLike, Toolset, _credentials, toolset_id
-
-if TYPE_CHECKING:
-    from toolbus._client import Toolbus
+from toolbus._toolsets import CredentialsLike, Toolset, Toolsets, credentials_body, toolset_id
 
 POLL_EVERY = 2.0
 """Seconds a handle waits for the `completed` event before it asks `calls.get` as well."""
@@ -55,7 +52,7 @@ class CallStatus:
 class Runs:
     """`‹p›.runs.open`: a run of one toolset, for one end user (`namespace`)."""
 
-    def __init__(self, tb: Toolbus) -> None:
+    def __init__(self, tb: Core) -> None:
         self._tb = tb
 
     async def open(
@@ -79,20 +76,23 @@ class Runs:
 
     async def call_status(self, call_id: str) -> CallStatus:
         """`calls.get` of any call by id. Unknown id: `NotFound`."""
-        data = await self._tb.request(
-            self._tb.subjects.calls_get, build(CallGetRequest, call_id=call_id), retry=True
-        )
-        reply = CallGetReply.model_validate(data)
-        result = None
-        if reply.outcome is not None:
-            result = await resolve(self._tb.js, reply.outcome, call_id=reply.call_id, idempotency_key=None)
-        return CallStatus(reply.call_id, reply.state, reply.attempts, result)
+        return await call_status(self._tb, call_id)
+
+
+async def call_status(tb: Core, call_id: str) -> CallStatus:
+    """`calls.get` of any call by id, its outcome resolved. Unknown id: `NotFound`."""
+    data = await tb.request(tb.subjects.calls_get, build(CallGetRequest, call_id=call_id), retry=True)
+    reply = CallGetReply.model_validate(data)
+    result = None
+    if reply.outcome is not None:
+        result = await resolve(tb.js, reply.outcome, call_id=reply.call_id, idempotency_key=None)
+    return CallStatus(reply.call_id, reply.state, reply.attempts, result)
 
 
 class Run:
     """One open run. `async with` closes it at the end."""
 
-    def __init__(self, tb: Toolbus, run_id: str, toolset_id: str | None, namespace: str | None) -> None:
+    def __init__(self, tb: Core, run_id: str, toolset_id: str | None, namespace: str | None) -> None:
         self._tb = tb
         self.id = run_id
         self.toolset_id = toolset_id
@@ -100,6 +100,11 @@ class Run:
 
     def __repr__(self) -> str:
         return f"Run({self.id!r})"
+
+    @property
+    def toolsets(self) -> Toolsets:
+        """The toolsets calls on this run's connection (its toolset's catalogue, search, tools)."""
+        return Toolsets(self._tb)
 
     async def __aenter__(self) -> Run:
         return self
@@ -185,7 +190,7 @@ class Run:
 
     async def set_credentials(self, credentials: CredentialsLike) -> str:
         """Replace this run's credentials (the most specific level); parked calls are sent again."""
-        body = build(RunCredentialsSetRequest, run_id=self.id, credentials=_credentials(credentials))
+        body = build(RunCredentialsSetRequest, run_id=self.id, credentials=credentials_body(credentials))
         data = await self._tb.request(self._tb.subjects.runs_credentials_set, body, retry=True)
         return CredentialsSetReply.model_validate(data).level
 
@@ -206,7 +211,7 @@ class CallHandle:
     cancelling a task that awaits a handle stops only the waiting.
     """
 
-    def __init__(self, tb: Toolbus, run_id: str, call_id: str, idempotency_key: str) -> None:
+    def __init__(self, tb: Core, run_id: str, call_id: str, idempotency_key: str) -> None:
         self._tb = tb
         self.run_id = run_id
         self.call_id = call_id
@@ -216,7 +221,7 @@ class CallHandle:
         return f"CallHandle({self.call_id!r})"
 
     async def status(self) -> CallStatus:
-        return await self._tb.runs.call_status(self.call_id)
+        return await call_status(self._tb, self.call_id)
 
     def events(self, *, follow: bool = True) -> AsyncIterator[CallEvent]:
         return _events(self._tb, self._tb.subjects.call_events(self.run_id, self.call_id), follow=follow)
@@ -265,7 +270,7 @@ class CallHandle:
         return self.result().__await__()
 
 
-async def _events(tb: Toolbus, subject: str, *, follow: bool) -> AsyncIterator[CallEvent]:
+async def _events(tb: Core, subject: str, *, follow: bool) -> AsyncIterator[CallEvent]:
     with closed_as_unavailable(subject):  # at the subscription and at each next event
         # Never longer between looks either way: nats-py wakes no waiting next_msg when the client
         # is drained, but the next look after it raises ConnectionClosedError (Unavailable).

@@ -3,8 +3,6 @@ the toolsets it may reach, list them (never the tokens themselves), revoke one."
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from toolbus_contracts.gateway import (
     TokenCreateReply,
     TokenCreateRequest,
@@ -14,17 +12,14 @@ from toolbus_contracts.gateway import (
     TokensListRequest,
 )
 
-from toolbus._client import build
+from toolbus._core import Core, build
 from toolbus._toolsets import Toolset, toolset_id
-
-if TYPE_CHECKING:
-    from toolbus._client import Toolbus
 
 
 class Tokens:
     """`tb.tokens`: the gateway's bearer tokens."""
 
-    def __init__(self, tb: Toolbus) -> None:
+    def __init__(self, tb: Core) -> None:
         self._tb = tb
 
     async def create(

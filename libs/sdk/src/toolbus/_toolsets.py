@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from toolbus_contracts import (
     Credentials,
@@ -34,12 +34,9 @@ from toolbus_contracts import (
 )
 from toolbus_contracts.registry import NamespaceInfo, SearchHit
 
-from toolbus._client import build
 from toolbus._connections import Connection, Connections
-
-if TYPE_CHECKING:
-    from toolbus._client import Toolbus
-    from toolbus._host_tools import HostTool
+from toolbus._core import Core, build
+from toolbus._host_tools import HostTool
 
 Format = Literal["prompt", "dts"]
 Progress = Callable[[str, int, int | None], None]
@@ -73,15 +70,13 @@ def toolset_id(toolset: Toolset | str) -> str:
     return toolset.id if isinstance(toolset, Toolset) else toolset
 
 
-def _credentials(credentials: CredentialsLike) -> Credentials | dict[str, Any]:
+def credentials_body(credentials: CredentialsLike) -> Credentials | dict[str, Any]:
     """As given, for the request's `build` to check: a bad field is named from the request's
     root (`credentials.servers.gh.headers`), as the service names it."""
     return credentials if isinstance(credentials, Credentials) else dict(credentials)
 
 
 def _host_entry(entry: HostTool | HostToolSpec | Mapping[str, Any]) -> Any:
-    from toolbus._host_tools import HostTool
-
     if isinstance(entry, HostTool):
         return entry.spec()
     return entry
@@ -90,7 +85,7 @@ def _host_entry(entry: HostTool | HostToolSpec | Mapping[str, Any]) -> Any:
 class Toolsets:
     """`‹p›.toolsets.*`: register, read, render, search, and set toolset-level credentials."""
 
-    def __init__(self, tb: Toolbus) -> None:
+    def __init__(self, tb: Core) -> None:
         self._tb = tb
 
     async def create(
@@ -118,7 +113,7 @@ class Toolsets:
             http=http,
             workflows=list(workflows),
             base=toolset_id(base) if base is not None else None,
-            credentials=_credentials(credentials) if credentials is not None else None,
+            credentials=credentials_body(credentials) if credentials is not None else None,
         )
         if progress:
             progress("registering", 0, len(body.mcp) or None)
@@ -243,7 +238,7 @@ class Toolsets:
         body = build(
             ToolsetCredentialsSetRequest,
             toolset_id=toolset_id(toolset),
-            credentials=_credentials(credentials),
+            credentials=credentials_body(credentials),
         )
         data = await self._tb.request(self._tb.subjects.toolsets_credentials_set, body, retry=True)
         return CredentialsSetReply.model_validate(data).level
@@ -253,7 +248,7 @@ class Namespaces:
     """`‹p›.namespaces.credentials.set`: credentials of one end user for one toolset; OAuth
     connections of one end user (`connect`, `connections`, `disconnect`)."""
 
-    def __init__(self, tb: Toolbus) -> None:
+    def __init__(self, tb: Core) -> None:
         self._tb = tb
 
     async def connect(
@@ -294,7 +289,7 @@ class Namespaces:
             NamespaceCredentialsSetRequest,
             namespace=namespace,
             toolset_id=toolset_id(toolset),
-            credentials=_credentials(credentials),
+            credentials=credentials_body(credentials),
         )
         data = await self._tb.request(self._tb.subjects.namespaces_credentials_set, body, retry=True)
         return CredentialsSetReply.model_validate(data).level
@@ -303,7 +298,7 @@ class Namespaces:
 class Workflows:
     """`‹p›.workflows.publish` / `.get`."""
 
-    def __init__(self, tb: Toolbus) -> None:
+    def __init__(self, tb: Core) -> None:
         self._tb = tb
 
     async def publish(

@@ -11,7 +11,7 @@ import signal
 import time
 from collections.abc import Iterable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from nats.aio.msg import Msg
@@ -21,11 +21,9 @@ from pydantic import ValidationError
 from toolbus_contracts import WORKER_QUEUE, HostCallTask, HostCancel, consumer_delivery, duration_seconds
 
 from toolbus._connection import flush
+from toolbus._core import Core
 from toolbus._errors import closed_as_unavailable
 from toolbus._host_tools import CallContext, HostTool
-
-if TYPE_CHECKING:
-    from toolbus._client import Toolbus
 
 log = logging.getLogger("toolbus.worker")
 
@@ -56,7 +54,7 @@ class Worker:
 
     def __init__(
         self,
-        tb: Toolbus,
+        tb: Core,
         tools: Iterable[HostTool],
         *,
         concurrency: int = 8,

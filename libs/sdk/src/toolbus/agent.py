@@ -207,7 +207,7 @@ class AgentTools:
         """The agent tools of a run, with its toolset's namespace catalogue read first."""
         if run.toolset_id is None:
             raise ValueError("AgentTools needs a run opened with runs.open (its toolset id is known)")
-        return cls(run, catalogue=await run._tb.toolsets.namespaces(run.toolset_id), **options)
+        return cls(run, catalogue=await run.toolsets.namespaces(run.toolset_id), **options)
 
     def anthropic(self) -> list[dict[str, Any]]:
         return [d.anthropic() for d in self.definitions]
@@ -246,7 +246,7 @@ class AgentTools:
             return _error("invalidInput", "namespaces must be a list of namespace names")
         if isinstance(namespaces, list) and not namespaces:
             namespaces = None
-        reply = await self.run._tb.toolsets.search_reply(
+        reply = await self.run.toolsets.search_reply(
             self.toolset_id, query, limit=max(1, min(50, limit)), namespaces=namespaces
         )
         return {
@@ -271,7 +271,7 @@ class AgentTools:
             return _error("invalidInput", "page must be an integer from 1")
         lines = self._listed.get(namespace)
         if lines is None:
-            text = await self.run._tb.toolsets.declarations(self.toolset_id, "prompt", namespace=namespace)
+            text = await self.run.toolsets.declarations(self.toolset_id, "prompt", namespace=namespace)
             lines = [line for line in text.splitlines() if line.strip()]
             self._listed[namespace] = lines
         pages = max(1, -(-len(lines) // LIST_PAGE_LINES))
@@ -397,7 +397,7 @@ class DeferredTools:
     async def open(cls, run: Run, **options: Any) -> DeferredTools:
         """The deferred tools of a run: its toolset's catalogue and every tool read first."""
         agent = await AgentTools.open(run, **options)
-        toolset = await run._tb.toolsets.get(agent.toolset_id)
+        toolset = await run.toolsets.get(agent.toolset_id)
         return cls(agent, toolset.tools)
 
     @property

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from toolbus_contracts import check_prefix
 from toolbus_contracts.base import unfit_number
 
 from toolbus._client import Toolbus
+from toolbus._connections import Connections
 from toolbus._errors import ErrorCode, InvalidRequest, ToolbusError
 from toolbus._toolsets import Toolset
 
@@ -653,10 +655,6 @@ def credentials_connect(
 ) -> None:
     """Connect a server's OAuth account at a level: prints the URL to open and waits until the
     end user has consented (tokens are kept and renewed by toolbus; none is shown)."""
-    import os
-
-    from toolbus._connections import Connections
-
     if run and (toolset or namespace):
         _usage(json_, "--run goes alone (the run names its toolset and end user)")
     if not run and not toolset:
@@ -720,8 +718,6 @@ def credentials_status(
     json_: JsonOpt = False,
 ) -> None:
     """The OAuth connections at a level: server, status, scopes, until when, last refresh."""
-    from toolbus._connections import Connections
-
     target: dict[str, Any] = {"run_id": run} if run else {"toolset_id": toolset, "namespace": namespace}
     got = _run(json_, lambda tb: Connections(tb).status(**target))
     _emit(json_, got.model_dump(mode="json", by_alias=True))
@@ -736,8 +732,6 @@ def credentials_disconnect(
     json_: JsonOpt = False,
 ) -> None:
     """Remove a server's OAuth connection at a level; its token is revoked where offered."""
-    from toolbus._connections import Connections
-
     target: dict[str, Any] = {"run_id": run} if run else {"toolset_id": toolset, "namespace": namespace}
     got = _run(json_, lambda tb: Connections(tb).disconnect(server, **target))
     _emit(json_, got.model_dump(mode="json", by_alias=True))
