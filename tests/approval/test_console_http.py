@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import html
 import json
+import re
 import secrets
 from collections.abc import AsyncIterator
 from typing import Any
@@ -375,3 +377,24 @@ async def test_a_decision_can_be_remembered_from_the_console(
     # The next call of the tool in the namespace is decided at once, by the remembered decision.
     second = await deployment.needs_approval("shop", tool="shop.again", pending=False)
     assert (await deployment.state(second.approval_id) or "").startswith("approved by remembered:")
+
+
+async def test_history_is_paged_with_the_filters_kept(
+    deployment: Deployment, alice: httpx.AsyncClient
+) -> None:
+    ids = []
+    for _ in range(55):
+        needed = await deployment.needs_approval("shop", tool="shop.paged")
+        body = {"approvalId": needed.approval_id, "approve": False}
+        assert (await request(deployment.nc, deployment.subjects.approvals_decide, body, timeout=5))["ok"]
+        ids.append(needed.approval_id)
+    first = (await alice.get("/history", params={"tool": "shop.paged"})).text
+    assert first.count('class="decision"') == 50
+    found = re.search(r'<a href="([^"]+)" rel="next">', first)
+    assert found, "no link to older decisions"
+    older = html.unescape(found.group(1))
+    assert "tool=shop.paged" in older and "cursor=" in older
+    second = (await alice.get(older)).text
+    assert second.count('class="decision"') == 5 and 'rel="next"' not in second
+    shown = {i for i in ids if i in first or i in second}
+    assert shown == set(ids)
