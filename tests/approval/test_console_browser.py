@@ -6,7 +6,7 @@ Proves: a pending approval appears on the open page without a reload (server-sen
 its tool, declaration line and input; an edited input is checked as it is typed (an invalid one
 says where and disables Approve); approving the edit sends the edited input, and the page says
 the call completed (it did, with the edited input); another is denied with a reason, from the keyboard alone; both are in the
-history under the person's name. Run on an open NATS and on deploy/nats/'s users and permissions
+history under the person's name; every form control has a name a screen reader announces. Run on an open NATS and on deploy/nats/'s users and permissions
 (nothing refused). Screenshots (pending, edit-invalid, edit, history) are kept in
 `.cache/test-artifacts/console/`.
 """
@@ -158,6 +158,12 @@ async def browser_page(console_setup: ConsoleSetup) -> AsyncIterator[Any]:
     assert errors == [], errors
 
 
+UNLABELLED = """() => [...document.querySelectorAll('input:not([type=hidden]), select, textarea, button')]
+  .filter((e) => !(e.labels && e.labels.length) && !e.getAttribute('aria-label') && !e.textContent.trim())
+  .map((e) => e.outerHTML)"""
+"""Form controls a screen reader would announce without a name."""
+
+
 async def start_call(harness: Harness, run_id: str, text: str, key: str) -> str:
     body = {"runId": run_id, "tool": "shop.echo", "input": {"text": text}, "idempotencyKey": key}
     call_id: str = (await harness.ok(harness.subjects.calls_start, body))["callId"]
@@ -192,6 +198,7 @@ async def test_sign_in_see_live_edit_approve_deny_and_find_both_in_history(
     await expect(item.locator(".declaration")).to_contain_text("shop.echo(")
     await expect(item.locator("textarea")).to_have_value(json.dumps({"text": "refund 5"}, indent=2))
     await page.screenshot(path=str(ARTIFACTS / "pending.png"), full_page=True)
+    assert await page.evaluate(UNLABELLED) == []
 
     # Edit: an invalid input is refused as it is typed, a valid one accepted.
     editor = item.get_by_label("Input (edit it to approve a different one)")
@@ -242,3 +249,7 @@ async def test_sign_in_see_live_edit_approve_deny_and_find_both_in_history(
     await expect(rows.nth(1)).to_contain_text("approved")
     await expect(rows.nth(1)).to_contain_text("refund capped at 4")
     await page.screenshot(path=str(ARTIFACTS / "history.png"), full_page=True)
+    assert await page.evaluate(UNLABELLED) == []
+    await page.get_by_role("link", name="Remembered").click()
+    await expect(page.get_by_role("heading", name="Remembered decisions")).to_be_visible()
+    assert await page.evaluate(UNLABELLED) == []
