@@ -99,7 +99,9 @@ class Console:
             base=self.base,
             csrf=csrf_token(request),
             person=person,
-            flash=request.session.pop("flash", None),
+            # A fragment (`_*.html`, fetched by the page's script) leaves the message to the page:
+            # fetched while a decision's redirect loads, it would take the message first.
+            flash=None if template.startswith("_") else request.session.pop("flash", None),
             oidc=self.oidc is not None,
             dev_login=self.config.dev_token is not None,
             **context,
