@@ -268,10 +268,11 @@ def values_yaml(s: ServiceChart) -> str:
     )
     egress_config = (
         "  ## What the service may connect to beyond public addresses (MCP servers; http.fetch in the\n"
-        "  ## dispatcher): networks, addresses and host names. Unset (the default): loopback, private,\n"
-        "  ## link-local (cloud metadata), CGNAT, reserved and multicast addresses are refused.\n"
+        "  ## dispatcher; OAuth servers in credentials): networks, addresses and host names. Unset\n"
+        "  ## (the default): loopback, private, link-local (cloud metadata), CGNAT, reserved and\n"
+        "  ## multicast addresses are refused.\n"
         "  # TOOLBUS_EGRESS_ALLOW: 10.20.0.0/16,mcp.corp.internal,*.svc.cluster.local\n"
-        if s.name in ("registry", "dispatcher")
+        if s.name in ("registry", "dispatcher", "credentials")
         else ""
     )
     secrets = ""
@@ -569,7 +570,7 @@ def _tls_ref() -> dict[str, Any]:
 OAUTH_INGRESS_VALUES = """
 ## @section OAuth pages (connected accounts: docs/oauth.md)
 
-## @param oauthIngress.enabled Create an Ingress for the OAuth pages only (/oauth/start/<token> and /oauth/callback); set TOOLBUS_OAUTH_CALLBACK_URL in config to https://<host>/oauth/callback
+## @param oauthIngress.enabled Create an Ingress for the OAuth pages only (/oauth/start/<token>, /oauth/callback, /oauth/client-metadata.json); set TOOLBUS_OAUTH_CALLBACK_URL in config to https://<host>/oauth/callback
 ## @param oauthIngress.className IngressClass name (empty: the cluster's default)
 ## @param oauthIngress.host Public host name end users' browsers reach
 ## @param oauthIngress.annotations Annotations on the Ingress (e.g. cert-manager's cluster-issuer)

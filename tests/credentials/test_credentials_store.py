@@ -227,3 +227,29 @@ async def test_index_existing_indexes_documents_set_before_the_index(
         toolset_id=TS, namespace="n", run_id=None, server="g"
     )
     assert got.headers == {"A": "2"}
+
+
+async def test_rotate_keeps_the_ttl_of_pending_records_and_index_existing_finds_oauth_records(
+    redis_client: Any, redis_prefix: str
+) -> None:
+    """OAuth records follow the same path: a pending flow indexed with its TTL is re-encrypted
+    and keeps its TTL; OAuth records stored before the indexes are found by `index_existing`;
+    a record gone (expired) leaves the index at the next `rotate`."""
+    keys = Keys(f"{redis_prefix}:orot{secrets.token_hex(3)}")
+    old, new = Fernet.generate_key().decode(), Fernet.generate_key().decode()
+    stored = Cipher(old).encrypt(b"{}")
+    flow, conn, gone = (
+        keys.oauth_flow("d1"),
+        keys.oauth_connection("toolset", TS, "g"),
+        keys.oauth_client("x"),
+    )
+    await redis_client.set(flow, stored, px=60_000)
+    await redis_client.set(conn, stored)
+    rotating = CredentialStore(redis_client, keys, Cipher(f"{new},{old}"))
+    assert await rotating.index_existing() == 2
+    await redis_client.sadd(keys.credentials_index, gone)
+    assert await rotating.rotate() == 2
+    assert 0 < await redis_client.pttl(flow) <= 60_000
+    for key in (flow, conn):
+        assert Cipher(new).decrypt(await redis_client.get(key)) == b"{}"
+    assert not await redis_client.sismember(keys.credentials_index, gone)

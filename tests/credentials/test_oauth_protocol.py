@@ -76,3 +76,29 @@ def test_an_error_body_gives_its_code_only() -> None:
     odd = httpx.Response(400, json={"error": "tok-123 <script>"})
     assert proto._error_of(odd) == ""
     assert proto._error_of(httpx.Response(500, text="not json")) == ""
+
+
+def test_the_client_authenticates_as_the_server_offers() -> None:
+    public = proto._client_auth(ClientInfo("cid"), ["client_secret_basic"])
+    assert public == ({"client_id": "cid"}, None)
+    fields, basic = proto._client_auth(
+        ClientInfo("cid", "s3cret"), ["client_secret_basic", "client_secret_post"]
+    )
+    assert fields == {} and isinstance(basic, httpx.BasicAuth)
+    assert proto._client_auth(ClientInfo("cid", "s3cret"), ["client_secret_post"]) == (
+        {"client_id": "cid", "client_secret": "s3cret"},
+        None,
+    )
+
+
+def test_the_client_id_metadata_document_is_a_public_client_of_the_code_grant() -> None:
+    url = "https://tb.example.com/oauth/client-metadata.json"
+    document = proto.client_metadata(url, "https://tb.example.com/oauth/callback", "toolbus")
+    assert document["client_id"] == url and document["token_endpoint_auth_method"] == "none"
+    assert document["redirect_uris"] == ["https://tb.example.com/oauth/callback"]
+    assert "client_secret" not in document
+    from toolbus_credentials.oauth import client_metadata_url
+
+    assert client_metadata_url("https://tb.example.com/oauth/callback") == url
+    assert client_metadata_url("http://127.0.0.1:8084/oauth/callback") is None  # needs HTTPS
+    assert client_metadata_url(None) is None

@@ -123,3 +123,21 @@ def test_a_403_asking_for_a_larger_scope_is_marked_for_step_up() -> None:
     step_up = classify("gh", Attempt(sent=True, status=403, insufficient_scope=True), None, what="the call")
     assert isinstance(step_up, CredentialsRejected)
     assert step_up.details == {"server": "gh", "status": 403, "insufficientScope": True}
+
+
+def _challenge(header: str) -> tuple[bool, tuple[str, ...]]:
+    attempt = Attempt(sent=True, status=403)
+    attempt.read_challenge(header)
+    return attempt.insufficient_scope, attempt.required_scopes
+
+
+def test_a_step_up_challenge_gives_the_scopes_it_asks_for() -> None:
+    header = 'Bearer error="insufficient_scope", scope="repo  read:org repo", resource_metadata="x"'
+    assert _challenge(header) == (True, ("repo", "read:org"))
+    attempt = Attempt(sent=True, status=403)
+    attempt.read_challenge(header)
+    assert classify("gh", attempt, None, what="the call").details["requiredScopes"] == ["repo", "read:org"]
+    # No scope named; malformed scope tokens dropped; another error is no step-up.
+    assert _challenge('Bearer error="insufficient_scope"') == (True, ())
+    assert _challenge('Bearer error="insufficient_scope", scope="ok \\bad"') == (True, ("ok",))
+    assert _challenge('Bearer error="invalid_token", scope="repo"') == (False, ())

@@ -8,7 +8,8 @@ Proves, in order (one module, one stack): a toolset whose server takes only OAut
 registered with a token of the client-credentials grant and kept connected at the toolset level;
 connecting an end user (namespace) and a run, then calls that use their tokens; 100 calls across
 several token lifetimes with no call parked, each token renewed by one replica (rotation would
-refuse a second refresh with the same token); step-up on `insufficient_scope`; a revoked grant
+refuse a second refresh with the same token); step-up on `insufficient_scope` asking for the
+scope the server's challenge names; a revoked grant
 parks the call, `credentials.expired` carries an authorization URL, connecting there resumes the
 call with the same idempotency key; refused consent, no or an unknown (replayed) state, a forged
 `iss`, a code for another client and a provider that is down: a clear page, a
@@ -130,7 +131,9 @@ async def stack(service_env: dict[str, str], bus: Bus, redis_url: str) -> AsyncI
         provider = await exits.enter_async_context(OidcProvider(access_ttl=TTL, clients=[m2m, other]))
         server = McpTestServer(name="gh")
         server.guard = resource_guard(
-            provider.issuer, lambda: server.url, tool_scopes={"plain": "tools:write"}
+            provider.issuer,
+            lambda: server.url,
+            tool_scopes={"plain": "tools:admin"},  # a scope its metadata does not list
         )
         await exits.enter_async_context(server)
         env = {
@@ -329,7 +332,10 @@ async def test_3_a_hundred_calls_across_token_lifetimes_none_parked_each_token_r
     await s.ok(s.subjects.runs_close, {"runId": run["runId"]})
 
 
-async def test_4_step_up_on_insufficient_scope(stack: Stack) -> None:
+async def test_4_step_up_asks_for_the_scope_the_server_challenge_names(stack: Stack) -> None:
+    """The tool needs `tools:admin`, which the server's metadata does not list: only its 403
+    challenge names it. An end user is asked for the current scopes plus that one (not all the
+    server offers); the toolset's client-credentials connection gets it with no one asked."""
     s = stack
     await s.connect(
         {"toolsetId": s.toolset_id, "namespace": "user-7", "server": "gh", "scopes": ["tools:read"]}, "user-7"
@@ -348,13 +354,27 @@ async def test_4_step_up_on_insufficient_scope(stack: Stack) -> None:
     status, page = await s.land(await consent(notice["authorizationUrl"], login="user-7"))
     assert status == 200, page
     await until(lambda: len(s.events["connected"]) > connected, "connected with the larger scope")
-    assert {"tools:read", "tools:write"} <= set(s.events["connected"][-1]["data"]["scopes"])
+    granted = set(s.events["connected"][-1]["data"]["scopes"])
+    assert {"tools:read", "tools:admin"} <= granted and "tools:write" not in granted, granted
     done = await s.ok(
         s.subjects.calls_invoke,
         {"runId": run["runId"], "tool": "gh.plain", "input": {"text": "w"}, "idempotencyKey": "k-step-up"},
         within=60,
     )
     assert done["callId"] == started["callId"] and done["outcome"]["status"] == "ok"
+    await s.ok(s.subjects.runs_close, {"runId": run["runId"]})
+
+    # Machine to machine: the toolset's client-credentials token is widened at once (the call is
+    # resumed as soon as it is parked), no one is notified.
+    before = len(s.events["expired"])
+    run = await s.ok(s.subjects.runs_open, {"toolsetId": s.toolset_id})
+    assert (await _invoke(s, run["runId"], tool="plain"))["outcome"]["status"] == "ok"
+    kinds = [e["type"] for e in await s.run_events(run["runId"])]
+    assert kinds.count("resumed") == 1 and kinds[-1] == "completed", kinds
+    await asyncio.sleep(0.5)  # past the notify delay: a notice would be out
+    assert len(s.events["expired"]) == before
+    status_now = await s.ok(s.subjects.credentials_status, {"toolsetId": s.toolset_id})
+    assert "tools:admin" in status_now["connections"][0]["scopes"]
     await s.ok(s.subjects.runs_close, {"runId": run["runId"]})
 
 
