@@ -22,7 +22,7 @@ NPM_BASE := $(NPM_DIR)/node_modules/.bin/tsc $(NPM_DIR)/node_modules/@modelconte
 NPM_INSPECTOR := $(NPM_DIR)/inspector/node_modules/@modelcontextprotocol/inspector/clients/launcher/build/index.js
 NPM_TOOLS := $(NPM_BASE) $(NPM_INSPECTOR)
 
-.PHONY: help install up down logs status test lint docs bench bench-gateway bench-peers bench-alternatives bench-profile bench-memory bench-cpu bench-cpu-all bench-callgrind bench-validators images compose-env charts helm-lint npm-tools
+.PHONY: help install up down logs status test lint docs bench bench-gateway bench-peers bench-alternatives bench-profile bench-memory bench-cpu bench-cpu-all bench-callgrind bench-validators images compose-env charts helm-lint npm-tools browser
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -74,7 +74,21 @@ logs: .venv/.synced ## follow the stack's logs (make logs N=100 for more history
 status: .venv/.synced ## show what `make up` runs and whether each service is ready
 	$(PYTHON) scripts/stack.py status
 
-test: .venv/.synced $(NPM_TOOLS) ## run the whole pytest suite, installing what it needs first (ARGS="-k name")
+CHROMIUM ?= /usr/bin/chromium
+
+browser: ## Debian's chromium for the console's browser test: apt-get installs it when missing (as root, as CI runs)
+	@if [ ! -x "$(CHROMIUM)" ]; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing chromium (apt-get) for tests/approval/test_console_browser.py"; \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null \
+				|| { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; } \
+				|| exit $$?; \
+		else \
+			echo "warning: no $(CHROMIUM) (install Debian's chromium as root): the console's browser test skips here and fails in CI" >&2; \
+		fi; \
+	fi
+
+test: .venv/.synced $(NPM_TOOLS) browser ## run the whole pytest suite, installing what it needs first (ARGS="-k name")
 	PATH="$(NPM_BIN):$$PATH" TOOLBUS_TSC="$${TOOLBUS_TSC:-$(NPM_BIN)/tsc}" $(UV) run --frozen pytest $(ARGS)
 
 lint: .venv/.synced ## ruff check, ruff format --check and mypy --strict on libs/, services/ and tests/

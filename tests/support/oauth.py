@@ -44,12 +44,15 @@ class OidcProvider:
         *,
         access_ttl: int = 5,
         clients: list[dict[str, Any]] | None = None,
+        accounts: dict[str, dict[str, Any]] | None = None,
         ca_file: Path | None = None,
     ) -> None:
-        """`ca_file`: a certificate the provider trusts when it fetches a Client ID Metadata
+        """`accounts`: login -> extra ID token claims (`groups`), for OpenID Connect sign-ins (the
+        console). `ca_file`: a certificate the provider trusts when it fetches a Client ID Metadata
         Document over HTTPS (a test's own TLS server)."""
         self.access_ttl = access_ttl
         self.clients = clients or []
+        self.accounts = accounts
         self.ca_file = ca_file
         self.port = free_port()
         self.issuer = f"http://127.0.0.1:{self.port}"
@@ -57,6 +60,8 @@ class OidcProvider:
 
     async def start(self) -> OidcProvider:
         env = {**os.environ, "NODE_MODULES": str(NODE_MODULES), "CLIENTS": json.dumps(self.clients)}
+        if self.accounts is not None:
+            env["ACCOUNTS"] = json.dumps(self.accounts)
         if self.ca_file is not None:
             env["NODE_EXTRA_CA_CERTS"] = str(self.ca_file)
         self._proc = await asyncio.to_thread(
@@ -166,10 +171,11 @@ async def consent(
     login: str = "user-42",
     deny: bool = False,
     verify: ssl.SSLContext | bool = True,
+    callback: str = "/oauth/callback",
 ) -> str:
     """Open toolbus's connect link, log in and consent (or abort) on the provider's
     devInteractions pages over HTTP; returns the URL the provider redirects the user's browser to
-    (toolbus's `/oauth/callback`, with code, state, iss), not yet opened."""
+    (toolbus's `callback` path, with code, state, iss), not yet opened."""
     async with httpx.AsyncClient(follow_redirects=False, timeout=10, verify=verify) as http:
         url = authorization_url
         for _ in range(20):
@@ -177,7 +183,7 @@ async def consent(
             location = response.headers.get("location")
             if response.status_code in (302, 303) and location:
                 target = str(urljoin(url, location))
-                if urlsplit(target).path.endswith("/oauth/callback"):
+                if urlsplit(target).path.endswith(callback):
                     return target
                 url = target
                 continue

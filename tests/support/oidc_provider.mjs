@@ -5,6 +5,10 @@
 //
 //   node oidc_provider.mjs <port> <accessTokenSeconds>   (CLIENTS: JSON list of static clients)
 //
+// ACCOUNTS (JSON, optional): login -> extra claims of that account (e.g. {"alice": {"groups":
+// ["ops"]}}); with it, ID tokens carry the claims of the scopes asked for (`groups` under the
+// scope `groups`, `name` under `profile`), as a sign-in with a groups claim needs.
+//
 // Prints "ready <issuer>" when it listens. GET /__stats answers the token requests it served
 // by grant type and outcome (a test counts refreshes there); POST /__revoke-grants revokes every
 // grant (all refresh tokens), as a user revoking toolbus's access at the provider would.
@@ -21,13 +25,23 @@ const port = Number(process.argv[2]);
 const ttl = Number(process.argv[3] || 5);
 const issuer = `http://127.0.0.1:${port}`;
 const clients = JSON.parse(process.env.CLIENTS || '[]');
+const accounts = JSON.parse(process.env.ACCOUNTS || 'null');
+const withAccounts = accounts ? {
+  findAccount: (ctx, id) => ({
+    accountId: id,
+    claims: () => ({ sub: id, name: id, ...(accounts[id] || {}) }),
+  }),
+  claims: { openid: ['sub'], profile: ['name'], groups: ['groups'] },
+  conformIdTokenClaims: false,
+} : {};
 const stats = {};
 const grants = new Set();
 const count = (key) => { stats[key] = (stats[key] || 0) + 1; };
 
 const provider = new Provider(issuer, {
   clients,
-  scopes: ['openid', 'offline_access', 'tools:read', 'tools:write', 'tools:admin'],
+  ...withAccounts,
+  scopes: ['openid', 'offline_access', 'tools:read', 'tools:write', 'tools:admin', ...(accounts ? ['profile', 'groups'] : [])],
   features: {
     devInteractions: { enabled: true },
     registration: { enabled: true },

@@ -231,6 +231,11 @@ class Keys:
         """ZSET remembered decision id -> expiry (epoch ms), for listing."""
         return f"{self.prefix}:{{approvals}}:remembered"
 
+    def approvals_console_login(self, state: str) -> str:
+        """String (10 minutes): a console sign-in under way, by its OIDC `state` (PKCE verifier and
+        nonce), used once."""
+        return f"{self.prefix}:{{approvals}}:login:{state}"
+
     def approvals_closed_run(self, run_id: str) -> str:
         """Marker (with a TTL) that a run closed: an ApprovalNeeded arriving late is cancelled."""
         return f"{self.prefix}:{{approvals}}:closed:{run_id}"

@@ -252,6 +252,7 @@ def roles(prefix: str = "toolbus") -> list[Role]:
                 s.approvals_requested,
                 s.internal_approval_decisions,
                 s.internal_dead_letters,
+                s.toolsets_declarations,  # the console shows a tool's declaration line
                 *js_own(internal),
                 *js_read(toolsets),
                 *js_create(toolsets),
@@ -262,6 +263,9 @@ def roles(prefix: str = "toolbus") -> list[Role]:
                 s.approvals_history,
                 s.approvals_remembered_list,
                 s.approvals_remembered_revoke,
+                # the console's live updates: new approvals, and calls' approved/denied events
+                s.approvals_requested,
+                s.run_events("*"),
             ],
             service=True,
         ),
