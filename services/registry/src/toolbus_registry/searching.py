@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -103,6 +104,12 @@ def _log_failure(future: asyncio.Future[None]) -> None:
         log.warning("preparing search terms failed", exc_info=future.exception())
 
 
+def _log_load_failure(future: asyncio.Future[Any]) -> None:
+    """A model load's end: a failure is logged (the next embedding tries again)."""
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("loading the embedding model failed", exc_info=future.exception())
+
+
 class Searcher:
     """Search indexes by toolset id with their background embedding. Runs on the event loop;
     CPU-bound work goes to worker threads."""
@@ -135,6 +142,11 @@ class Searcher:
             job.add_done_callback(_log_failure)
 
         return on_pinned
+
+    def load_model(self) -> None:
+        """Start loading the embedding model (once, in a worker thread): a registration is
+        usually followed by a search, which then does not wait for the load (0.3-0.8 s)."""
+        self.embedder.load().add_done_callback(_log_load_failure)
 
     def prepared_for(self, toolset_id: str, prepared: PreparedTerms) -> None:
         """The listing is over and `prepared` closed (nothing more is added, so the store write and

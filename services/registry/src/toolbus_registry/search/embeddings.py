@@ -78,6 +78,14 @@ class Embedder:
         """Texts encoded by the model in this process (the rest came from memory or the store)."""
         self.loaded = 0
         """Texts whose vectors came from the persisted store."""
+        self._loading: asyncio.Future[Encoder] | None = None
+
+    def load(self) -> asyncio.Future[Encoder]:
+        """The model, loaded once in a worker thread (at the normal priority: searches need it
+        too): a registration starts it, so the first search after it finds it loaded."""
+        if self._loading is None or (self._loading.done() and self._loading.exception() is not None):
+            self._loading = asyncio.ensure_future(asyncio.to_thread(self._encoder))
+        return self._loading
 
     def cached(self, texts: Sequence[str]) -> Vectors | None:
         """The vectors of `texts` if every one is in memory, else None (no I/O, no encoding)."""
@@ -109,9 +117,9 @@ class Embedder:
             missing = [k for k in missing if k not in found]
         if missing:
             loop = asyncio.get_running_loop()
-            # The model is loaded (once) at the normal priority: searches need it too, and a niced
-            # load would hold the ~200 MiB peak of reading and quantizing the weights for longer.
-            await asyncio.to_thread(self._encoder)
+            # Loaded at the normal priority: a niced load would hold the ~200 MiB peak of reading
+            # and quantizing the weights for longer.
+            await asyncio.shield(self.load())
             by_key = dict(zip(keys, texts, strict=True))
             fresh: dict[str, Vectors] = {}
             for start in range(0, len(missing), ENCODE_CHUNK):
