@@ -68,39 +68,104 @@ SEARCH_GUIDE = (
     "namespace's whole list with list_tools. Returns the best matching tools, best first, each "
     "with its qualified name, its namespace and its declaration; call one with call_tool."
 )
-CATALOGUE_CHARS = 6000
-"""Most characters of namespace catalogue a `search_tools` description carries (~1,500 tokens)."""
+CATALOGUE_CHARS = 8000
+"""Most characters of namespace catalogue a `search_tools` description carries (~2,000 tokens):
+room for every namespace's name in toolsets of several hundred namespaces (`catalogue_text`)."""
+SUMMARY_CUTS = (160, 100, 64, 40)
+"""Lengths a summary is cut to, longest first, when the whole catalogue does not fit."""
+_SEPARATOR = re.compile(r"[_.-]")
+_HEAD = "Namespaces:"
+_CUT_SHORT = "(Summaries cut short: list_tools without a namespace reads them whole.)"
+_NAMED_ONLY = "Also, named only (tools): "
+_NAMES = "Also, named only: "
+_HOW_TO_READ = (
+    "(Names sharing a first word are written prefix{a, b}: prefixa and prefixb. "
+    "list_tools without a namespace reads every namespace's summary; with one, its tools.)"
+)
 
 
 def catalogue_text(namespaces: Sequence[NamespaceInfo], max_chars: int = CATALOGUE_CHARS) -> str:
-    """The namespaces as lines for a model (`- name (kind, N tools): summary`), at most
-    `max_chars`: past that, the rest are named without summaries, then only counted."""
-    head = "Namespaces:"
-    lines = [head]
-    used = len(head)
-    rest = list(namespaces)
-    while rest:
-        n = rest[0]
-        line = f"- {n.name} ({n.kind}, {n.tool_count} tools): {n.summary}"
-        if used + 1 + len(line) > max_chars * 3 // 4:
-            break
-        lines.append(line)
-        used += 1 + len(line)
-        rest.pop(0)
-    if rest:
-        names: list[str] = []
-        for n in list(rest):
-            tail = f"\n(and {len(rest)} more namespaces: search without `namespaces` to reach them)"
-            item = f"{n.name} ({n.tool_count})"
-            if used + len(", ".join([*names, item])) + 8 + len(tail) > max_chars:
-                break
-            names.append(item)
-            rest.pop(0)
-        if names:
-            lines.append("Also: " + ", ".join(names))
-        if rest:
-            lines.append(f"(and {len(rest)} more namespaces: search without `namespaces` to reach them)")
-    return "\n".join(lines)
+    """The namespaces for a model, one line each (`- name (kind, N tools): summary`), in at most
+    `max_chars`, every namespace named while their names fit: when the whole list is too long,
+    summaries are cut short (with an ellipsis); then the namespaces with most tools keep a line
+    and the others are named only (tool counts, grouped by first word); past even that, the rest
+    are counted. What is left out is said, with how to read it (`list_tools`)."""
+    full = "\n".join([_HEAD, *(_line(n, None) for n in namespaces)])
+    if len(full) <= max_chars:
+        return full
+    for chars in SUMMARY_CUTS:
+        text = "\n".join([_HEAD, *(_line(n, chars) for n in namespaces), _CUT_SHORT])
+        if len(text) <= max_chars:
+            return text
+    by_size = sorted(range(len(namespaces)), key=lambda i: -namespaces[i].tool_count)
+    text, _ = _lines_and_names(namespaces, set(), max_chars)
+    low, high = 0, len(by_size)
+    while low < high:  # the most lines that fit beside every other namespace's name
+        mid = (low + high + 1) // 2
+        attempt, whole = _lines_and_names(namespaces, set(by_size[:mid]), max_chars)
+        if whole:
+            low, text = mid, attempt
+        else:
+            high = mid - 1
+    return text
+
+
+def _cut(summary: str, chars: int) -> str:
+    """`summary` in at most `chars` characters, cut at a word, with an ellipsis."""
+    if len(summary) <= chars:
+        return summary
+    cut = summary[: chars - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > chars // 2 else cut).rstrip(" ,;:") + "\u2026"
+
+
+def _line(n: NamespaceInfo, chars: int | None) -> str:
+    summary = n.summary if chars is None else _cut(n.summary, chars)
+    return f"- {n.name} ({n.kind}, {n.tool_count} tools): {summary}"
+
+
+def _named(namespaces: Sequence[NamespaceInfo], counts: bool = True) -> str:
+    """Names (with tool counts), comma-separated; those sharing a first word grouped as
+    `prefix{a (3), b (5)}` (meaning `prefixa` and `prefixb`), in first-seen order."""
+    groups: dict[str, list[NamespaceInfo]] = {}
+    for n in namespaces:
+        m = _SEPARATOR.search(n.name)
+        groups.setdefault(n.name[: m.end()] if m and m.end() < len(n.name) else n.name, []).append(n)
+
+    def one(n: NamespaceInfo, skip: int) -> str:
+        return f"{n.name[skip:]} ({n.tool_count})" if counts else n.name[skip:]
+
+    return ", ".join(
+        one(ms[0], 0) if len(ms) == 1 else prefix + "{" + ", ".join(one(n, len(prefix)) for n in ms) + "}"
+        for prefix, ms in groups.items()
+    )
+
+
+def _lines_and_names(
+    namespaces: Sequence[NamespaceInfo], lined: set[int], max_chars: int
+) -> tuple[str, bool]:
+    """Lines (summaries cut to the shortest of `SUMMARY_CUTS`) for the namespaces at `lined`, the
+    others named only, as many as fit (the rest counted); and whether all of them fit."""
+    lines = [_HEAD, *(_line(n, SUMMARY_CUTS[-1]) for i, n in enumerate(namespaces) if i in lined)]
+    rest = [n for i, n in enumerate(namespaces) if i not in lined]
+    if not rest:
+        text = "\n".join([*lines, _CUT_SHORT])
+        return text, len(text) <= max_chars
+    for head, counts in ((_NAMED_ONLY, True), (_NAMES, False)):
+        text = "\n".join([*lines, head + _named(rest, counts), _HOW_TO_READ])
+        if len(text) <= max_chars:
+            return text, True
+    low, high = 0, len(rest)  # the most names that fit, the rest counted
+    shown = "\n".join([*lines, f"(and {len(rest)} more namespaces)", _HOW_TO_READ])
+    while low < high:
+        mid = (low + high + 1) // 2
+        more = f"(and {len(rest) - mid} more namespaces)"
+        attempt = "\n".join([*lines, _NAMES + _named(rest[:mid], False), more, _HOW_TO_READ])
+        if len(attempt) <= max_chars:
+            low, shown = mid, attempt
+        else:
+            high = mid - 1
+    return shown, False
 
 
 SEARCH_TOOLS = ToolDefinition(
@@ -135,16 +200,20 @@ LIST_TOOLS = ToolDefinition(
     name="list_tools",
     description=(
         "List the tools of one namespace (a name from search_tools' description), one line each: "
-        "qualified name, input and what it does. Long namespaces come in pages of "
+        "qualified name, input and what it does. Without a namespace, list every namespace with "
+        "its kind, tool count and whole summary. Long lists come in pages of "
         f"{LIST_PAGE_LINES}; ask for the next with `page`."
     ),
     input_schema={
         "type": "object",
         "properties": {
-            "namespace": {"type": "string", "minLength": 1, "description": "The namespace to list."},
+            "namespace": {
+                "type": "string",
+                "minLength": 1,
+                "description": "The namespace to list; leave it out to list the namespaces.",
+            },
             "page": {"type": "integer", "minimum": 1, "default": 1},
         },
-        "required": ["namespace"],
         "additionalProperties": False,
     },
 )
@@ -194,7 +263,6 @@ class AgentTools:
         self.style = style
         self.call_timeout = call_timeout
         self.catalogue = tuple(catalogue)
-        self._namespaces = frozenset(n.name for n in self.catalogue)
         search = SEARCH_TOOLS
         if self.catalogue:
             text = catalogue_text(self.catalogue, catalogue_chars)
@@ -265,19 +333,28 @@ class AgentTools:
     async def _list(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
         namespace = arguments.get("namespace")
         page = arguments.get("page", 1)
-        if not isinstance(namespace, str) or not namespace:
+        if namespace is not None and (not isinstance(namespace, str) or not namespace):
             return _error("invalidInput", "namespace must be a namespace's name")
         if not isinstance(page, int) or isinstance(page, bool) or page < 1:
             return _error("invalidInput", "page must be an integer from 1")
-        lines = self._listed.get(namespace)
-        if lines is None:
-            text = await self.run._tb.toolsets.declarations(self.toolset_id, "prompt", namespace=namespace)
-            lines = [line for line in text.splitlines() if line.strip()]
-            self._listed[namespace] = lines
+        if namespace is None:
+            lines = [_line(n, None)[2:] for n in self.catalogue]
+        else:
+            found = self._listed.get(namespace)
+            if found is None:
+                text = await self.run._tb.toolsets.declarations(
+                    self.toolset_id, "prompt", namespace=namespace
+                )
+                found = [line for line in text.splitlines() if line.strip()]
+                self._listed[namespace] = found
+            lines = found
         pages = max(1, -(-len(lines) // LIST_PAGE_LINES))
         if page > pages:
-            return _error("invalidInput", f"namespace '{namespace}' has {pages} page(s)")
+            what = f"namespace '{namespace}'" if namespace is not None else "the namespace list"
+            return _error("invalidInput", f"{what} has {pages} page(s)")
         shown = lines[(page - 1) * LIST_PAGE_LINES : page * LIST_PAGE_LINES]
+        if namespace is None:
+            return {"ok": True, "page": page, "pages": pages, "namespaces": shown}
         return {"ok": True, "namespace": namespace, "page": page, "pages": pages, "tools": shown}
 
     async def _call(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
