@@ -62,6 +62,7 @@ class RegistryApp:
         )
         self.bus.include(routes, self.service)
         await self.bus.start()
+        self.service.searcher.load_model()  # in a worker thread: searches find it loaded
 
     async def stop(self) -> None:
         await self.bus.drain()
