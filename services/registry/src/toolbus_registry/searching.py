@@ -17,7 +17,6 @@ import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -104,12 +103,6 @@ def _log_failure(future: asyncio.Future[None]) -> None:
         log.warning("preparing search terms failed", exc_info=future.exception())
 
 
-def _log_load_failure(future: asyncio.Future[Any]) -> None:
-    """A model load's end: a failure is logged (the next embedding tries again)."""
-    if not future.cancelled() and future.exception() is not None:
-        log.warning("loading the embedding model failed", exc_info=future.exception())
-
-
 class Searcher:
     """Search indexes by toolset id with their background embedding. Runs on the event loop;
     CPU-bound work goes to worker threads."""
@@ -143,11 +136,15 @@ class Searcher:
 
         return on_pinned
 
-    def load_model(self) -> None:
-        """Start loading the embedding model (once, in a worker thread), as the registry starts:
-        a search, the first after a registration or a restart too, then finds it loaded (it
-        takes 0.3-1 s of CPU)."""
-        self.embedder.load().add_done_callback(_log_load_failure)
+    async def load_model(self) -> None:
+        """Load the embedding model (once, in a worker thread). The registry does it before it
+        serves, so no registration or search shares the interpreter with the load (0.3-1 s of
+        CPU). A failure is logged: searches rank lexically meanwhile, and the next one that needs
+        the model tries again."""
+        try:
+            await self.embedder.load()
+        except Exception:
+            log.exception("loading the embedding model failed")
 
     def prepared_for(self, toolset_id: str, prepared: PreparedTerms) -> None:
         """The listing is over and `prepared` closed (nothing more is added, so the store write and
@@ -267,7 +264,7 @@ class Searcher:
 
     async def _model_loaded(self) -> bool:
         """Whether the model is loaded, waiting `ON_DEMAND_WAIT` at most for a load under way (the
-        registry loads it as it starts): a search does not block on it past that."""
+        registry loads it before it serves; this is a load tried again after a failure)."""
         loading = self.embedder.load()
         if not loading.done():
             try:

@@ -168,7 +168,6 @@ class RegistryService:
 
     async def create(self, req: ToolsetCreateRequest) -> RawJson:
         prepared = PreparedTerms()
-        self._searcher.load_model()
         try:
             pinned = await self._pinner.pin(req, on_pinned=self._searcher.preparing(prepared))
         finally:
