@@ -145,6 +145,7 @@ class Searcher:
             await self.embedder.load()
         except Exception:
             log.exception("loading the embedding model failed")
+        await asyncio.to_thread(release_freed_memory)  # the weights read and quantized: ~16 MiB
 
     def prepared_for(self, toolset_id: str, prepared: PreparedTerms) -> None:
         """The listing is over and `prepared` closed (nothing more is added, so the store write and

@@ -53,12 +53,18 @@ def _field(number: int, value: bytes | str | int | float) -> bytes:
     return _varint(number << 3 | 2) + _varint(len(data)) + data
 
 
-def _tensor(name: str, array: npt.NDArray[np.generic]) -> bytes:
+def _sized(number: int, parts: list[bytes]) -> list[bytes]:
+    """A length-delimited field of `parts`, left unjoined: the model's 11 MiB of weights are
+    copied once, when the whole model is joined."""
+    return [_varint(number << 3 | 2) + _varint(sum(len(part) for part in parts)), *parts]
+
+
+def _tensor(name: str, array: npt.NDArray[np.generic]) -> list[bytes]:
     """A TensorProto: dims (1), data_type (2), name (8), raw_data (9, little-endian)."""
     array = np.ascontiguousarray(array)
     dims = b"".join(_field(1, int(d)) for d in array.shape)
     data = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
-    return dims + _field(2, _DTYPES[array.dtype]) + _field(8, name) + _field(9, data)
+    return [dims + _field(2, _DTYPES[array.dtype]) + _field(8, name), *_sized(9, [data])]
 
 
 def _attribute(name: str, value: int | float | Sequence[int]) -> bytes:
@@ -129,9 +135,10 @@ class _Graph:
     def __init__(self) -> None:
         self.nodes: list[bytes] = []
         self.initializers: list[bytes] = []
+        """Graph fields (5) of the initializers, in parts."""
 
     def constant(self, name: str, value: npt.ArrayLike) -> str:
-        self.initializers.append(_tensor(name, np.asarray(value)))
+        self.initializers += _sized(5, _tensor(name, np.asarray(value)))
         return name
 
     def node(self, op: str, inputs: Sequence[str], output: str, domain: str = "", **attrs: object) -> str:
@@ -198,13 +205,12 @@ def encoder_graph(layers: Sequence[LayerWeights], hidden: int, heads: int) -> by
         out = g.linear(inner, layer.ffn_out_w, layer.ffn_out_b, p + "ffn_out")
         x = g.layer_norm(g.node("Add", [out, x], p + "ffn_res"), layer.out_ln_w, layer.out_ln_b, p + "ln2")
     g.node("Identity", [x], "h")
-    graph = b"".join(_field(1, n) for n in g.nodes) + _field(2, "minilm")
-    graph += b"".join(_field(5, t) for t in g.initializers)
-    graph += _field(11, _value_info("x", ["batch", "seq", hidden]))
-    graph += _field(11, _value_info("bias", ["batch", 1, 1, "seq"]))
-    graph += _field(12, _value_info("h", ["batch", "seq", hidden]))
+    graph = [_field(1, n) for n in g.nodes] + [_field(2, "minilm"), *g.initializers]
+    graph.append(_field(11, _value_info("x", ["batch", "seq", hidden])))
+    graph.append(_field(11, _value_info("bias", ["batch", 1, 1, "seq"])))
+    graph.append(_field(12, _value_info("h", ["batch", "seq", hidden])))
     opsets = _field(8, _field(1, "") + _field(2, OPSET)) + _field(
         8, _field(1, "com.microsoft") + _field(2, 1)
     )
     # ModelProto: ir_version (1), producer_name (2), graph (7), opset_import (8).
-    return _field(1, IR_VERSION) + _field(2, "toolbus") + _field(7, graph) + opsets
+    return b"".join([_field(1, IR_VERSION), _field(2, "toolbus"), *_sized(7, graph), opsets])
