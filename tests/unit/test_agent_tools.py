@@ -104,6 +104,9 @@ def test_the_catalogue_of_500_namespaces_names_every_one_within_its_bound() -> N
     # The largest namespaces keep a line with a summary cut short; the way to the rest is said.
     assert "- service_039_api (mcp, 49 tools): list, get, create" in text
     assert "\u2026" in text and "list_tools without a namespace" in text
+    # Another front end (the gateway's) says how its own tools read the rest.
+    other = catalogue_text(namespaces, read_more="Call list_namespaces.")
+    assert len(other) <= CATALOGUE_CHARS and "Call list_namespaces." in other and "list_tools" not in other
     agent = AgentTools(_Run(), catalogue=namespaces)  # type: ignore[arg-type]
     description = agent.anthropic()[0]["description"]
     assert len(description) <= CATALOGUE_CHARS + 1000 and text in description

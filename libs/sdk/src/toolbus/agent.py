@@ -75,34 +75,37 @@ SUMMARY_CUTS = (160, 100, 64, 40)
 """Lengths a summary is cut to, longest first, when the whole catalogue does not fit."""
 _SEPARATOR = re.compile(r"[_.-]")
 _HEAD = "Namespaces:"
-_CUT_SHORT = "(Summaries cut short: list_tools without a namespace reads them whole.)"
+READ_MORE = "list_tools without a namespace reads every namespace's summary; with one, its tools."
+"""How the model reads what the catalogue leaves out, with `AgentTools`' own `list_tools`."""
 _NAMED_ONLY = "Also, named only (tools): "
 _NAMES = "Also, named only: "
-_HOW_TO_READ = (
-    "(Names sharing a first word are written prefix{a, b}: prefixa and prefixb. "
-    "list_tools without a namespace reads every namespace's summary; with one, its tools.)"
-)
+_GROUPS = "(Names sharing a first word are written prefix{a, b}: prefixa and prefixb.)"
 
 
-def catalogue_text(namespaces: Sequence[NamespaceInfo], max_chars: int = CATALOGUE_CHARS) -> str:
+def catalogue_text(
+    namespaces: Sequence[NamespaceInfo], max_chars: int = CATALOGUE_CHARS, *, read_more: str = READ_MORE
+) -> str:
     """The namespaces for a model, one line each (`- name (kind, N tools): summary`), in at most
     `max_chars`, every namespace named while their names fit: when the whole list is too long,
     summaries are cut short (with an ellipsis); then the namespaces with most tools keep a line
     and the others are named only (tool counts, grouped by first word); past even that, the rest
-    are counted. What is left out is said, with how to read it (`list_tools`)."""
+    are counted. What is left out is said, with `read_more`: how to read it (another front end
+    than `AgentTools`, the gateway's, names its own tools there)."""
     full = "\n".join([_HEAD, *(_line(n, None) for n in namespaces)])
     if len(full) <= max_chars:
         return full
     for chars in SUMMARY_CUTS:
-        text = "\n".join([_HEAD, *(_line(n, chars) for n in namespaces), _CUT_SHORT])
+        text = "\n".join(
+            [_HEAD, *(_line(n, chars) for n in namespaces), f"(Summaries cut short: {read_more})"]
+        )
         if len(text) <= max_chars:
             return text
     by_size = sorted(range(len(namespaces)), key=lambda i: -namespaces[i].tool_count)
-    text, _ = _lines_and_names(namespaces, set(), max_chars)
+    text, _ = _lines_and_names(namespaces, set(), max_chars, read_more)
     low, high = 0, len(by_size)
     while low < high:  # the most lines that fit beside every other namespace's name
         mid = (low + high + 1) // 2
-        attempt, whole = _lines_and_names(namespaces, set(by_size[:mid]), max_chars)
+        attempt, whole = _lines_and_names(namespaces, set(by_size[:mid]), max_chars, read_more)
         if whole:
             low, text = mid, attempt
         else:
@@ -142,25 +145,26 @@ def _named(namespaces: Sequence[NamespaceInfo], counts: bool = True) -> str:
 
 
 def _lines_and_names(
-    namespaces: Sequence[NamespaceInfo], lined: set[int], max_chars: int
+    namespaces: Sequence[NamespaceInfo], lined: set[int], max_chars: int, read_more: str
 ) -> tuple[str, bool]:
     """Lines (summaries cut to the shortest of `SUMMARY_CUTS`) for the namespaces at `lined`, the
     others named only, as many as fit (the rest counted); and whether all of them fit."""
     lines = [_HEAD, *(_line(n, SUMMARY_CUTS[-1]) for i, n in enumerate(namespaces) if i in lined)]
     rest = [n for i, n in enumerate(namespaces) if i not in lined]
+    how_to_read = f"{_GROUPS[:-1]} {read_more})"
     if not rest:
-        text = "\n".join([*lines, _CUT_SHORT])
+        text = "\n".join([*lines, f"(Summaries cut short: {read_more})"])
         return text, len(text) <= max_chars
     for head, counts in ((_NAMED_ONLY, True), (_NAMES, False)):
-        text = "\n".join([*lines, head + _named(rest, counts), _HOW_TO_READ])
+        text = "\n".join([*lines, head + _named(rest, counts), how_to_read])
         if len(text) <= max_chars:
             return text, True
     low, high = 0, len(rest)  # the most names that fit, the rest counted
-    shown = "\n".join([*lines, f"(and {len(rest)} more namespaces)", _HOW_TO_READ])
+    shown = "\n".join([*lines, f"(and {len(rest)} more namespaces)", how_to_read])
     while low < high:
         mid = (low + high + 1) // 2
         more = f"(and {len(rest) - mid} more namespaces)"
-        attempt = "\n".join([*lines, _NAMES + _named(rest[:mid], False), more, _HOW_TO_READ])
+        attempt = "\n".join([*lines, _NAMES + _named(rest[:mid], False), more, how_to_read])
         if len(attempt) <= max_chars:
             low, shown = mid, attempt
         else:
