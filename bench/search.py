@@ -1,6 +1,7 @@
 """Tool search through NATS on two labelled corpora, beside plain BM25 over the same tool texts.
 
     uv run python bench/search.py [--rounds 2] [--corpus small|large|k8s|both|all] [--registry-python PY]
+                                  [--baseline-python PY]
 
 Corpora: `small`, the 112 tools of six npm MCP servers with 116 labelled queries
 (tests/registry/search/queries.json); `large`, Twilio's REST API as 1,239 MCP tools (from the
@@ -10,6 +11,7 @@ Corpora: `small`, the 112 tools of six npm MCP servers with 116 labelled queries
 Each corpus's servers are served by real MCP servers over streamable HTTP; a registry runs as its own process (`python -m toolbus_registry`, from
 `--registry-python`: point it at another checkout's venv to measure that code) on a fresh subject
 prefix against NATS at TOOLBUS_NATS_URL (default 127.0.0.1:4222); its buckets are deleted after.
+With `--baseline-python`, each corpus is run against that registry too, in a column beside.
 
 Printed per corpus, each beside plain BM25 over the same query: top-1 and recall@5 of three query
 sets, the labelled task as the query, the agent's query (tests/registry/search/*_agent_queries.json: what
@@ -434,42 +436,37 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--corpus", choices=("small", "large", "k8s", "both", "all"), default="all")
     parser.add_argument("--registry-python", default=None, help="the Python whose toolbus_registry runs")
+    parser.add_argument(
+        "--baseline-python",
+        default=None,
+        help="also run each corpus against this Python's toolbus_registry (another checkout's venv), "
+        "printed in a column of its own beside this one's: before and after in one run",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    corpora = {
+        "small": (load_tools, load_queries),
+        "large": (load_large_corpus, load_twilio_tasks),
+        "k8s": (load_k8s_corpus, load_k8s_tasks),
+    }
+    chosen = {"both": ("small", "large"), "all": ("small", "large", "k8s")}.get(args.corpus, (args.corpus,))
+    registries = [(args.registry_python, "")]
+    if args.baseline_python:
+        registries.insert(0, (args.baseline_python, " baseline"))
     results = []
-    if args.corpus in ("small", "both", "all"):
-        results.append(
-            await bench_corpus(
-                "small",
-                load_tools(),
-                load_queries(),
-                load_agent_queries("small"),
-                args.rounds,
-                args.registry_python,
+    for name in chosen:
+        tools, tasks = corpora[name]
+        for python, label in registries:
+            results.append(
+                await bench_corpus(
+                    name + label,
+                    tools(),
+                    tasks(),
+                    load_agent_queries(name),
+                    args.rounds,
+                    python,
+                )
             )
-        )
-    if args.corpus in ("large", "both", "all"):
-        results.append(
-            await bench_corpus(
-                "large",
-                load_large_corpus(),
-                load_twilio_tasks(),
-                load_agent_queries("large"),
-                args.rounds,
-                args.registry_python,
-            )
-        )
-    if args.corpus in ("k8s", "all"):
-        results.append(
-            await bench_corpus(
-                "k8s",
-                load_k8s_corpus(),
-                load_k8s_tasks(),
-                load_agent_queries("k8s"),
-                args.rounds,
-                args.registry_python,
-            )
-        )
     if args.json:
         print(json.dumps(results, default=str))
     report(results)

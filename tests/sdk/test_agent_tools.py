@@ -68,26 +68,93 @@ def _tools() -> list[ToolInfo]:
     ]
 
 
-def test_the_catalogue_of_500_namespaces_stays_within_its_bound() -> None:
+_LINE = re.compile(r"^- (\S+) \(", re.MULTILINE)
+_GROUP = re.compile(r"([^\s,{}]+)\{([^{}]*)\}")
+_COUNT = re.compile(r" \(\d+\)")
+
+
+def named_in(text: str) -> list[str]:
+    """Every namespace `catalogue_text` names: on a line of its own, or in the named-only list,
+    alone (`name (3)` or `name`) or in a group (`prefix{a (3), b (5)}` for `prefixa` and
+    `prefixb`)."""
+    names = _LINE.findall(text)
+    also = next((line for line in text.splitlines() if line.startswith("Also, named only")), "")
+    body = also.partition(": ")[2]
+    for prefix, inner in _GROUP.findall(body):
+        names += [prefix + _COUNT.sub("", item).strip() for item in inner.split(", ")]
+    names += [_COUNT.sub("", item).strip() for item in _GROUP.sub("", body).split(", ") if item.strip()]
+    return names
+
+
+def _words(n: int) -> list[NamespaceInfo]:
+    """Namespaces with no shared first word: the hardest to name compactly."""
+    syllables = ["ka", "lo", "mi", "ter", "vos", "qua", "zen", "rho", "pli", "dun"]
+    names = ["".join(syllables[(i // 10**k) % 10] for k in range(4)) + f"{i % 7}" for i in range(n)]
+    return [
+        NamespaceInfo(name=name, kind="mcp", tool_count=3 + i % 20, summary="x" * 90, summary_source="user")
+        for i, name in enumerate(names)
+    ]
+
+
+def test_the_catalogue_of_500_namespaces_names_every_one_within_its_bound() -> None:
     namespaces = _namespaces(500)
     text = catalogue_text(namespaces)
     assert len(text) <= CATALOGUE_CHARS
-    assert text.startswith("Namespaces:\n- service_000_api (mcp, 10 tools): list, get")
-    shown = text.count("\n- ")
-    assert 20 <= shown < 500
-    assert "Also: " in text
-    named = len(re.findall(r"service_\d{3}_api", text))
-    more = int(re.search(r"\(and (\d+) more namespaces", text).group(1))  # type: ignore[union-attr]
-    assert named + more == 500
+    assert sorted(named_in(text)) == sorted(n.name for n in namespaces)
+    # The largest namespaces keep a line with a summary cut short; the way to the rest is said.
+    assert "- service_039_api (mcp, 49 tools): list, get, create" in text
+    assert "\u2026" in text and "list_tools without a namespace" in text
+    # Another front end (the gateway's) says how its own tools read the rest.
+    other = catalogue_text(namespaces, read_more="Call list_namespaces.")
+    assert len(other) <= CATALOGUE_CHARS and "Call list_namespaces." in other and "list_tools" not in other
     agent = AgentTools(_Run(), catalogue=namespaces)  # type: ignore[arg-type]
     description = agent.anthropic()[0]["description"]
-    assert len(description) <= CATALOGUE_CHARS + 1000 and "service_000_api" in description
+    assert len(description) <= CATALOGUE_CHARS + 1000 and text in description
+
+
+def test_500_namespaces_sharing_no_prefix_are_all_named_too() -> None:
+    namespaces = _words(500)
+    assert len({n.name for n in namespaces}) == 500
+    text = catalogue_text(namespaces)
+    assert len(text) <= CATALOGUE_CHARS
+    assert sorted(named_in(text)) == sorted(n.name for n in namespaces)
+
+
+def test_past_what_fits_the_rest_are_counted_and_the_bound_holds() -> None:
+    namespaces = _words(3000)
+    text = catalogue_text(namespaces)
+    assert len(text) <= CATALOGUE_CHARS
+    named = named_in(text)
+    more = int(re.search(r"\(and (\d+) more namespaces\)", text).group(1))  # type: ignore[union-attr]
+    assert len(named) > 300 and len(set(named)) == len(named) and len(named) + more == 3000
+    assert "list_tools without a namespace" in text
+
+
+def test_summaries_are_cut_short_before_any_is_left_out() -> None:
+    namespaces = [n.model_copy(update={"summary": n.summary * 3}) for n in _namespaces(40)]
+    text = catalogue_text(namespaces)
+    assert len(text) <= CATALOGUE_CHARS < len("\n".join(n.summary for n in namespaces))
+    assert text.count("\n- ") == 40 and "Also" not in text and "\u2026" in text
+    assert "Summaries cut short" in text
 
 
 def test_a_small_catalogue_is_shown_whole() -> None:
     namespaces = _namespaces(12)
     text = catalogue_text(namespaces)
     assert text.count("\n- ") == 12 and "more namespaces" not in text and "Also" not in text
+    assert "\u2026" not in text and all(n.summary in text for n in namespaces)
+
+
+async def test_list_tools_without_a_namespace_reads_every_summary_whole() -> None:
+    namespaces = _namespaces(130)
+    agent = AgentTools(_Run(), catalogue=namespaces)  # type: ignore[arg-type]
+    first = await agent.handle("list_tools", {})
+    assert first["ok"] and first["pages"] == 3 and len(first["namespaces"]) == 60
+    lines = list(first["namespaces"])
+    for page in (2, 3):
+        lines += (await agent.handle("list_tools", {"page": page}))["namespaces"]
+    assert lines == [f"{n.name} ({n.kind}, {n.tool_count} tools): {n.summary}" for n in namespaces]
+    assert (await agent.handle("list_tools", {"page": 4}))["error"]["code"] == "invalidInput"
 
 
 def test_agent_tools_in_the_anthropic_openai_and_mcp_shapes() -> None:

@@ -1,8 +1,9 @@
 """`toolsets.search` through the registry against real NATS (JetStream) and a real MCP server:
 vectors are computed once and then persisted in the JetStream KV bucket, so a registry restart
 and a second replica embed nothing again (counted) and rank exactly as the registry that
-embedded (same order, same scores), and a search that arrives while a toolset is still being
-embedded answers at once from the lexical ranking."""
+embedded (same order, same scores); a search that arrives while a toolset is still being
+embedded embeds its own head first; the model is loaded before the registry serves, and a search
+waits for a load tried again after a failure only briefly."""
 
 from __future__ import annotations
 
@@ -241,5 +242,48 @@ async def test_an_index_is_built_after_the_reply_from_terms_prepared_while_listi
         await until(lambda: searcher_of(app).holds(toolset_id), "index built again", 30)
         assert len(builds) == 2, builds
     finally:
+        await app.stop()
+        await server.stop()
+
+
+async def test_the_model_loads_before_the_registry_serves_and_a_search_waits_for_a_reload_briefly(
+    nc: Any, subjects: Subjects, settings: Settings, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The registry loads the model before it serves. A load that failed leaves it serving: a
+    # search tries the load again and waits `ON_DEMAND_WAIT` for it at most, then answers
+    # lexically; once loaded, searches rank with vectors.
+    gate = threading.Event()
+    loads: list[str] = []
+
+    def load() -> Encoder:
+        loads.append(threading.current_thread().name)
+        if len(loads) == 1:
+            raise OSError("the model file could not be read")
+        assert gate.wait(60), "the test never opened the gate"
+        return default_encoder()
+
+    monkeypatch.setattr(searching, "default_encoder", load)
+    monkeypatch.setattr(searching, "ON_DEMAND_WAIT", 0.3)
+    server = McpTestServer(tools(f"loading {prefix}"), name="billing")
+    await server.start()
+    app = await started(settings)
+    try:
+        assert len(loads) == 1  # as it started, before serving
+        toolset_id = await register(nc, subjects, server)
+        reply = await request(
+            nc, subjects.toolsets_search, {"id": toolset_id, "query": "refund a payment", "limit": 3}
+        )
+        assert reply["ok"] and reply["data"]["ranking"] == "lexical", reply
+        assert reply["data"]["tools"][0]["name"] == "billing.refund_payment", reply
+        assert len(loads) == 2
+        gate.set()
+        await until(lambda: searcher_of(app).dense(toolset_id), "embedded once the model loaded", 60)
+        reply = await request(
+            nc, subjects.toolsets_search, {"id": toolset_id, "query": "money back", "limit": 1}
+        )
+        assert reply["data"]["ranking"] == "hybrid", reply
+        assert reply["data"]["tools"][0]["name"] == "billing.refund_payment", reply
+    finally:
+        gate.set()
         await app.stop()
         await server.stop()

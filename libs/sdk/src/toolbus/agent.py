@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from toolbus_contracts.catalogue import CATALOGUE_CHARS as CATALOGUE_CHARS
 from toolbus_contracts.catalogue import SEARCH_GUIDE as SEARCH_GUIDE
-from toolbus_contracts.catalogue import SEARCH_INPUT, search_description
+from toolbus_contracts.catalogue import SEARCH_INPUT, namespace_line, search_description
 from toolbus_contracts.catalogue import catalogue_text as catalogue_text
 from toolbus_contracts.registry import NamespaceInfo
 
@@ -73,16 +73,20 @@ LIST_TOOLS = ToolDefinition(
     name="list_tools",
     description=(
         "List the tools of one namespace (a name from search_tools' description), one line each: "
-        "qualified name, input and what it does. Long namespaces come in pages of "
+        "qualified name, input and what it does. Without a namespace, list every namespace with "
+        "its kind, tool count and whole summary. Long lists come in pages of "
         f"{LIST_PAGE_LINES}; ask for the next with `page`."
     ),
     input_schema={
         "type": "object",
         "properties": {
-            "namespace": {"type": "string", "minLength": 1, "description": "The namespace to list."},
+            "namespace": {
+                "type": "string",
+                "minLength": 1,
+                "description": "The namespace to list; leave it out to list the namespaces.",
+            },
             "page": {"type": "integer", "minimum": 1, "default": 1},
         },
-        "required": ["namespace"],
         "additionalProperties": False,
     },
 )
@@ -200,19 +204,26 @@ class AgentTools:
     async def _list(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
         namespace = arguments.get("namespace")
         page = arguments.get("page", 1)
-        if not isinstance(namespace, str) or not namespace:
+        if namespace is not None and (not isinstance(namespace, str) or not namespace):
             return _error("invalidInput", "namespace must be a namespace's name")
         if not isinstance(page, int) or isinstance(page, bool) or page < 1:
             return _error("invalidInput", "page must be an integer from 1")
-        lines = self._listed.get(namespace)
-        if lines is None:
-            text = await self.run.toolsets.declarations(self.toolset_id, "prompt", namespace=namespace)
-            lines = [line for line in text.splitlines() if line.strip()]
-            self._listed[namespace] = lines
+        if namespace is None:
+            lines = [namespace_line(n)[2:] for n in self.catalogue]
+        else:
+            found = self._listed.get(namespace)
+            if found is None:
+                text = await self.run.toolsets.declarations(self.toolset_id, "prompt", namespace=namespace)
+                found = [line for line in text.splitlines() if line.strip()]
+                self._listed[namespace] = found
+            lines = found
         pages = max(1, -(-len(lines) // LIST_PAGE_LINES))
         if page > pages:
-            return _error("invalidInput", f"namespace '{namespace}' has {pages} page(s)")
+            what = f"namespace '{namespace}'" if namespace is not None else "the namespace list"
+            return _error("invalidInput", f"{what} has {pages} page(s)")
         shown = lines[(page - 1) * LIST_PAGE_LINES : page * LIST_PAGE_LINES]
+        if namespace is None:
+            return {"ok": True, "page": page, "pages": pages, "namespaces": shown}
         return {"ok": True, "namespace": namespace, "page": page, "pages": pages, "tools": shown}
 
     async def _call(self, arguments: Mapping[str, Any]) -> dict[str, Any]:

@@ -60,6 +60,9 @@ class RegistryApp:
             searcher=await open_searcher(js, s.js_name("embeddings"), placement=JsPlacement.of(s)),
             egress=s.egress,
         )
+        # Before serving: a registration or search sent at once does not share the interpreter
+        # with the load (docs/design.md, "Tool search").
+        await self.service.searcher.load_model()
         self.bus.include(routes, self.service)
         await self.bus.start()
 

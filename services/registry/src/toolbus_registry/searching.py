@@ -64,11 +64,11 @@ shares the interpreter with loading the model and rendering (docs/design.md)."""
 EMBED_CHUNK_TOOLS = 128
 """Tools embedded and attached at a time in the background (their vectors used by searches at
 once, and counted in `toolsets.get`'s `vectors`)."""
-ON_DEMAND_TOOLS = 20
+ON_DEMAND_TOOLS = 15
 """The lexical head of a search embedded on demand while the toolset is not wholly embedded.
-20 ranks the agent's queries on the Twilio corpus as 40 did (sent one after another on a fresh
-index: 0.921 / 0.983 unscoped, 0.961 / 0.994 scoped, as with every tool embedded) at half the
-encoding a search waits for."""
+The agent's queries sent one after another on a fresh index rank with a head of 15 as with 20 or
+50 (Twilio 0.921 / 0.983 unscoped, 0.961 / 0.994 scoped; Kubernetes 0.967 / 0.992, 0.975 / 1.000;
+a head of 10 or 12 lost a task or two), at 3/4 of the encoding a search waits for."""
 ON_DEMAND_WAIT = 1.5
 """Seconds a search waits, at most, for its head to be embedded; past that it answers lexically
 (`ranking: lexical`) and the head is attached when done."""
@@ -135,6 +135,17 @@ class Searcher:
             job.add_done_callback(_log_failure)
 
         return on_pinned
+
+    async def load_model(self) -> None:
+        """Load the embedding model (once, in a worker thread). The registry does it before it
+        serves, so no registration or search shares the interpreter with the load (0.3-1 s of
+        CPU). A failure is logged: searches rank lexically meanwhile, and the next one that needs
+        the model tries again."""
+        try:
+            await self.embedder.load()
+        except Exception:
+            log.exception("loading the embedding model failed")
+        await asyncio.to_thread(release_freed_memory)  # the weights read and quantized: ~16 MiB
 
     def prepared_for(self, toolset_id: str, prepared: PreparedTerms) -> None:
         """The listing is over and `prepared` closed (nothing more is added, so the store write and
@@ -236,21 +247,32 @@ class Searcher:
         checked: an unknown one adds no tool). Until every tool of the toolset is embedded, the
         query's lexical head (`ON_DEMAND_TOOLS`) is embedded first (at once, not behind the
         background embedding; waited for `ON_DEMAND_WAIT` at most) and the search ranks with the
-        vectors there are: `ranking` is `partial` then, `lexical` where the head's vectors could
-        not be had in time."""
+        vectors there are: `ranking` is `partial` then, `lexical` where the head's vectors (or the
+        model, still loading) could not be had in time."""
         self._searches.enter()
         try:
             index = await self.index(stored)
             within = index.within(namespaces) if namespaces is not None else None
-            partial = False
-            if not index.dense:
-                partial = await self._embed_head(stored.id, index, query, within)
-            reply = await asyncio.to_thread(self._search, index, query, limit, within, partial)
+            vectors = await self._model_loaded()
+            if vectors and not index.dense:
+                vectors = await self._embed_head(stored.id, index, query, within)
+            reply = await asyncio.to_thread(self._search, index, query, limit, within, vectors)
         finally:
             self._searches.leave()
         if not index.dense:
             self._start_embedding(stored.id, index)
         return reply
+
+    async def _model_loaded(self) -> bool:
+        """Whether the model is loaded, waiting `ON_DEMAND_WAIT` at most for a load under way (the
+        registry loads it before it serves; this is a load tried again after a failure)."""
+        loading = self.embedder.load()
+        if not loading.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(loading), ON_DEMAND_WAIT)
+            except TimeoutError:
+                return False
+        return not loading.cancelled() and loading.exception() is None
 
     async def _embed_head(
         self, toolset_id: str, index: SearchIndex, query: str, within: npt.NDArray[np.intp] | None
@@ -286,12 +308,12 @@ class Searcher:
         query: str,
         limit: int,
         within: npt.NDArray[np.intp] | None,
-        partial: bool,
+        vectors: bool,
     ) -> ToolsetSearchReply:
         dense = index.dense
-        vector = self.embedder.encode_query(query) if dense or partial else None
+        vector = self.embedder.encode_query(query) if vectors else None
         hits = index.search(query, limit, query_vector=vector, within=within)
-        ranking: SearchRanking = "hybrid" if dense else "partial" if vector is not None else "lexical"
+        ranking: SearchRanking = "lexical" if vector is None else "hybrid" if dense else "partial"
         return ToolsetSearchReply(tools=to_hits(hits, tool_prompt_line, tool_dts_fragment), ranking=ranking)
 
     def vectors(self, toolset_id: str) -> tuple[int, int] | None:

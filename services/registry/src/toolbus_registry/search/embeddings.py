@@ -10,7 +10,7 @@ The memory keeps each vector as those float16 bytes, a copy of its own (768 byte
 dimensions), so its bound is one on bytes: it holds no row of an array an index let go of.
 
 The background encoding runs in one worker thread of its own at a lower scheduling priority
-(`BACKGROUND_NICE`), so a 1,000-tool embedding (tens of seconds of CPU) yields the cores to what
+(`BACKGROUND_NICE`), so a 1,000-tool embedding (several seconds of CPU) yields the cores to what
 answers requests (registrations, calls, the MCP servers being listed) instead of sharing them.
 """
 
@@ -30,8 +30,8 @@ from toolbus_registry.search.encoder import Encoder, Vectors
 from toolbus_registry.search.store import VectorStore, as_stored, text_key
 
 ENCODE_BATCH = 8
-"""Texts per forward pass. Measured on 256 tool texts: peak RSS 271 MiB at 8 against 333 at 32
-(attention and FFN activations scale with it), and no slower (less padding)."""
+"""Texts per forward pass: less memory than 32 (peak RSS 271 against 333 MiB on 256 tool texts,
+numpy encoder) and less CPU on onnxruntime (40 texts: 66 ms at 8, 177 ms at 40: less padding)."""
 ENCODE_CHUNK = 64
 """Texts encoded per worker-thread call: between chunks the GIL is free for the event loop (a
 search during a background embedding answers in milliseconds, not after the whole toolset)."""
@@ -78,6 +78,14 @@ class Embedder:
         """Texts encoded by the model in this process (the rest came from memory or the store)."""
         self.loaded = 0
         """Texts whose vectors came from the persisted store."""
+        self._loading: asyncio.Future[Encoder] | None = None
+
+    def load(self) -> asyncio.Future[Encoder]:
+        """The model, loaded once in a worker thread (at the normal priority: searches need it
+        too): a registration starts it, so the first search after it finds it loaded."""
+        if self._loading is None or (self._loading.done() and self._loading.exception() is not None):
+            self._loading = asyncio.ensure_future(asyncio.to_thread(self._encoder))
+        return self._loading
 
     def cached(self, texts: Sequence[str]) -> Vectors | None:
         """The vectors of `texts` if every one is in memory, else None (no I/O, no encoding)."""
@@ -109,9 +117,9 @@ class Embedder:
             missing = [k for k in missing if k not in found]
         if missing:
             loop = asyncio.get_running_loop()
-            # The model is loaded (once) at the normal priority: searches need it too, and a niced
-            # load would hold the ~200 MiB peak of reading and quantizing the weights for longer.
-            await asyncio.to_thread(self._encoder)
+            # Loaded at the normal priority: a niced load would hold the ~200 MiB peak of reading
+            # and quantizing the weights for longer.
+            await asyncio.shield(self.load())
             by_key = dict(zip(keys, texts, strict=True))
             fresh: dict[str, Vectors] = {}
             for start in range(0, len(missing), ENCODE_CHUNK):

