@@ -53,6 +53,9 @@ async def test_toolsets_create_get_declarations_search(tb: Toolbus, mcp_server: 
     assert 1 <= len(hits) <= 2
     assert hits[0].name == "everything.fail"
     assert hits[0].score >= hits[-1].score
+    assert (await tb.toolsets.search_reply(toolset, "always report a tool error")).ranking is not None
+    vectors = (await tb.toolsets.get(toolset.id)).vectors  # once searched, this replica holds the index
+    assert vectors is not None and vectors.tools == len(toolset.names) and 0 <= vectors.ready <= vectors.tools
 
     with pytest.raises(NotFound) as info:
         await tb.toolsets.get("ts_" + "0" * 64)

@@ -32,7 +32,7 @@ from toolbus_contracts import (
     WorkflowPublishReply,
     WorkflowPublishRequest,
 )
-from toolbus_contracts.registry import NamespaceInfo, SearchHit
+from toolbus_contracts.registry import NamespaceInfo, SearchHit, VectorState
 
 from toolbus._connections import Connection, Connections
 from toolbus._core import Core, build
@@ -53,6 +53,8 @@ class Toolset:
     id: str
     tools: list[ToolInfo]
     declarations: Declarations | None = None
+    vectors: VectorState | None = None
+    """From `get`: how many tools are embedded yet (search is at full quality when all are)."""
 
     def tool(self, name: str) -> ToolInfo:
         """The tool of this qualified name (`KeyError` when there is none)."""
@@ -132,7 +134,8 @@ class Toolsets:
     async def get(
         self, toolset: Toolset | str, *, progress: Progress | None = None, total: int | None = None
     ) -> Toolset:
-        """A registered toolset's tools (every page), without declarations. Unknown id: `NotFound`."""
+        """A registered toolset's tools (every page) and its embedding state, without declarations.
+        Unknown id: `NotFound`."""
         tools: list[ToolInfo] = []
         cursor: str | None = None
         while True:
@@ -144,7 +147,7 @@ class Toolsets:
             if progress:
                 progress("tools", len(tools), total)
             if not page.next_cursor:
-                return Toolset(page.id, tools)
+                return Toolset(page.id, tools, vectors=page.vectors)
             cursor = page.next_cursor
 
     async def declarations(

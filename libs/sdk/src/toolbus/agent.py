@@ -199,6 +199,7 @@ class AgentTools:
                 }
                 for h in reply.tools
             ],
+            "ranking": reply.ranking,
         }
 
     async def _list(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
