@@ -495,7 +495,7 @@ async def test_decision_recorded_but_unpublished_is_sent_on_start(
     finally:
         await app.stop()
     # The service died between recording the decision and publishing it: only Redis knows.
-    store = ApprovalStore(stack.redis, stack.keys)
+    store = ApprovalStore(stack.redis, stack.keys, settings.subjects)
     result = await store.transition(command.approval_id, "denied", "no", decided_at=now_iso(), now_ms=0)
     assert result.outcome == "ok"
     assert await stack.decisions(command.approval_id) == []

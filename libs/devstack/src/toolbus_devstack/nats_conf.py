@@ -252,6 +252,9 @@ def roles(prefix: str = "toolbus") -> list[Role]:
                 s.approvals_requested,
                 s.internal_approval_decisions,
                 s.internal_dead_letters,
+                # approval.requested is relayed with the EVENTS stream's ack: made if missing
+                f"$JS.API.STREAM.INFO.{events}",
+                *js_create(events),
                 *js_own(internal),
                 *js_read(toolsets),
                 *js_create(toolsets),
