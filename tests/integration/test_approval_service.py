@@ -509,6 +509,31 @@ async def test_decision_recorded_but_unpublished_is_sent_on_start(
         await app.stop()
 
 
+async def test_what_an_earlier_version_queued_unsent_is_sent_on_start(
+    settings: Settings, stack: Stack, events: Events
+) -> None:
+    # As a version before the outbox left them: an approval stored with its announcement queued in
+    # the `announce` sorted set, and a decision recorded with it queued in the `outbox` one.
+    store = ApprovalStore(stack.redis, stack.keys, settings.subjects)
+    announce, decisions = stack.keys.approvals_legacy_queues
+    unannounced, decided = needed(), needed()
+    for command in (unannounced, decided):
+        assert (await store.create(command, expires_ms=None, now_ms=0, announce=False)).created
+    await store.transition(decided.approval_id, "approved", "ok", decided_at=now_iso(), now_ms=0)
+    await stack.redis.delete(stack.keys.approvals_outbox)  # that version wrote no outbox entry
+    await stack.redis.zadd(announce, {unannounced.approval_id: 0})
+    await stack.redis.zadd(decisions, {decided.approval_id: 0})
+
+    app = ApprovalApp(settings, ApprovalSettings())
+    await app.start()
+    try:
+        await events.next_for({unannounced.approval_id})
+        assert (await stack.decision(decided.approval_id))["decision"] == "approved"
+        assert await stack.redis.exists(announce, decisions) == 0
+    finally:
+        await app.stop()
+
+
 @pytest.fixture
 def service_env_for(service_env: dict[str, str]) -> dict[str, str]:
     return {**service_env, "TOOLBUS_APPROVAL_SWEEP_INTERVAL": "0.1"}

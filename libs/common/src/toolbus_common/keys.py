@@ -212,6 +212,12 @@ class Keys:
         return f"{self.prefix}:{{approvals}}:outbox:relay"
 
     @property
+    def approvals_legacy_queues(self) -> tuple[str, str]:
+        """ZSETs approval id -> time queued of versions before the outbox: announcements not yet
+        sent, decisions not yet acknowledged (read once at start, then deleted)."""
+        return f"{self.prefix}:{{approvals}}:announce", f"{self.prefix}:{{approvals}}:outbox"
+
+    @property
     def approvals_webhooks_due(self) -> str:
         """ZSET webhook id -> next attempt time: the approval service's webhook deliveries (under
         the tag, so the script that creates an approval stores its webhook too)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from typing import Any
 
@@ -110,8 +111,9 @@ class ApprovalApp:
             signer=CommandSigner.of(s),
             commands=subjects.internal_all.removesuffix(">"),
         )
+        store = ApprovalStore(redis, keys, subjects, webhooks=self._webhooks.enabled)
         self.approvals = approvals = Approvals(
-            ApprovalStore(redis, keys, subjects, webhooks=self._webhooks.enabled),
+            store,
             announced=self._webhooks.wake,
             timeout=self.approval_settings.timeout,
             list_budget=nc.max_payload - LIST_SLACK,
@@ -120,6 +122,15 @@ class ApprovalApp:
             remembered=RememberedStore(redis, keys),
         )
         # What a previous process owed waits in the outbox: the relay sends it (and all that follows).
+        try:
+            adopted = await store.adopt_legacy_queues(int(time.time() * 1000))
+            if adopted:
+                log.info(
+                    "unsent approvals and decisions of an earlier version owed", extra={"count": adopted}
+                )
+        except Exception as exc:  # left queued: the next start adopts them; serving must not wait
+            if not expected_fault(exc, "approvals of an earlier version not adopted yet"):
+                log.exception("approvals of an earlier version not adopted yet")
         self._relaying = asyncio.create_task(self._relay.run(), name="approval-outbox-relay")
         self.bus.include(routes, approvals)
         await self.bus.start()

@@ -112,6 +112,25 @@ def webhook_id(approval_id: str) -> str:
     return f"msg_approval_requested_{approval_id}"
 
 
+# KEYS: approval, outbox, legacy queue, webhook, webhooks due. ARGV: id, subject, message id,
+# body ('' = nothing owed), webhook type ('' = none), webhook body, webhook id, now_ms.
+_ADOPT = (
+    OUTBOX_LUA
+    + WEBHOOK_LUA
+    + """
+if ARGV[4] ~= '' then
+  local entry = outbox_add(KEYS[2], ARGV[2], ARGV[3], ARGV[4])
+  if ARGV[5] ~= '' then
+    redis.call('HSET', KEYS[1], 'announcement', entry)
+    webhook_add(KEYS[4], KEYS[5], ARGV[5], ARGV[6], ARGV[8], ARGV[7])
+  end
+end
+redis.call('ZREM', KEYS[3], ARGV[1])
+return 1
+"""
+)
+
+
 @dataclass(frozen=True, slots=True)
 class StoredApproval:
     """One approval as stored: the request it came from and where it stands."""
@@ -208,6 +227,7 @@ class ApprovalStore:
         """Whether an announcement stores its webhook (`TOOLBUS_WEBHOOK_URL` is set)."""
         self._create = redis.register_script(_CREATE)
         self._decide = redis.register_script(_DECIDE)
+        self._adopt = redis.register_script(_ADOPT)
 
     async def create(
         self, needed: ApprovalNeeded, *, expires_ms: int | None, now_ms: int, announce: bool = True
@@ -391,3 +411,41 @@ class ApprovalStore:
 
     async def drop_expiry(self, approval_id: str) -> None:
         await self._redis.zrem(self._keys.approvals_expiry, approval_id)
+
+    async def adopt_legacy_queues(self, now_ms: int) -> int:
+        """Owe through the outbox what a version before it had queued and not sent (the
+        `announce` and `outbox` sorted sets): a pending approval's announcement, a decision; each
+        member is dropped with its entry written. Returns how many were owed."""
+        k = self._keys
+        owed = 0
+        for queue, wanted in zip(k.approvals_legacy_queues, ("pending", "decided"), strict=True):
+            for raw in await self._redis.zrange(queue, 0, -1):
+                approval_id = raw.decode()
+                stored = await self.get(approval_id)
+                hook = webhook_id(approval_id)
+                args = [approval_id, "", "", "", "", "", hook, str(now_ms)]
+                if stored is not None and wanted == "pending" and stored.state == "pending":
+                    requested = stored.requested().wire()
+                    args[1:4] = [
+                        self._subjects.approvals_requested,
+                        f"approval-requested-{approval_id}",
+                        orjson.dumps(requested).decode(),
+                    ]
+                    if self._webhooks:
+                        args[4:6] = [WEBHOOK_EVENT, webhook_body(WEBHOOK_EVENT, requested).decode()]
+                elif stored is not None and wanted == "decided" and stored.state in ("approved", "denied"):
+                    args[1:4] = [
+                        self._subjects.internal_approval_decisions,
+                        f"approval-decided-{approval_id}",
+                        stored.decided().wire_json().decode(),
+                    ]
+                keys = [
+                    k.approval(approval_id),
+                    k.approvals_outbox,
+                    queue,
+                    k.approvals_webhook(hook),
+                    k.approvals_webhooks_due,
+                ]
+                await self._adopt(keys=keys, args=args)
+                owed += bool(args[3])
+        return owed
