@@ -3,15 +3,16 @@
 Failure model (the one every publisher of toolbus has):
 - Written with the change. The Lua script that changes the state also appends the message to the
   service's outbox, a Redis stream (`LUA`: `outbox_add(key, subject, msg_id, body)`; fields `s`
-  subject, `i` message id, `b` body), in the same atomic step: there is no moment where the state
-  changed and the message is not owed, nor a message without its change.
+  subject, `i` message id, `b` body). A script runs as one step, so no crash falls between the
+  change and the message it owes.
 - Relayed at least once. `OutboxRelay` publishes each entry to JetStream with its message id as
   `Nats-Msg-Id` and deletes the entry only once the stream acked it (a PubAck, `duplicate` or not).
   A crash, a NATS or Redis outage between the publish and the delete only means the entry is
   published again by the next relay (another replica, or this one restarted).
 - Duplicates are harmless. A message id names the change, not the attempt (`<callId>:<n>`,
   `approval-decided-<id>`), so JetStream's duplicate window (2 minutes by default) drops a second
-  copy; consumers are idempotent on the same ids for what a window cannot cover.
+  copy; a command's consumer applies it once whatever copy comes later (a decision for a call no
+  longer waiting, a resume of a call no longer parked are ignored).
 - Ordered where it matters. Entries with the same order key (`order`, default: each its own) are
   published one after the other, each only once the one before was acked; when one fails, the later
   entries of its key stay in the outbox, untouched, until it went through (retried with a backoff of
