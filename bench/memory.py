@@ -56,9 +56,9 @@ if 'SERVICE' == 'registry':
     step('search model loaded (first search or registration)')
     sys.path.insert(0, 'ROOT')
     import asyncio
-    from tests.search.labelled import load_tools
-    from tests.search.openapi_corpus import load_large_corpus
-    from tests.search.support import cached_embedder
+    from tests.registry.search.labelled import load_tools
+    from tests.registry.search.openapi_corpus import load_large_corpus
+    from tests.registry.search.support import cached_embedder
     from toolbus_registry.search import SearchIndex
     embedder = cached_embedder()  # vectors from .cache/search-vectors (the file's are held too)
     index = SearchIndex.build(load_tools())

@@ -105,7 +105,7 @@ async def scenario(
     python: str, mcp_url: str, http_port: int, tool: str, n: int, memory: int | None
 ) -> tuple[float, float]:
     """(peak RSS MiB, seconds) of a fresh dispatcher running `n` calls of `tool` at once."""
-    from tests.integration.test_dispatcher_helpers import Harness
+    from tests.dispatcher.test_dispatcher_helpers import Harness
     from tests.support.infra import launch_service, stop_process, wait_ready
 
     h = Harness(NATS_URL, REDIS_URL)

@@ -19,8 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.faults.redis_outage import KINDS, restart_under_load
-from tests.faults.stack import open_stack
+from tests.system.faults.redis_outage import KINDS, restart_under_load
+from tests.system.faults.stack import open_stack
 
 
 async def main(downs: list[float], per_kind: int) -> None:

@@ -38,8 +38,8 @@ from bench.search import (
     serve,
     tear_down,
 )
-from tests.search.labelled import evaluate, load_queries, load_tools, load_twilio_tasks
-from tests.search.openapi_corpus import load_large_corpus
+from tests.registry.search.labelled import evaluate, load_queries, load_tools, load_twilio_tasks
+from tests.registry.search.openapi_corpus import load_large_corpus
 
 WRAPPER = r"""
 import os, runpy, signal, sys, tracemalloc, gc

@@ -3,16 +3,16 @@
     uv run python bench/search.py [--rounds 2] [--corpus small|large|k8s|both|all] [--registry-python PY]
 
 Corpora: `small`, the 112 tools of six npm MCP servers with 116 labelled queries
-(tests/search/queries.json); `large`, Twilio's REST API as 1,239 MCP tools (from the
+(tests/registry/search/queries.json); `large`, Twilio's REST API as 1,239 MCP tools (from the
 `@twilio-alpha/mcp` npm package) plus those 112, with 178 labelled tasks
-(tests/search/twilio_tasks.json); `k8s`, Kubernetes' API as 999 MCP tools (from the
-`kubernetes` PyPI client) plus those 112, with 122 labelled tasks (tests/search/k8s_tasks.json).
+(tests/registry/search/twilio_tasks.json); `k8s`, Kubernetes' API as 999 MCP tools (from the
+`kubernetes` PyPI client) plus those 112, with 122 labelled tasks (tests/registry/search/k8s_tasks.json).
 Each corpus's servers are served by real MCP servers over streamable HTTP; a registry runs as its own process (`python -m toolbus_registry`, from
 `--registry-python`: point it at another checkout's venv to measure that code) on a fresh subject
 prefix against NATS at TOOLBUS_NATS_URL (default 127.0.0.1:4222); its buckets are deleted after.
 
 Printed per corpus, each beside plain BM25 over the same query: top-1 and recall@5 of three query
-sets, the labelled task as the query, the agent's query (tests/search/*_agent_queries.json: what
+sets, the labelled task as the query, the agent's query (tests/registry/search/*_agent_queries.json: what
 a model sends after reading the namespace catalogue) unscoped, and the agent's query scoped to the
 namespaces it chose; p50 and p99 of `toolsets.search` through NATS (warm: the last of `--rounds`
 passes) and of `toolsets.namespaces`, registration time of a toolset not seen before, the registry's CPU time per
@@ -48,8 +48,8 @@ from toolbus_registry.search.lexical import Bm25Params, Field, LexicalIndex
 from toolbus_registry.search.text import split_identifier
 
 from bench.harness import percentile
-from tests.search.k8s_corpus import load_k8s_corpus
-from tests.search.labelled import (
+from tests.registry.search.k8s_corpus import load_k8s_corpus
+from tests.registry.search.labelled import (
     AgentQuery,
     LabelledQuery,
     evaluate,
@@ -59,7 +59,7 @@ from tests.search.labelled import (
     load_tools,
     load_twilio_tasks,
 )
-from tests.search.openapi_corpus import load_large_corpus
+from tests.registry.search.openapi_corpus import load_large_corpus
 from tests.support.mcp_servers import McpTestServer
 
 NATS_URL = os.environ.get("TOOLBUS_NATS_URL", "nats://127.0.0.1:4222")

@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from toolbus_registry.search import SearchOptions
 from toolbus_registry.search.index import FEATURES, RerankWeights
 
-from tests.search.labelled import load_queries, load_tools, load_twilio_tasks
-from tests.search.openapi_corpus import load_large_corpus
-from tests.search.support import cached_embedder, embedded_index
+from tests.registry.search.labelled import load_queries, load_tools, load_twilio_tasks
+from tests.registry.search.openapi_corpus import load_large_corpus
+from tests.registry.search.support import cached_embedder, embedded_index
 
 Task = tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_]]
 

@@ -40,8 +40,8 @@ from bench.search import (
     start_registry,
     tear_down,
 )
-from tests.search.labelled import load_queries, load_tools, load_twilio_tasks
-from tests.search.openapi_corpus import load_large_corpus
+from tests.registry.search.labelled import load_queries, load_tools, load_twilio_tasks
+from tests.registry.search.openapi_corpus import load_large_corpus
 
 
 def minor_faults(pid: int) -> int:

@@ -49,6 +49,9 @@ class ServiceChart:
     """The gateway's MCP endpoint (TOOLBUS_GATEWAY_PORT), exposed beside the health port."""
     oauth_ingress: bool = False
     """The credentials service's OAuth pages (`/oauth/`): an Ingress for that path only."""
+    console_port: int | None = None
+    """The approval service's web console (TOOLBUS_CONSOLE_PORT): off by default; when on, a port
+    of its own, on the Service too, and an Ingress of its own."""
 
 
 # Resident memory of each service right after /readyz, measured here (one process, idle): registry
@@ -83,11 +86,13 @@ SERVICES = (
         "approval",
         "toolbus approval: pending approvals and decisions",
         redis=True,
-        secret_key=False,
+        # It signs the decisions it sends the dispatcher, and the console's session cookies.
+        secret_key=True,
         webhook_secret=True,
         requests_cpu="50m",
         requests_memory="128Mi",
         limits_memory="256Mi",
+        console_port=8788,
     ),
     ServiceChart(
         "credentials",
@@ -248,12 +253,26 @@ def values_yaml(s: ServiceChart) -> str:
         if s.redis
         else ""
     )
+    approval_config = (
+        "  ## deploy/nats/ (the NATS chart's configuration, deploy/README.md) puts the requester's NATS\n"
+        "  ## user on the approver's requests: deciders are named by it (nats:<account>/<user>).\n"
+        '  TOOLBUS_APPROVAL_TRUST_REQUEST_INFO: "1"\n'
+        "  ## The web console (console.enabled; docs/console.md): its public URL, the OpenID Connect\n"
+        "  ## client people sign in with (secret: secrets.consoleOidcClientSecret), their groups' rights.\n"
+        "  # TOOLBUS_CONSOLE_URL: https://approvals.example.com\n"
+        "  # TOOLBUS_CONSOLE_OIDC_ISSUER: https://login.example.com\n"
+        "  # TOOLBUS_CONSOLE_OIDC_CLIENT_ID: toolbus-console\n"
+        '  # TOOLBUS_CONSOLE_GROUPS: \'{"ops": "*", "shop-team": {"namespaces": ["shop"]}}\'\n'
+        if s.console_port
+        else ""
+    )
     egress_config = (
         "  ## What the service may connect to beyond public addresses (MCP servers; http.fetch in the\n"
-        "  ## dispatcher): networks, addresses and host names. Unset (the default): loopback, private,\n"
-        "  ## link-local (cloud metadata), CGNAT, reserved and multicast addresses are refused.\n"
+        "  ## dispatcher; OAuth servers in credentials): networks, addresses and host names. Unset\n"
+        "  ## (the default): loopback, private, link-local (cloud metadata), CGNAT, reserved and\n"
+        "  ## multicast addresses are refused.\n"
         "  # TOOLBUS_EGRESS_ALLOW: 10.20.0.0/16,mcp.corp.internal,*.svc.cluster.local\n"
-        if s.name in ("registry", "dispatcher")
+        if s.name in ("registry", "dispatcher", "credentials")
         else ""
     )
     secrets = ""
@@ -298,6 +317,14 @@ def values_yaml(s: ServiceChart) -> str:
             optional=True,
         )
         secrets += _tls("redisTls", "Redis")
+    if s.console_port:
+        secrets += _secret(
+            "consoleOidcClientSecret",
+            "TOOLBUS_CONSOLE_OIDC_CLIENT_SECRET (the console's OpenID Connect client secret)",
+            "toolbus",
+            "console-oidc-client-secret",
+            optional=True,
+        )
 
     return f"""{GENERATED_NOTE}
 ## @section Image and names
@@ -334,7 +361,7 @@ config:
   ## Replicas of every stream and bucket the services create: 3 on the 3-node cluster of deploy/README.md.
   TOOLBUS_JS_REPLICAS: "3"
   TOOLBUS_JS_STORAGE: file
-{egress_config}
+{approval_config}{egress_config}
 ## @param nats.user NATS user this service connects as (TOOLBUS_NATS_USER; one user per service in deploy/nats/)
 ## @param nats.inboxPrefix Reply-subject prefix the NATS authorization grants this user (TOOLBUS_NATS_INBOX_PREFIX; empty: the default _INBOX)
 nats:
@@ -462,7 +489,7 @@ service:
   type: ClusterIP
   port: 8080
 {mcp_service}  annotations: {{}}
-{OAUTH_INGRESS_VALUES if s.oauth_ingress else ""}
+{OAUTH_INGRESS_VALUES if s.oauth_ingress else ""}{console_values(s.console_port) if s.console_port else ""}
 ## @section Scaling and disruptions
 
 ## @param autoscaling.enabled Scale with a HorizontalPodAutoscaler (the Deployment then leaves replicas to it)
@@ -543,7 +570,7 @@ def _tls_ref() -> dict[str, Any]:
 OAUTH_INGRESS_VALUES = """
 ## @section OAuth pages (connected accounts: docs/oauth.md)
 
-## @param oauthIngress.enabled Create an Ingress for the OAuth pages only (/oauth/start/<token> and /oauth/callback); set TOOLBUS_OAUTH_CALLBACK_URL in config to https://<host>/oauth/callback
+## @param oauthIngress.enabled Create an Ingress for the OAuth pages only (/oauth/start/<token>, /oauth/callback, /oauth/client-metadata.json); set TOOLBUS_OAUTH_CALLBACK_URL in config to https://<host>/oauth/callback
 ## @param oauthIngress.className IngressClass name (empty: the cluster's default)
 ## @param oauthIngress.host Public host name end users' browsers reach
 ## @param oauthIngress.annotations Annotations on the Ingress (e.g. cert-manager's cluster-issuer)
@@ -592,6 +619,65 @@ spec:
 """
 
 
+def console_values(port: int) -> str:
+    return f"""
+## @section Approvals web console (docs/console.md)
+
+## @param console.enabled Serve the console (TOOLBUS_CONSOLE_PORT); set TOOLBUS_CONSOLE_URL and the TOOLBUS_CONSOLE_OIDC_* and TOOLBUS_CONSOLE_GROUPS settings in config
+## @param console.port Port of the console, in the container and on the Service
+## @param console.ingress.enabled Create an Ingress of the console's own (its port only: /healthz, /metrics and /asyncapi stay in the cluster)
+## @param console.ingress.className IngressClass name (empty: the cluster's default)
+## @param console.ingress.host Public host name people's browsers reach (TOOLBUS_CONSOLE_URL is https://<host>)
+## @param console.ingress.annotations Annotations on the Ingress (e.g. cert-manager's cluster-issuer)
+## @param console.ingress.tlsSecret Secret holding the host's TLS certificate (empty: no tls section)
+console:
+  enabled: false
+  port: {port}
+  ingress:
+    enabled: false
+    className: ""
+    host: approvals.example.com
+    annotations: {{}}
+    tlsSecret: ""
+"""
+
+
+CONSOLE_INGRESS_TEMPLATE = """{{- if and .Values.console.enabled .Values.console.ingress.enabled }}
+# The console's port only: /healthz, /metrics and /asyncapi stay in the cluster.
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: {{ include "toolbus.fullname" . }}-console
+  labels:
+    {{- include "toolbus.labels" . | nindent 4 }}
+  {{- with .Values.console.ingress.annotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+spec:
+  {{- with .Values.console.ingress.className }}
+  ingressClassName: {{ . }}
+  {{- end }}
+  {{- with .Values.console.ingress.tlsSecret }}
+  tls:
+    - hosts: [{{ $.Values.console.ingress.host | quote }}]
+      secretName: {{ . }}
+  {{- end }}
+  rules:
+    - host: {{ .Values.console.ingress.host | quote }}
+      http:
+        paths:
+          - path: /
+            pathType: Prefix
+            backend:
+              service:
+                name: {{ include "toolbus.fullname" . }}
+                port:
+                  name: console
+{{- end }}
+"""
+
+
 def values_schema(s: ServiceChart) -> dict[str, Any]:
     secrets: dict[str, Any] = {}
     if s.secret_key:
@@ -610,6 +696,8 @@ def values_schema(s: ServiceChart) -> dict[str, Any]:
         secrets["redisPassword"] = _secret_ref()
         secrets["redisSentinelPassword"] = _secret_ref()
         secrets["redisTls"] = _tls_ref()
+    if s.console_port:
+        secrets["consoleOidcClientSecret"] = _secret_ref()
     percent = {"type": ["integer", "null"], "minimum": 1, "maximum": 100}
     replicas = {"type": "integer", "minimum": 1}
     schema: dict[str, Any] = {
@@ -752,6 +840,21 @@ def values_schema(s: ServiceChart) -> dict[str, Any]:
             },
             ["enabled", "host"],
         )
+    if s.console_port:
+        port = {"type": "integer", "minimum": 1, "maximum": 65535}
+        ingress = _obj(
+            {
+                "enabled": _BOOL,
+                "className": _STR,
+                "host": {"type": "string", "minLength": 1},
+                "annotations": {"type": "object", "additionalProperties": _STR},
+                "tlsSecret": _STR,
+            },
+            ["enabled", "host"],
+        )
+        schema["properties"]["console"] = _obj(
+            {"enabled": _BOOL, "port": port, "ingress": ingress}, ["enabled", "port", "ingress"]
+        )
     return schema
 
 
@@ -772,6 +875,8 @@ def generated_files() -> dict[Path, str]:
             files[chart / "templates" / filename] = template(include)
         if s.oauth_ingress:
             files[chart / "templates" / "oauth-ingress.yaml"] = OAUTH_INGRESS_TEMPLATE
+        if s.console_port:
+            files[chart / "templates" / "console-ingress.yaml"] = CONSOLE_INGRESS_TEMPLATE
     return files
 
 

@@ -321,3 +321,35 @@ def test_secret_files_are_mounted_read_only_where_their_settings_point(
         assert volumes[volume]["secret"]["defaultMode"] == 0o440
     assert env["TOOLBUS_LOG_LEVEL"] == {"name": "TOOLBUS_LOG_LEVEL", "value": "DEBUG"}
     assert r.container["args"] == ["--ignored"]
+
+
+def test_the_approval_chart_trusts_request_info_and_serves_the_console_behind_its_own_ingress() -> None:
+    """deploy/nats/ (the NATS chart's configuration) vouches for the approver's identity, so the
+    chart names deciders by it; the console is off by default, and when on has a port, a Service
+    port and an Ingress of its own (never the health port)."""
+    from tests.deploy.conftest import _render
+
+    default = _render("approval", None)
+    config = default.one("ConfigMap")["data"]
+    assert config["TOOLBUS_APPROVAL_TRUST_REQUEST_INFO"] == "1"
+    assert "TOOLBUS_CONSOLE_PORT" not in config and "Ingress" not in default.kinds()
+    on = {
+        "console": {
+            "enabled": True,
+            "ingress": {"enabled": True, "host": "approvals.example.org", "tlsSecret": "tls"},
+        }
+    }
+    r = _render("approval", on)
+    for doc in r.docs:
+        kubernetes_validate.validate(doc, charts.KUBE_VERSION, strict=True)
+    config = r.one("ConfigMap")["data"]
+    assert (config["TOOLBUS_CONSOLE_HOST"], config["TOOLBUS_CONSOLE_PORT"]) == ("0.0.0.0", "8788")
+    assert {"name": "console", "containerPort": 8788, "protocol": "TCP"} in r.container["ports"]
+    assert {"name": "console", "port": 8788, "targetPort": "console", "protocol": "TCP"} in r.one("Service")[
+        "spec"
+    ]["ports"]
+    ingress = r.one("Ingress")["spec"]
+    (rule,) = ingress["rules"]
+    assert rule["host"] == "approvals.example.org" and ingress["tls"][0]["secretName"] == "tls"
+    (path,) = rule["http"]["paths"]
+    assert path["backend"]["service"] == {"name": "toolbus-approval", "port": {"name": "console"}}

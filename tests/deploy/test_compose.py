@@ -31,8 +31,7 @@ NOT_GIVEN = {
     # The registry keeps nothing in Redis, decrypts nothing and sends no webhooks.
     "registry": {"TOOLBUS_SECRET_KEY", "TOOLBUS_WEBHOOK_URL", "TOOLBUS_WEBHOOK_SECRET"},
     "dispatcher": {"TOOLBUS_WEBHOOK_URL", "TOOLBUS_WEBHOOK_SECRET"},
-    # Approval stores no credentials.
-    "approval": {"TOOLBUS_SECRET_KEY"},
+    "approval": set(),
     "credentials": set(),
     # The gateway decrypts nothing, sends no webhooks and keeps only its tokens in Redis.
     "gateway": {"TOOLBUS_SECRET_KEY", "TOOLBUS_WEBHOOK_URL", "TOOLBUS_WEBHOOK_SECRET"},
@@ -169,7 +168,8 @@ def test_service_is_hardened_and_waits_for_healthy_dependencies(
     )
     published = [(p["host_ip"], p["target"]) for p in spec["ports"]]
     mcp = [("127.0.0.1", 8787)] if service == "gateway" else []  # the gateway's MCP endpoint
-    assert published == [("127.0.0.1", 8080), *mcp]
+    console = [("127.0.0.1", 8788)] if service == "approval" else []  # the approvals web console
+    assert published == [("127.0.0.1", 8080), *mcp, *console]
 
 
 @pytest.mark.parametrize("service", SERVICES)

@@ -11,8 +11,12 @@ from typing import Any
 import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
+from redis.asyncio import Redis
+from toolbus_contracts.gateway import TokenCreateRequest
+from toolbus_gateway.tokens import TokenStore
 
 from tests.gateway.conftest import AUDIENCE, ISSUER, Deployment, mcp_client
+from tests.support.infra import drop_redis_keys, unique_prefix
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
@@ -74,6 +78,27 @@ async def test_unknown_expired_and_revoked_tokens_are_401(deployment: Deployment
     assert (await _post(deployment.url(toolset), token)).status_code == 401
     again = await deployment.ok(deployment.subjects.tokens_list, {"namespace": "revoked-user"})
     assert again["tokens"] == []
+
+
+async def test_a_token_revoked_through_another_replica_is_refused_within_the_cache_time(
+    redis_url: str,
+) -> None:
+    """Two gateways' token stores on one Redis: the one that revokes refuses the token at once,
+    the other once its cached check is `cache_seconds` old."""
+    prefix = unique_prefix("tbgwtc")
+    redis: Redis[bytes] = Redis.from_url(redis_url)
+    here, there = (TokenStore(redis, prefix, cache_seconds=3.0) for _ in range(2))
+    try:
+        issued = await there.create(TokenCreateRequest(namespace="u-1", toolsets=[OTHER_TOOLSET]))
+        assert await here.check(issued.token) is not None
+        await there.revoke(issued.info.id)
+        assert await there.check(issued.token) is None
+        assert await here.check(issued.token) is not None  # checked under 3 s ago
+        await asyncio.sleep(3.1)
+        assert await here.check(issued.token) is None
+    finally:
+        await redis.aclose()  # type: ignore[attr-defined]  # redis>=5; stubs lag
+        await drop_redis_keys(redis_url, prefix)
 
 
 async def test_a_token_for_another_toolset_is_403(deployment: Deployment, toolset: str) -> None:

@@ -19,9 +19,9 @@ from toolbus_contracts import Subjects
 from toolbus_nats_connect import NatsAuth
 
 from tests.gateway.conftest import mcp_client
-from tests.security.conftest import SecuredNats, start_secured_nats
 from tests.support.infra import aservice_process, drop_redis_keys, unique_prefix
 from tests.support.mcp_servers import McpTestServer
+from tests.system.security.conftest import SecuredNats, start_secured_nats
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
@@ -86,7 +86,15 @@ async def test_gateway_serves_as_its_own_nats_user(
             async with mcp_client(f"http://127.0.0.1:{port}/mcp/{toolset}", token["data"]["token"]) as client:
                 result = await client.call_tool("shop.echo", {"text": "secured"})
                 tools = await client.list_tools()
+            async with mcp_client(
+                f"http://127.0.0.1:{port}/mcp/{toolset}?tools=search", token["data"]["token"]
+            ) as client:  # the large-toolset mode reads the namespace catalogue and declarations
+                meta = await client.list_tools()
+                shop = await client.call_tool("list_tools", {"namespace": "shop"})
+                hits = await client.call_tool("search_tools", {"query": "echo", "namespaces": ["shop"]})
             assert result.structured_content == {"text": "secured"}
+            assert "- shop (mcp, 3 tools)" in (meta.tools[0].description or "")
+            assert shop.is_error is False and hits.is_error is False, (shop, hits)
             assert "shop.echo" in [t.name for t in tools.tools]
     finally:
         await drop_redis_keys(redis_url, prefix)

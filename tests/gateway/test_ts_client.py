@@ -1,6 +1,6 @@
 """The TypeScript SDK's client (`@modelcontextprotocol/sdk` from npm) through the gateway: it
-lists every page and calls a tool with a bearer token (skipped where node or the package is not
-installed: `make npm-tools`). Run with `-s` to see its transcript."""
+lists every page and calls a tool with a bearer token (`make npm-tools` installs it; without it the
+test skips, and fails in CI). Run with `-s` to see its transcript."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.gateway.conftest import Deployment
+from tests.support.gates import missing
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
@@ -23,7 +24,7 @@ SCRIPT = Path(__file__).with_name("ts_client.mjs")
 async def test_typescript_client_lists_and_calls(deployment: Deployment, toolset: str) -> None:
     node = shutil.which("node")
     if node is None or not (NPM / "node_modules/@modelcontextprotocol/sdk/package.json").is_file():
-        pytest.skip("node or @modelcontextprotocol/sdk is not installed (make npm-tools)")
+        missing("node or @modelcontextprotocol/sdk is not installed (make npm-tools)")
     (NPM / SCRIPT.name).write_text(SCRIPT.read_text())  # beside node_modules, so imports resolve
     token = await deployment.token([toolset], namespace="ts-user")
     done = await asyncio.to_thread(

@@ -12,7 +12,7 @@ import pytest
 from toolbus import Toolbus, Unavailable
 from toolbus_devstack import find_nats_server
 
-from tests.security.conftest import SecuredNats, start_secured_nats
+from tests.system.security.conftest import SecuredNats, start_secured_nats
 
 pytestmark = pytest.mark.integration
 

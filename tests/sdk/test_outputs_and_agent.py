@@ -18,8 +18,8 @@ from toolbus import Internal, Toolbus, Unavailable
 from toolbus._outcomes import resolve
 from toolbus.agent import CALL_TOOL, LIST_TOOLS, SEARCH_TOOLS, AgentTools, DeferredTools
 
+from tests.sdk.test_agent_tools import conforms
 from tests.support.mcp_servers import McpTestServer
-from tests.unit.test_agent_tools import conforms
 
 pytestmark = pytest.mark.e2e
 

@@ -1,4 +1,4 @@
-"""The NATS and Redis side of an e2e mode (tests/e2e/conftest.py's `bus` fixture): `open`, the
+"""The NATS and Redis side of an e2e mode (tests/system/e2e/conftest.py's `bus` fixture): `open`, the
 session's NATS with no users and the session's Redis, or `secured`, deploy/nats/'s configuration
 with one user per role and service and a Redis with one ACL user per service
 (toolbus_devstack.redis_acl)."""
@@ -12,8 +12,8 @@ from typing import Any
 
 from toolbus_nats_connect import NatsAuth
 
-from tests.security.conftest import SecuredNats
 from tests.support.infra import ServiceProcess, aservice_process, unique_prefix
+from tests.system.security.conftest import SecuredNats
 
 MODES = ["open", "secured"]
 PREFIX_POOL = 16

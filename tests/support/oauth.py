@@ -3,7 +3,7 @@
 `OidcProvider` runs `oidc-provider` (npm, installed into .cache/npm by `make npm-tools`) with
 tests/support/oidc_provider.mjs on a free port: PKCE required, refresh-token rotation, resource
 indicators (JWT access tokens whose audience is the MCP server), dynamic registration,
-revocation, client credentials, access tokens of a few seconds. `resource_guard` makes an
+revocation, client credentials, Client ID Metadata Documents, access tokens of a few seconds. `resource_guard` makes an
 `McpTestServer` an OAuth resource server: 401 with `resource_metadata` without a valid token
 (checked with PyJWT against the provider's JWKS, audience = the server's URL), 403
 `insufficient_scope` when the token lacks the scope a tool needs, and its RFC 9728 metadata.
@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import ssl
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -38,15 +39,31 @@ class OidcProvider:
     """`async with OidcProvider(access_ttl=5) as op:` `op.issuer`, `await op.stats()`,
     `await op.revoke_grants()`, `await op.stop()` / `start()` (a provider that is down)."""
 
-    def __init__(self, *, access_ttl: int = 5, clients: list[dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        access_ttl: int = 5,
+        clients: list[dict[str, Any]] | None = None,
+        accounts: dict[str, dict[str, Any]] | None = None,
+        ca_file: Path | None = None,
+    ) -> None:
+        """`accounts`: login -> extra ID token claims (`groups`), for OpenID Connect sign-ins (the
+        console). `ca_file`: a certificate the provider trusts when it fetches a Client ID Metadata
+        Document over HTTPS (a test's own TLS server)."""
         self.access_ttl = access_ttl
         self.clients = clients or []
+        self.accounts = accounts
+        self.ca_file = ca_file
         self.port = free_port()
         self.issuer = f"http://127.0.0.1:{self.port}"
         self._proc: subprocess.Popen[bytes] | None = None
 
     async def start(self) -> OidcProvider:
         env = {**os.environ, "NODE_MODULES": str(NODE_MODULES), "CLIENTS": json.dumps(self.clients)}
+        if self.accounts is not None:
+            env["ACCOUNTS"] = json.dumps(self.accounts)
+        if self.ca_file is not None:
+            env["NODE_EXTRA_CA_CERTS"] = str(self.ca_file)
         self._proc = await asyncio.to_thread(
             subprocess.Popen,
             ["node", str(SCRIPT), str(self.port), str(self.access_ttl)],
@@ -148,18 +165,25 @@ def resource_guard(
     return guard
 
 
-async def consent(authorization_url: str, *, login: str = "user-42", deny: bool = False) -> str:
+async def consent(
+    authorization_url: str,
+    *,
+    login: str = "user-42",
+    deny: bool = False,
+    verify: ssl.SSLContext | bool = True,
+    callback: str = "/oauth/callback",
+) -> str:
     """Open toolbus's connect link, log in and consent (or abort) on the provider's
     devInteractions pages over HTTP; returns the URL the provider redirects the user's browser to
-    (toolbus's `/oauth/callback`, with code, state, iss), not yet opened."""
-    async with httpx.AsyncClient(follow_redirects=False, timeout=10) as http:
+    (toolbus's `callback` path, with code, state, iss), not yet opened."""
+    async with httpx.AsyncClient(follow_redirects=False, timeout=10, verify=verify) as http:
         url = authorization_url
         for _ in range(20):
             response = await http.get(url)
             location = response.headers.get("location")
             if response.status_code in (302, 303) and location:
                 target = str(urljoin(url, location))
-                if urlsplit(target).path.endswith("/oauth/callback"):
+                if urlsplit(target).path.endswith(callback):
                     return target
                 url = target
                 continue

@@ -17,6 +17,10 @@ data:
   TOOLBUS_GATEWAY_HOST: "0.0.0.0"
   TOOLBUS_GATEWAY_PORT: {{ .Values.mcpPort | quote }}
   {{- end }}
+  {{- with .Values.console }}{{ if .enabled }}
+  TOOLBUS_CONSOLE_HOST: "0.0.0.0"
+  TOOLBUS_CONSOLE_PORT: {{ .port | quote }}
+  {{- end }}{{ end }}
   {{- with .Values.nats.user }}
   TOOLBUS_NATS_USER: {{ . | quote }}
   {{- end }}

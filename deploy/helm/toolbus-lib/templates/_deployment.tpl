@@ -69,6 +69,11 @@ spec:
               containerPort: {{ .Values.mcpPort }}
               protocol: TCP
             {{- end }}
+            {{- with .Values.console }}{{ if .enabled }}
+            - name: console
+              containerPort: {{ .port }}
+              protocol: TCP
+            {{- end }}{{ end }}
           envFrom:
             - configMapRef:
                 name: {{ include "toolbus.fullname" . }}

@@ -13,6 +13,7 @@ natsPassword: TOOLBUS_NATS_PASSWORD
 natsToken: TOOLBUS_NATS_TOKEN
 redisPassword: TOOLBUS_REDIS_PASSWORD
 redisSentinelPassword: TOOLBUS_REDIS_SENTINEL_PASSWORD
+consoleOidcClientSecret: TOOLBUS_CONSOLE_OIDC_CLIENT_SECRET
 {{- end -}}
 
 {{/* Secret files: values key -> (variable, file name) for each key of the Secret that is mounted. */}}

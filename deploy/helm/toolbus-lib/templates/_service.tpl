@@ -1,5 +1,5 @@
 {{/* The service's HTTP port: /healthz, /readyz and /metrics (requests themselves arrive over NATS);
-the gateway's MCP port beside it where the chart has `mcpPort`. */}}
+the gateway's MCP port beside it where the chart has `mcpPort`, the approval console's where it is on. */}}
 {{- define "toolbus.service" -}}
 apiVersion: v1
 kind: Service
@@ -27,4 +27,10 @@ spec:
       targetPort: mcp
       protocol: TCP
     {{- end }}
+    {{- with .Values.console }}{{ if .enabled }}
+    - name: console
+      port: {{ .port }}
+      targetPort: console
+      protocol: TCP
+    {{- end }}{{ end }}
 {{- end -}}

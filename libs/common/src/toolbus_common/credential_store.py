@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 from redis.exceptions import WatchError
 from toolbus_contracts.credentials import CredentialLevel, Credentials
 
@@ -65,6 +67,24 @@ def scope_of(
     if not run_id:
         raise ValueError("run level needs run_id")
     return run_id
+
+
+def index_encrypted(pipe: Pipeline[bytes], keys: Keys, key: str, *, ttl_ms: int | None = None) -> None:
+    """Queue on `pipe` (with the write of `key`) what makes `CredentialStore.rotate` re-encrypt
+    the record at `key`: every service that stores a ciphertext under `TOOLBUS_SECRET_KEY`
+    indexes it so. `ttl_ms`: the record expires (it is indexed until then)."""
+    if ttl_ms is None:
+        pipe.sadd(keys.credentials_index, key)
+        return
+    now = int(time.time() * 1000)
+    pipe.zadd(keys.credentials_index_expiring, {key: now + ttl_ms})
+    pipe.zremrangebyscore(keys.credentials_index_expiring, "-inf", now)
+
+
+def unindex_encrypted(pipe: Pipeline[bytes], keys: Keys, key: str) -> None:
+    """Queue on `pipe` (with the deletion of `key`) its removal from the rotation's indexes."""
+    pipe.srem(keys.credentials_index, key)
+    pipe.zrem(keys.credentials_index_expiring, key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +156,7 @@ class CredentialStore:
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.set(key, ciphertext)
             pipe.incr(self.version_key)
-            pipe.sadd(self._keys.credentials_index, key)
+            index_encrypted(pipe, self._keys, key)
             results = await pipe.execute()
         return int(results[1])
 
@@ -182,42 +202,54 @@ class CredentialStore:
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.delete(key)
             pipe.incr(self.version_key)
-            pipe.srem(self._keys.credentials_index, key)
+            pipe.srem(self._keys.credentials_index, key)  # (the dispatcher runs this too)
             results = await pipe.execute()
         return int(results[1])
 
     async def rotate(self) -> int:
-        """Re-encrypt every stored document with the first configured key (after prepending a new
-        key to `TOOLBUS_SECRET_KEY`); returns how many were rewritten. Safe to run twice.
+        """Re-encrypt every stored record with the first configured key (after prepending a new
+        key to `TOOLBUS_SECRET_KEY`); returns how many were rewritten. Safe to run twice, and
+        while the services run (a record replaced meanwhile is left as written).
 
-        It walks the index of documents (`Keys.credentials_index`, written with each document),
-        not `SCAN`: the credentials service's Redis user may not list the other services' keys.
-        Documents set before the index existed are indexed by `index_existing`, once, with a
-        Redis user allowed to `SCAN`."""
+        The records are those `index_encrypted` indexed: the credentials documents and the OAuth
+        connections, client registrations, pending flows and links (a TTL is kept). It walks the
+        indexes (`Keys.credentials_index`, `Keys.credentials_index_expiring`), not `SCAN`: the
+        credentials service's Redis user may not list the other services' keys. Records stored
+        before the index existed are indexed by `index_existing`, once, with a Redis user allowed
+        to `SCAN`."""
         count = 0
         async for member in self._redis.sscan_iter(self._keys.credentials_index, count=500):
-            key = text(member)
-            raw = await self._redis.get(key)
-            if raw is None:
-                continue
-            # Write only if nobody replaced the document meanwhile (a newer set wins).
-            async with self._redis.pipeline(transaction=True) as pipe:
-                await pipe.watch(key)
-                if await pipe.get(key) != raw:
-                    continue
-                pipe.multi()
-                pipe.set(key, self._cipher.rotate(raw))
-                try:
-                    await pipe.execute()
-                    count += 1
-                except WatchError:  # a concurrent set wrote fresh ciphertext meanwhile
-                    continue
+            count += await self._rotate_one(text(member), self._keys.credentials_index)
+        now = int(time.time() * 1000)
+        expiring = await self._redis.zrangebyscore(self._keys.credentials_index_expiring, now, "+inf")
+        for member in expiring:
+            count += await self._rotate_one(text(member), None)
         return count
 
+    async def _rotate_one(self, key: str, index: str | None) -> int:
+        """Re-encrypt the record at `key` unless it changed meanwhile; a record gone is dropped
+        from `index` (when given) unless it was written again meanwhile."""
+        async with self._redis.pipeline(transaction=True) as pipe:
+            await pipe.watch(key)
+            raw = await pipe.get(key)
+            pipe.multi()
+            if raw is None:
+                if index is None:
+                    return 0
+                pipe.srem(index, key)
+            else:
+                pipe.set(key, self._cipher.rotate(raw), keepttl=True)
+            try:
+                await pipe.execute()
+            except WatchError:  # written (or dropped) meanwhile: what is there is fresh
+                return 0
+        return 0 if raw is None else 1
+
     async def index_existing(self) -> int:
-        """Add every credentials document found by `SCAN` to the index `rotate` walks; returns how
-        many there are. Only for documents set before the index existed (each set indexes its
-        own), run once by an operator whose Redis user may `SCAN` (the services' may not)."""
+        """Index every encrypted record found by `SCAN` (credentials documents, OAuth records)
+        for `rotate`; returns how many there are. Only for records stored before the index
+        existed (each write indexes its own), run once by an operator whose Redis user may `SCAN`
+        (the services' may not)."""
         prefix = self._keys.credentials("", "").removesuffix("::")
         found: list[str] = []
         async for raw in self._redis.scan_iter(match=f"{prefix}:*:*", count=500):
@@ -226,9 +258,21 @@ class CredentialStore:
             if value is not None and value.isdigit():  # a set's version counter, not a document
                 continue
             found.append(key)
+        for pattern in (self._keys.oauth_connection("*", "*", "*"), self._keys.oauth_client("*")):
+            async for raw in self._redis.scan_iter(match=pattern, count=500):
+                found.append(text(raw))
         for start in range(0, len(found), 500):
             await self._redis.sadd(self._keys.credentials_index, *found[start : start + 500])
-        return len(found)
+        pending = 0
+        for pattern in (self._keys.oauth_flow("*"), self._keys.oauth_start("*")):
+            async for raw in self._redis.scan_iter(match=pattern, count=500):
+                ttl = await self._redis.pttl(raw)
+                if ttl > 0:
+                    async with self._redis.pipeline(transaction=True) as pipe:
+                        index_encrypted(pipe, self._keys, text(raw), ttl_ms=ttl)
+                        await pipe.execute()
+                    pending += 1
+        return len(found) + pending
 
     # ---- reads -----------------------------------------------------------------------------------
 

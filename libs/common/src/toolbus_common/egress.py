@@ -25,9 +25,11 @@ import ipaddress
 import socket
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from toolbus_contracts.errors import HostNotAllowed
 
+T = TypeVar("T")
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -198,3 +200,21 @@ class EgressPolicy:
                 raise HostNotAllowed(str(exc), details={"host": _host_name(host).strip("[]")}) from None
 
         return check
+
+
+async def connect_first(
+    addresses: Iterable[str],
+    connect: Callable[[str], Awaitable[T]],
+    errors: tuple[type[Exception], ...] = (OSError,),
+) -> T:
+    """`connect(address)` for each checked address in turn until one answers: the one connect
+    loop of every egress-checked connection (httpx's and httpx2's network backends, the MCP
+    client's lean pool). Raises the last of `errors` when none answers, `OSError` when there was
+    no address at all."""
+    last: Exception | None = None
+    for address in addresses:
+        try:
+            return await connect(address)
+        except errors as exc:
+            last = exc
+    raise last or OSError("no address to connect to")

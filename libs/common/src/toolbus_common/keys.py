@@ -78,10 +78,18 @@ class Keys:
 
     @property
     def credentials_index(self) -> str:
-        """Set of the keys of every credentials document ever set (a key whose document was
-        dropped leaves with it): what `CredentialStore.rotate` walks, so that no service needs
+        """Set of the keys of every encrypted record kept with no TTL (credentials documents, OAuth
+        connections and client registrations; a key whose record was dropped leaves with it):
+        what `CredentialStore.rotate` walks, so that no service needs
         `SCAN`, which would list every service's keys."""
         return f"{self.prefix}:cred:index"
+
+    @property
+    def credentials_index_expiring(self) -> str:
+        """ZSET key -> expiry (ms) of the encrypted records with a TTL (pending OAuth flows and
+        links): walked by `CredentialStore.rotate` beside `credentials_index`; expired members are
+        trimmed as new ones come."""
+        return f"{self.prefix}:cred:expiring-index"
 
     def oauth_connection(self, level: str, scope: str, server: str) -> str:
         """Encrypted OAuth connection of one server at one level and scope (tokens, client)."""
@@ -90,6 +98,11 @@ class Keys:
     def oauth_servers(self, level: str, scope: str) -> str:
         """Set of the servers with an OAuth connection at one level and scope."""
         return f"{self.prefix}:oauth:servers:{level}:{scope}"
+
+    def oauth_step_up(self, level: str, scope: str, server: str) -> str:
+        """Set of the scopes servers asked for in `insufficient_scope` challenges to one
+        connection's token (step-up): the next authorization asks for them too."""
+        return f"{self.prefix}:oauth:step-up:{level}:{scope}:{server}"
 
     @property
     def oauth_due(self) -> str:
@@ -245,6 +258,11 @@ class Keys:
     def approvals_remembered_index(self) -> str:
         """ZSET remembered decision id -> expiry (epoch ms), for listing."""
         return f"{self.prefix}:{{approvals}}:remembered"
+
+    def approvals_console_login(self, state: str) -> str:
+        """String (10 minutes): a console sign-in under way, by its OIDC `state` (PKCE verifier and
+        nonce), used once."""
+        return f"{self.prefix}:{{approvals}}:login:{state}"
 
     def approvals_closed_run(self, run_id: str) -> str:
         """Marker (with a TTL) that a run closed: an ApprovalNeeded arriving late is cancelled."""

@@ -108,6 +108,55 @@ class _EmbeddedServer(uvicorn.Server):
         yield
 
 
+class HttpServer:
+    """An ASGI app of a service's own (the approval console), served by uvicorn in the service's
+    loop beside its health endpoints: `bind()` takes the port (0: a free one) and says which,
+    `start(app)` returns once it serves."""
+
+    def __init__(self, host: str, port: int, *, name: str, grace: int = 3) -> None:
+        self._host = host
+        self.port = port
+        self._name = name
+        self._grace = grace
+        self._socket: socket.socket | None = None
+        self._server: _EmbeddedServer | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def bind(self) -> int:
+        self._socket = socket.create_server((self._host, self.port))
+        self.port = self._socket.getsockname()[1]
+        return self.port
+
+    async def start(self, app: Any) -> None:
+        sock = self._socket if self._socket is not None else socket.create_server((self._host, self.port))
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=self._grace,  # open event streams end at the latest then
+        )
+        self._server = server = _EmbeddedServer(config)
+        self._task = asyncio.create_task(server.serve(sockets=[sock]), name=f"{self._name}-http")
+        while not server.started:
+            if self._task.done():
+                self._task.result()
+                raise RuntimeError(f"the {self._name} HTTP server stopped before it started")
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        if self._server is not None and self._task is not None:
+            self._server.should_exit = True
+            try:
+                await asyncio.wait_for(self._task, self._grace + 5)
+            except Exception:
+                self._task.cancel()
+                with contextlib.suppress(BaseException):
+                    await self._task
+        if self._socket is not None:
+            self._socket.close()
+
+
 async def serve(service: Service, settings: Settings) -> None:
     """Start the service and its HTTP endpoints; stop both on SIGTERM/SIGINT."""
     stop = asyncio.Event()

@@ -2,7 +2,7 @@
 
 The key setting is one Fernet key or a comma-separated list of them: the first encrypts, every one
 decrypts. To rotate: prepend a new key, restart the services, re-encrypt what is stored
-(`CredentialStore.rotate()`), then drop the old key. Generate a key with
+(`CredentialStore.rotate()`: credentials documents and OAuth records), then drop the old key. Generate a key with
 `python -c "from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())"`.
 
 No error raised here ever contains a key or a plaintext.

@@ -22,12 +22,19 @@ class HasSecretKey(Protocol):
 
 class CommandSigner:
     """HMAC-SHA256 over a command's subject and body, keyed from `TOOLBUS_SECRET_KEY` (which
-    every service of a deployment shares; the key itself never leaves the process)."""
+    every service of a deployment shares; the key itself never leaves the process).
 
-    __slots__ = ("_key",)
+    Each key of the setting (a comma-separated list while `TOOLBUS_SECRET_KEY` rotates) gives a
+    signature, all sent in the header, comma-separated; a command is accepted when any of them is
+    one of this service's keys'. So through a rolling rotation (services on `old`, then on
+    `new,old`, then on `new`) every command one service signs, another verifies."""
+
+    __slots__ = ("_keys",)
 
     def __init__(self, secret_key: SecretStr) -> None:
-        self._key = hashlib.sha256(_CONTEXT + secret_key.get_secret_value().encode()).digest()
+        value = secret_key.get_secret_value()
+        entries = [k.strip() for k in value.split(",") if k.strip()] or [value]
+        self._keys = tuple(hashlib.sha256(_CONTEXT + entry.encode()).digest() for entry in entries)
 
     @classmethod
     def of(cls, settings: HasSecretKey) -> CommandSigner:
@@ -40,7 +47,8 @@ class CommandSigner:
         return cls(settings.secret_key)
 
     def sign(self, subject: str, body: bytes) -> str:
-        return hmac.new(self._key, subject.encode() + b"\n" + body, hashlib.sha256).hexdigest()
+        message = subject.encode() + b"\n" + body
+        return ",".join(hmac.new(key, message, hashlib.sha256).hexdigest() for key in self._keys)
 
     def headers(self, subject: str, body: bytes, msg_id: str | None = None) -> dict[str, str]:
         """The headers of a signed command (with its `Nats-Msg-Id` when given)."""
@@ -50,5 +58,13 @@ class CommandSigner:
         return headers
 
     def verify(self, subject: str, body: bytes, signature: str | None) -> bool:
-        """Whether a service signed this body for this subject."""
-        return bool(signature) and hmac.compare_digest(self.sign(subject, body), str(signature))
+        """Whether a service signed this body for this subject (with a key this one holds)."""
+        if not signature:
+            return False
+        message = subject.encode() + b"\n" + body
+        given = str(signature).split(",")[:8]
+        for key in self._keys:
+            mine = hmac.new(key, message, hashlib.sha256).hexdigest()
+            if any(hmac.compare_digest(mine, g) for g in given):
+                return True
+        return False

@@ -49,8 +49,9 @@ class ApprovalDecided(WireModel):
 
 
 class CallParked(WireModel):
-    """dispatcher → credentials: the call got a 401 from `server` using credentials of `level`
-    (scope: the toolset, namespace or run they came from) and waits for new ones there."""
+    """dispatcher → credentials: the call got a 401 (or a 403 `insufficient_scope`) from
+    `server` using credentials of `level` (scope: the toolset, namespace or run they came from)
+    and waits for new ones there."""
 
     call_id: str
     run_id: str
@@ -63,6 +64,9 @@ class CallParked(WireModel):
     """The credentials version counter the failing attempt resolved its headers at (at least as
     new as the headers sent). The credentials service resumes the call at once, instead of holding
     it, when a set at its level and scope gave a higher version. Absent (older dispatchers): held."""
+    required_scopes: list[str] | None = None
+    """Set when the server answered 403 `insufficient_scope` (step-up): the scopes its
+    `WWW-Authenticate` challenge asked for (maybe none). Absent for a 401."""
 
 
 class CallsResume(WireModel):

@@ -252,6 +252,7 @@ def roles(prefix: str = "toolbus") -> list[Role]:
                 s.approvals_requested,
                 s.internal_approval_decisions,
                 s.internal_dead_letters,
+                s.toolsets_declarations,  # the console shows a tool's declaration line
                 # approval.requested is relayed with the EVENTS stream's ack: made if missing
                 f"$JS.API.STREAM.INFO.{events}",
                 *js_create(events),
@@ -265,6 +266,9 @@ def roles(prefix: str = "toolbus") -> list[Role]:
                 s.approvals_history,
                 s.approvals_remembered_list,
                 s.approvals_remembered_revoke,
+                # the console's live updates: new approvals, and calls' approved/denied events
+                s.approvals_requested,
+                s.run_events("*"),
             ],
             service=True,
         ),
@@ -297,7 +301,7 @@ def roles(prefix: str = "toolbus") -> list[Role]:
         Role(
             "gateway",
             "MCP endpoint: opens runs and calls tools for MCP clients, searches toolsets and reads their "
-            "declarations, reads "
+            "namespaces and declarations, reads "
             "toolsets and stored outputs; serves tokens.*",
             publish=[
                 f"{INBOX}.>",
@@ -305,6 +309,7 @@ def roles(prefix: str = "toolbus") -> list[Role]:
                 *calls,
                 s.toolsets_search,
                 s.toolsets_declarations,
+                s.toolsets_namespaces,
                 *js_read(toolsets),
                 *js_create(toolsets),
                 *js_read(outputs),

@@ -92,7 +92,7 @@ def redis_users(prefix: str = "toolbus") -> list[RedisUser]:
                 "get", "mget", "set", "del", "incr", "incrby", "exists", "getdel",
                 "hget", "hmget", "hgetall", "hset", "hsetnx", "hdel", "hexists", "hvals",
                 "sadd", "srem", "smembers", "sismember", "sscan",
-                "zadd", "zcard", "zrange", "zrangebyscore", "zrem", "zscore",
+                "zadd", "zcard", "zrange", "zrangebyscore", "zrem", "zremrangebyscore", "zscore",
                 # the outbox relay and its lock (as the approval service's)
                 "pexpire", "xadd", "xread", "xdel", "xlen",
             ),

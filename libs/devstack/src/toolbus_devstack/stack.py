@@ -114,6 +114,8 @@ DEFAULT_PORTS: dict[str, int] = {
 }
 GATEWAY_MCP_PORT = 8787
 """The gateway's MCP endpoint (`TOOLBUS_GATEWAY_PORT`); its health port is in DEFAULT_PORTS."""
+CONSOLE_PORT = 8788
+"""The approval service's web console (`TOOLBUS_CONSOLE_PORT`), with a development token per stack."""
 SERVICES = dict(DEFAULT_PORTS)
 SERVERS = ("nats", "redis")
 
@@ -509,6 +511,33 @@ def _private_umask() -> Iterator[None]:
         os.umask(before)
 
 
+def _console(env: dict[str, str]) -> tuple[dict[str, str], str, str]:
+    """The approval service's console settings, its URL, and the stack's development token (made
+    once into `console-token`, mode 0600; `TOOLBUS_CONSOLE_DEV_TOKEN` instead when set)."""
+    token = os.environ.get("TOOLBUS_CONSOLE_DEV_TOKEN")
+    path = STACK / "console-token"
+    if not token:
+        if path.exists():
+            token = path.read_text().strip()
+        else:
+            import secrets
+
+            token = secrets.token_urlsafe(24)
+            _write_private(path, token + "\n")
+    host = os.environ.get("TOOLBUS_CONSOLE_HOST") or "127.0.0.1"
+    port = int(os.environ.get("TOOLBUS_CONSOLE_PORT") or CONSOLE_PORT)
+    if port_in_use(port):
+        port = free_port()
+    url = os.environ.get("TOOLBUS_CONSOLE_URL") or f"http://{host}:{port}"
+    settings = {
+        "TOOLBUS_CONSOLE_HOST": host,
+        "TOOLBUS_CONSOLE_PORT": str(port),
+        "TOOLBUS_CONSOLE_URL": url,
+        "TOOLBUS_CONSOLE_DEV_TOKEN": token,
+    }
+    return {**env, **settings}, url, token
+
+
 def _gateway_url() -> str:
     """Where `make up`'s gateway serves MCP (`TOOLBUS_GATEWAY_HOST`/`TOOLBUS_GATEWAY_PORT`)."""
     host = os.environ.get("TOOLBUS_GATEWAY_HOST") or "127.0.0.1"
@@ -576,6 +605,9 @@ def _up(ready_timeout: float, only: list[str] | None, as_json: bool = False) -> 
             from toolbus_devstack.nats_conf import client_env
 
             service_env.update(client_env(name, passwords[name]), **_redis_user_env(name, passwords))
+        extra: dict[str, str] = {}
+        if name == "approval":
+            service_env, extra["console"], extra["consoleToken"] = _console(service_env)
         # A restart appends to what the last run logged (a crash); while another process holds
         # `<name>.log` (one a test or bench started there), this one writes `<name>-2.log`.
         service = launch_service(
@@ -587,7 +619,7 @@ def _up(ready_timeout: float, only: list[str] | None, as_json: bool = False) -> 
             python=sys.executable,
             log_header=f"\n===== make up {time.strftime('%Y-%m-%d %H:%M:%S')} =====\n",
         )
-        _record(name, service.proc.pid, port=port, log=str(service.log_path))
+        _record(name, service.proc.pid, port=port, log=str(service.log_path), **extra)
         launched.append(service)
 
     for service in launched:
@@ -636,6 +668,9 @@ def _up(ready_timeout: float, only: list[str] | None, as_json: bool = False) -> 
             rows[name] = {"state": "ready", "port": port, "log": str(log)}
         if name == "gateway" and name in rows:
             rows[name]["mcp"] = f"{_gateway_url()}/mcp/<toolsetId>"
+        if name == "approval" and recorded is not None and "console" in recorded.info:
+            rows[name]["console"] = recorded.info["console"]
+            rows[name]["consoleToken"] = recorded.info.get("consoleToken")
     if as_json:
         summary: dict[str, Any] = {
             "ok": not failed,
@@ -674,6 +709,8 @@ def _up(ready_timeout: float, only: list[str] | None, as_json: bool = False) -> 
         print(
             f"{name:<15} {state}: http://127.0.0.1:{row['port']}/healthz /readyz /metrics, log {row['log']}"
         )
+        if "console" in row and row["state"] in ("ready", "already running"):
+            print(f"{'':<15} console: {row['console']}/ (development token: {row['consoleToken']})")
         if name == "gateway" and row["state"] != "failed":
             print(
                 f"{'':<15} MCP: {_gateway_url()}/mcp/<toolsetId> (toolbus tokens create gives a bearer token)"

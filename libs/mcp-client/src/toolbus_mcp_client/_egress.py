@@ -17,6 +17,7 @@ from httpcore2 import AsyncNetworkStream, ConnectError
 from httpcore2._backends.auto import AutoBackend
 from httpcore2._backends.base import AsyncNetworkBackend
 from httpcore2._types import SOCKET_OPTION
+from toolbus_common.egress import connect_first
 from toolbus_contracts.errors import HostNotAllowed
 
 EgressCheck = Callable[[str, int], Awaitable[list[str]]]
@@ -61,15 +62,16 @@ class GuardedBackend(AsyncNetworkBackend):
             raise ConnectError(f"refused by the egress policy: {exc}") from None
         except OSError as exc:
             raise ConnectError(f"cannot resolve the host: {type(exc).__name__}") from None
-        last: Exception | None = None
-        for address in addresses:
-            try:
-                return await self._inner.connect_tcp(
+        try:
+            return await connect_first(
+                addresses,
+                lambda address: self._inner.connect_tcp(
                     address, port, timeout=timeout, local_address=local_address, socket_options=socket_options
-                )
-            except (ConnectError, OSError) as exc:
-                last = exc
-        raise ConnectError(f"could not connect: {type(last).__name__}") from None
+                ),
+                (ConnectError, OSError),
+            )
+        except (ConnectError, OSError) as exc:
+            raise ConnectError(f"could not connect: {type(exc).__name__}") from None
 
     async def connect_unix_socket(self, *args: Any, **kwargs: Any) -> AsyncNetworkStream:
         raise ConnectError("unix sockets are not MCP servers")
@@ -101,13 +103,11 @@ async def open_checked(
             factory, host, port, ssl=ssl_context, server_hostname=server_hostname
         )
         return proto
-    last: OSError | None = None
-    for address in await allowed_addresses(check, host, port):
-        try:
-            _, proto = await loop.create_connection(
-                factory, address, port, ssl=ssl_context, server_hostname=server_hostname
-            )
-            return proto
-        except OSError as exc:
-            last = exc
-    raise last or EgressBlocked("no address to connect to")
+
+    async def connect(address: str) -> P:
+        _, proto = await loop.create_connection(
+            factory, address, port, ssl=ssl_context, server_hostname=server_hostname
+        )
+        return proto
+
+    return await connect_first(await allowed_addresses(check, host, port), connect)

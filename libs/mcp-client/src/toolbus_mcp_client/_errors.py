@@ -5,7 +5,8 @@
     connection broke after sending, no answer       UpstreamUnreachable        yes        True
     no answer within the timeout                    Timeout                    yes        True
     HTTP 401 / 403                                  CredentialsRejected        no         True
-                                                    (403 insufficient_scope: details.insufficientScope)
+                                                    (403 insufficient_scope: details.insufficientScope,
+                                                    and requiredScopes: the scopes it asks for)
     HTTP 502 / 503 / 504                            UpstreamError              yes        True
     other HTTP 4xx / 5xx, JSON-RPC or protocol      UpstreamError              no         True
                                                     (details: status and/or rpcCode)
@@ -49,6 +50,8 @@ def classify(
         details: dict[str, object] = {"server": server, "status": status}
         if attempt.insufficient_scope:
             details["insufficientScope"] = True
+            if attempt.required_scopes:
+                details["requiredScopes"] = list(attempt.required_scopes)
         return CredentialsRejected(
             f"MCP server '{server}' rejected the credentials (HTTP {status}) for {what}; "
             f"set valid credentials for '{server}' and try again.",

@@ -217,9 +217,8 @@ class _Exchange:
                 if status >= 400:
                     content_type = self.headers.get("content-type", "")
                     attempt.status_has_json = content_type.lower().startswith("application/json")
-                    attempt.insufficient_scope = status == 403 and "insufficient_scope" in (
-                        self.headers.get("www-authenticate", "")
-                    )
+                    if status == 403:
+                        attempt.read_challenge(self.headers.get("www-authenticate", ""))
         if redirect:
             self._settle(Redirected())
             return

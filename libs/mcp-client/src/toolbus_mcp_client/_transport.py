@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import logging
+import re
 import ssl
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -37,6 +38,13 @@ LARGE_BODY = 1 << 20
 
 Reserve = Callable[[int], Awaitable[None]]
 """`await reserve(size)`: wait until an answer of `size` bytes may be held in memory."""
+
+MAX_SCOPES = 32
+"""Scopes kept from one `insufficient_scope` challenge (a server cannot make a call carry more)."""
+_INSUFFICIENT_SCOPE = re.compile(r'\berror\s*=\s*"?insufficient_scope\b')
+_SCOPE_PARAM = re.compile(r'\bscope\s*=\s*"([^"]{0,4096})"')
+_SCOPE_TOKEN = re.compile(r"[\x21\x23-\x5b\x5d-\x7e]{1,128}")
+"""RFC 6749 section 3.3's scope-token, at most 128 characters."""
 
 # A status no server sends: marks the stand-in response for a request that got no answer.
 NO_ANSWER_STATUS = 599
@@ -62,8 +70,10 @@ class Attempt:
     # The error status came with a JSON body: a JSON-RPC error the SDK passes on as it is.
     status_has_json: bool = False
     # A 403 whose WWW-Authenticate says `error="insufficient_scope"` (RFC 6750): a token with a
-    # larger scope would do (step-up), unlike any other 403.
+    # larger scope would do (step-up), unlike any other 403; `required_scopes` are the scopes its
+    # `scope` parameter asks for (empty when it names none).
     insufficient_scope: bool = False
+    required_scopes: tuple[str, ...] = ()
     # The longest answer read, in bytes over all of the operation's exchanges (None: no cap);
     # past it the body is not read on and `too_large` is set (see `BodyOverCap`).
     max_body: int | None = None
@@ -71,6 +81,16 @@ class Attempt:
     too_large: bool = False
     reserve: Reserve | None = None
     """Called once an answer is known to be large (see `LARGE_BODY`), before it is read on."""
+
+    def read_challenge(self, challenge: str) -> None:
+        """Note a 403's `WWW-Authenticate`: step-up when it says `insufficient_scope`, and the
+        scopes it asks for (RFC 6750 section 3; at most `MAX_SCOPES` well-formed scope tokens)."""
+        self.insufficient_scope = _INSUFFICIENT_SCOPE.search(challenge) is not None
+        found = _SCOPE_PARAM.search(challenge) if self.insufficient_scope else None
+        words = found.group(1).split() if found else []
+        self.required_scopes = tuple(dict.fromkeys(w for w in words if _SCOPE_TOKEN.fullmatch(w)))[
+            :MAX_SCOPES
+        ]
 
     def reservation(self, declared: int | None, seen: int, cap: int | None = None) -> int | None:
         """The size to reserve for an answer `declared` long (None: unknown) of which `seen`
@@ -221,9 +241,8 @@ class WatchingTransport(httpx2.AsyncBaseTransport):
                 if response.status_code >= 400:
                     content_type = response.headers.get("content-type", "")
                     attempt.status_has_json = content_type.lower().startswith("application/json")
-                    attempt.insufficient_scope = response.status_code == 403 and "insufficient_scope" in (
-                        response.headers.get("www-authenticate", "")
-                    )
+                    if response.status_code == 403:
+                        attempt.read_challenge(response.headers.get("www-authenticate", ""))
         stream = response.stream
         assert isinstance(stream, httpx2.AsyncByteStream)
         over = False

@@ -26,6 +26,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from toolbus_contracts.catalogue import CATALOGUE_CHARS as CATALOGUE_CHARS
+from toolbus_contracts.catalogue import SEARCH_GUIDE as SEARCH_GUIDE
+from toolbus_contracts.catalogue import SEARCH_INPUT, search_description
+from toolbus_contracts.catalogue import catalogue_text as catalogue_text
 from toolbus_contracts.registry import NamespaceInfo
 
 from toolbus._errors import ToolbusError
@@ -60,73 +64,7 @@ class ToolDefinition:
         return {"name": self.name, "description": self.description, "inputSchema": self.input_schema}
 
 
-SEARCH_GUIDE = (
-    "Search the tools available to you. Write the query in the API's own terms: the resource and "
-    "the action (e.g. 'create message', 'list call recordings', 'request reviewers pull request'), "
-    "not the user's words. Pass `namespaces` with the one or few namespaces below that fit the "
-    "task. If the hits don't fit, search again with other words or other namespaces, or read a "
-    "namespace's whole list with list_tools. Returns the best matching tools, best first, each "
-    "with its qualified name, its namespace and its declaration; call one with call_tool."
-)
-CATALOGUE_CHARS = 6000
-"""Most characters of namespace catalogue a `search_tools` description carries (~1,500 tokens)."""
-
-
-def catalogue_text(namespaces: Sequence[NamespaceInfo], max_chars: int = CATALOGUE_CHARS) -> str:
-    """The namespaces as lines for a model (`- name (kind, N tools): summary`), at most
-    `max_chars`: past that, the rest are named without summaries, then only counted."""
-    head = "Namespaces:"
-    lines = [head]
-    used = len(head)
-    rest = list(namespaces)
-    while rest:
-        n = rest[0]
-        line = f"- {n.name} ({n.kind}, {n.tool_count} tools): {n.summary}"
-        if used + 1 + len(line) > max_chars * 3 // 4:
-            break
-        lines.append(line)
-        used += 1 + len(line)
-        rest.pop(0)
-    if rest:
-        names: list[str] = []
-        for n in list(rest):
-            tail = f"\n(and {len(rest)} more namespaces: search without `namespaces` to reach them)"
-            item = f"{n.name} ({n.tool_count})"
-            if used + len(", ".join([*names, item])) + 8 + len(tail) > max_chars:
-                break
-            names.append(item)
-            rest.pop(0)
-        if names:
-            lines.append("Also: " + ", ".join(names))
-        if rest:
-            lines.append(f"(and {len(rest)} more namespaces: search without `namespaces` to reach them)")
-    return "\n".join(lines)
-
-
-SEARCH_TOOLS = ToolDefinition(
-    name="search_tools",
-    description=SEARCH_GUIDE,
-    input_schema={
-        "type": "object",
-        "properties": {
-            "query": {
-                "type": "string",
-                "minLength": 1,
-                "description": "The resource and the action, in the API's terms, in a few words.",
-            },
-            "namespaces": {
-                "type": "array",
-                "items": {"type": "string"},
-                "minItems": 1,
-                "maxItems": 100,
-                "description": "Search only these namespaces (from the list in this tool's description).",
-            },
-            "limit": {"type": "integer", "minimum": 1, "maximum": 50, "default": 5},
-        },
-        "required": ["query"],
-        "additionalProperties": False,
-    },
-)
+SEARCH_TOOLS = ToolDefinition(name="search_tools", description=SEARCH_GUIDE, input_schema=SEARCH_INPUT)
 
 LIST_PAGE_LINES = 60
 """Tools one `list_tools` page shows."""
@@ -195,10 +133,7 @@ class AgentTools:
         self.call_timeout = call_timeout
         self.catalogue = tuple(catalogue)
         self._namespaces = frozenset(n.name for n in self.catalogue)
-        search = SEARCH_TOOLS
-        if self.catalogue:
-            text = catalogue_text(self.catalogue, catalogue_chars)
-            search = replace(SEARCH_TOOLS, description=f"{SEARCH_GUIDE}\n\n{text}")
+        search = replace(SEARCH_TOOLS, description=search_description(self.catalogue, catalogue_chars))
         self.definitions: tuple[ToolDefinition, ...] = (search, LIST_TOOLS, CALL_TOOL)
         self._listed: dict[str, list[str]] = {}
 

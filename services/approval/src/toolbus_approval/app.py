@@ -31,6 +31,8 @@ from toolbus_common.toolsets import ToolsetStore
 from toolbus_common.webhooks import WebhookSender
 
 from toolbus_approval.approvals import Approvals
+from toolbus_approval.console.server import ConsoleServer
+from toolbus_approval.console.settings import ConsoleSettings
 from toolbus_approval.edits import EditCheck
 from toolbus_approval.handlers import routes
 from toolbus_approval.identity import Identity
@@ -64,9 +66,16 @@ class ApprovalApp:
 
     name = "approval"
 
-    def __init__(self, settings: Settings, approval_settings: ApprovalSettings | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        approval_settings: ApprovalSettings | None = None,
+        console_settings: ConsoleSettings | None = None,
+    ) -> None:
         self.settings = settings
         self.approval_settings = approval_settings or ApprovalSettings()
+        own = console_settings or ConsoleSettings()
+        self.console = ConsoleServer(own) if own.enabled else None
         self.bus = Bus(settings, name="approval", queue=QUEUE)
         self._redis: Redis[bytes] | None = None
         self._webhooks: WebhookSender | None = None
@@ -134,6 +143,8 @@ class ApprovalApp:
         self._relaying = asyncio.create_task(self._relay.run(), name="approval-outbox-relay")
         self.bus.include(routes, approvals)
         await self.bus.start()
+        if self.console is not None:
+            await self.console.start(s, approvals, nc, redis, keys)
         await self._webhooks.start()
         self._sweeper = asyncio.create_task(self._sweep(approvals), name="approval-sweeper")
         self._ready = True
@@ -152,6 +163,8 @@ class ApprovalApp:
 
     async def stop(self) -> None:
         self._ready = False
+        if self.console is not None:
+            await self.console.stop()
         await self.bus.drain()
         if self._sweeper is not None:
             await cancel_and_wait(self._sweeper)

@@ -231,6 +231,14 @@ class Approvals:
         )
         return remembered.remembered_id
 
+    async def get(self, approval_id: str) -> StoredApproval | None:
+        """One approval as stored, whatever its state; None when unknown (or long gone)."""
+        return await self._store.get(approval_id)
+
+    async def remembered(self, remembered_id: str) -> RememberedDecision | None:
+        """One remembered decision in force, or None."""
+        return None if self._remembered is None else await self._remembered.get(remembered_id)
+
     async def remembered_in_force(
         self, *, namespace: str | None, tool: str | None, limit: int
     ) -> tuple[list[RememberedDecision], bool]:
@@ -262,7 +270,7 @@ class Approvals:
         `invalidRequest` naming `input` (nothing is decided)."""
         state: State = "approved" if approve else "denied"
         if edited_input is not None:
-            await self._check_edit(approval_id, approve, edited_input)
+            await self.check_edit(approval_id, approve, edited_input)
         if remember is not None:
             _check_remember(remember, edited=edited_input is not None, enabled=self._remembered is not None)
         result = await self._transition(
@@ -288,7 +296,9 @@ class Approvals:
             remembered_id=remembered_id,
         )
 
-    async def _check_edit(self, approval_id: str, approve: bool, edited: dict[str, Any]) -> None:
+    async def check_edit(self, approval_id: str, approve: bool, edited: dict[str, Any]) -> None:
+        """Raise `invalidRequest` naming `input` when `decide` would refuse this edited input
+        (what the console checks as a person types)."""
         if not approve:
             raise InvalidRequest(
                 "Field 'input' goes with approve: true (an edited input to send); a denial sends nothing.",

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -24,10 +23,11 @@ from toolbus_common.connections import (
     internal_stream_limits,
 )
 from toolbus_common.credential_store import CredentialStore
-from toolbus_common.egress import EgressPolicy, EgressRefused
+from toolbus_common.egress import EgressPolicy
 from toolbus_common.keys import Keys
 from toolbus_common.outages import expected_fault
 from toolbus_common.outbox import OutboxRelay
+from toolbus_common.private.httpcore_guard import GuardedBackend, Resolver, guard_transport
 from toolbus_common.script_pipe import ScriptPipe
 from toolbus_common.secrets import Cipher
 from toolbus_common.settings import Settings
@@ -39,9 +39,9 @@ from toolbus_contracts import Subjects
 from toolbus_contracts.credentials import CredentialsConnected, CredentialsConnectFailed, CredentialsExpired
 from toolbus_contracts.internal import CredentialsChanged
 
-from toolbus_credentials.callback import callback_route, start_route
+from toolbus_credentials.callback import callback_route, client_metadata_route, start_route
 from toolbus_credentials.handlers import routes
-from toolbus_credentials.oauth import OAuthConnections
+from toolbus_credentials.oauth import OAuthConnections, client_metadata
 from toolbus_credentials.parking import ParkingLot
 from toolbus_credentials.service import CredentialsLogic
 from toolbus_credentials.settings import CredentialsSettings
@@ -52,19 +52,15 @@ QUEUE = "toolbus-credentials"
 INTERNAL_STREAM = "INTERNAL"
 
 
-def egress_check(policy: EgressPolicy) -> Callable[[httpx.Request], Awaitable[None]]:
-    """An httpx request hook: OAuth discovery, registration and token requests go only where the
-    deployment's egress policy allows (the URLs come from MCP servers and their metadata). A
-    refusal is a connection error, as a host that does not answer is."""
-
-    async def check(request: httpx.Request) -> None:
-        port = request.url.port or (443 if request.url.scheme == "https" else 80)
-        try:
-            await policy.addresses(request.url.host, port)
-        except (EgressRefused, OSError, UnicodeError):
-            raise httpx.ConnectError("refused by the deployment's egress policy", request=request) from None
-
-    return check
+def oauth_http(policy: EgressPolicy, timeout: float, resolver: Resolver | None = None) -> httpx.AsyncClient:
+    """The client of OAuth discovery, registration, token and revocation requests (their URLs
+    come from MCP servers and their metadata): redirects not followed, and every connection made
+    to an address the deployment's egress policy allows, the one that was checked (the guarded
+    transport of `http.fetch`: no second lookup, so no DNS-rebinding window). A refusal raises
+    `HostNotAllowed` before any connection. `resolver`: tests put a stub in place of DNS."""
+    transport = httpx.AsyncHTTPTransport()
+    guard_transport(transport, GuardedBackend(policy, resolver))
+    return httpx.AsyncClient(transport=transport, timeout=timeout, follow_redirects=False, trust_env=False)
 
 
 class NatsOutbox:
@@ -165,11 +161,7 @@ class CredentialsService:
             stored = await toolsets.get(toolset_id)
             return None if stored is None else {s.name: s.url for s in stored.pinned.servers}
 
-        self._http = httpx.AsyncClient(
-            timeout=own.webhook_timeout_seconds,
-            follow_redirects=False,
-            event_hooks={"request": [egress_check(settings.egress)]},
-        )
+        self._http = oauth_http(settings.egress, own.webhook_timeout_seconds)
         self.oauth = logic.oauth = OAuthConnections(
             redis=redis,
             keys=self.keys,
@@ -225,7 +217,8 @@ class CredentialsService:
             await asyncio.sleep(self.own.oauth_interval_seconds)
 
     def http_routes(self) -> list[Route]:
-        """`GET /oauth/callback` and `GET /oauth/start/<token>` on the service's HTTP port."""
+        """`GET /oauth/callback`, `GET /oauth/start/<token>` and `GET /oauth/client-metadata.json`
+        on the service's HTTP port."""
 
         async def handle(params: dict[str, str]) -> tuple[bool, str]:
             if self.oauth is None:  # the HTTP port opens before the service has started
@@ -235,7 +228,10 @@ class CredentialsService:
         async def begin(token: str) -> str | None:
             return None if self.oauth is None else await self.oauth.start(token)
 
-        return [callback_route(handle), start_route(begin)]
+        def document() -> dict[str, object] | None:
+            return client_metadata(self.own.oauth_callback_url, self.own.oauth_client_name)
+
+        return [callback_route(handle), start_route(begin), client_metadata_route(document)]
 
     def ready(self) -> bool:
         return self._ready and self.bus.ready()

@@ -1,5 +1,7 @@
-"""The OAuth redirect endpoint, `GET /oauth/callback`: hands the query to `OAuthConnections` and
-answers the end user with a short page that says what happened (never a token or the query)."""
+"""The OAuth endpoints of the credentials service: the redirect endpoint, `GET /oauth/callback`,
+which hands the query to `OAuthConnections` and answers the end user with a short page that says
+what happened (never a token or the query); the connect links, `GET /oauth/start/<token>`; and
+toolbus's Client ID Metadata Document, `GET /oauth/client-metadata.json`."""
 
 from __future__ import annotations
 
@@ -8,13 +10,14 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 log = logging.getLogger(__name__)
 
 CALLBACK_PATH = "/oauth/callback"
 START_PATH = "/oauth/start/{token}"
+CLIENT_METADATA_PATH = "/oauth/client-metadata.json"
 
 
 def _page(title: str, text: str, status: int) -> HTMLResponse:
@@ -67,3 +70,17 @@ def start_route(begin: Callable[[str], Awaitable[str | None]]) -> Route:
         )
 
     return Route(START_PATH, start, methods=["GET"])
+
+
+def client_metadata_route(document: Callable[[], dict[str, object] | None]) -> Route:
+    """`GET /oauth/client-metadata.json`: toolbus's Client ID Metadata Document (what an
+    authorization server fetches for the `client_id` that is this URL), or 404 when the callback
+    URL is not HTTPS (no such client id is used then)."""
+
+    async def metadata(request: Request) -> Response:
+        body = document()
+        if body is None:
+            return JSONResponse({"error": "not_found"}, status_code=404)
+        return JSONResponse(body, headers={"Cache-Control": "public, max-age=3600"})
+
+    return Route(CLIENT_METADATA_PATH, metadata, methods=["GET"])

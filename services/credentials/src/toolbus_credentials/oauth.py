@@ -27,7 +27,7 @@ import httpx
 from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict
 from redis.asyncio import Redis
-from toolbus_common.credential_store import scope_of
+from toolbus_common.credential_store import index_encrypted, scope_of, unindex_encrypted
 from toolbus_common.keys import Keys
 from toolbus_common.secrets import Cipher, DecryptionError
 from toolbus_contracts.credentials import (
@@ -141,6 +141,23 @@ Patch = Callable[[Target, str, dict[str, str] | None], Awaitable[None]]
 for that server."""
 ServerUrls = Callable[[str], Awaitable[dict[str, str] | None]]
 RunTarget = Callable[[str], Awaitable[Target | None]]
+
+
+def client_metadata_url(callback_url: str | None) -> str | None:
+    """The URL of toolbus's Client ID Metadata Document, beside the callback, used as its
+    `client_id` where the authorization server supports that; None unless the callback URL is
+    HTTPS (the draft requires an HTTPS client id)."""
+    if callback_url is None or not callback_url.startswith("https://"):
+        return None
+    return callback_url.rsplit("/", 1)[0] + "/client-metadata.json"
+
+
+def client_metadata(callback_url: str | None, client_name: str) -> dict[str, object] | None:
+    """The document served at `client_metadata_url`, or None when there is none."""
+    url = client_metadata_url(callback_url)
+    if url is None or callback_url is None:
+        return None
+    return proto.client_metadata(url, callback_url, client_name)
 
 
 def _iso(ts: float | None) -> str | None:
@@ -288,18 +305,14 @@ class OAuthConnections:
             client_secret=client.client_secret,
             scopes=scopes,
         )
-        await self._redis.set(
-            self._keys.oauth_start(_digest(token)),
-            self._cipher.encrypt(start.model_dump_json().encode()),
-            px=int(self.link_ttl * 1000),
-        )
+        await self._put(self._keys.oauth_start(_digest(token)), start.model_dump_json(), self.link_ttl)
         base = self.callback_url.rsplit("/", 1)[0]
         return f"{base}/start/{token}", time.time() + self.link_ttl
 
     async def start(self, token: str) -> str | None:
         """`GET /oauth/start/<token>`: the authorization server's URL to redirect to (a new state
         and verifier), or None when the link is unknown, used or expired."""
-        raw = await self._redis.getdel(self._keys.oauth_start(_digest(token)))
+        raw = await self._take(self._keys.oauth_start(_digest(token)))
         if raw is None:
             return None
         try:
@@ -339,20 +352,25 @@ class OAuthConnections:
             redirect_uri=self.callback_url,
             scopes=scopes,
         )
-        await self._redis.set(
-            self._keys.oauth_flow(_digest(state)),
-            self._cipher.encrypt(flow.model_dump_json().encode()),
-            px=int(self.state_ttl * 1000),
-        )
+        await self._put(self._keys.oauth_flow(_digest(state)), flow.model_dump_json(), self.state_ttl)
         url = proto.authorization_url(
             auth, client, redirect_uri=self.callback_url, state=state, verifier=verifier, scopes=scopes
         )
         return url, time.time() + self.state_ttl
 
+    @property
+    def client_metadata_url(self) -> str | None:
+        return client_metadata_url(self.callback_url)
+
     async def _client(self, request: CredentialsConnectRequest, auth: ServerAuth) -> ClientInfo:
+        """The client to connect as, in the MCP spec's order: the one the caller registered,
+        else toolbus's Client ID Metadata Document where the authorization server supports it,
+        else dynamic registration (once per authorization server, cached encrypted)."""
         if request.client is not None:
             secret = request.client.client_secret
             return ClientInfo(request.client.client_id, None if secret is None else secret.get_secret_value())
+        if auth.client_id_metadata_document_supported and self.client_metadata_url is not None:
+            return ClientInfo(self.client_metadata_url)
         assert self.callback_url is not None
         key = self._keys.oauth_client(_digest(f"{auth.issuer}\0{self.callback_url}"))
         raw = await self._redis.get(key)
@@ -368,7 +386,7 @@ class OAuthConnections:
             )
         except OAuthFailure as exc:
             raise self._as_error(exc, "registering toolbus as a client") from None
-        await self._redis.set(key, self._cipher.encrypt(json.dumps(asdict(client)).encode()))
+        await self._put(key, json.dumps(asdict(client)), None)
         return client
 
     async def _client_credentials(
@@ -388,12 +406,12 @@ class OAuthConnections:
             )
         client = ClientInfo(request.client.client_id, request.client.client_secret.get_secret_value())
         try:
-            tokens = await proto.client_credentials(
+            tokens = await proto.token_grant(
                 self._http,
-                auth.auth_methods,
-                auth.token_endpoint,
+                auth,
                 client,
-                scopes=scopes,
+                "client_credentials",
+                scope=" ".join(scopes) or None,
                 resource=auth.resource,
             )
         except OAuthFailure as exc:
@@ -435,7 +453,7 @@ class OAuthConnections:
         if not state:
             await self._failed(None, None, None, "unknownState", "the callback came with no state")
             return False, "This link is not a valid authorization response (it has no state)."
-        raw = await self._redis.getdel(self._keys.oauth_flow(_digest(state)))
+        raw = await self._take(self._keys.oauth_flow(_digest(state)))
         flow: Flow | None = None
         if raw is not None:
             try:
@@ -477,14 +495,14 @@ class OAuthConnections:
             return False, "The authorization response had no code. Nothing was connected."
         client = ClientInfo(flow.client_id, flow.client_secret)
         try:
-            tokens = await proto.exchange_code(
+            tokens = await proto.token_grant(
                 self._http,
-                auth.auth_methods,
-                auth.token_endpoint,
+                auth,
                 client,
+                "authorization_code",
                 code=code,
-                verifier=flow.verifier,
                 redirect_uri=flow.redirect_uri,
+                code_verifier=flow.verifier,
                 resource=auth.resource,
             )
         except OAuthFailure as exc:
@@ -511,6 +529,7 @@ class OAuthConnections:
             connected_at=now,
         )
         await self._store(connection)
+        await self._redis.delete(self._keys.oauth_step_up(flow.target.level, flow.target.scope, flow.server))
         await self._patch(flow.target, flow.server, _bearer(connection))
         CONNECTS.labels("connected").inc()
         await self._outbox.connected(CredentialsConnected(data=_event_data(connection)))
@@ -548,10 +567,28 @@ class OAuthConnections:
 
     # ---- storage -----------------------------------------------------------------------------
 
+    async def _put(self, key: str, plaintext: str, ttl: float | None) -> None:
+        """Store an encrypted record (for `ttl` seconds, else for good), indexed for the
+        secret key's rotation (`CredentialStore.rotate`)."""
+        ttl_ms = None if ttl is None else int(ttl * 1000)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.set(key, self._cipher.encrypt(plaintext.encode()), px=ttl_ms)
+            index_encrypted(pipe, self._keys, key, ttl_ms=ttl_ms)
+            await pipe.execute()
+
+    async def _take(self, key: str) -> bytes | None:
+        """Get and delete a single-use record (a pending flow or link)."""
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.getdel(key)
+            unindex_encrypted(pipe, self._keys, key)
+            raw, *_ = await pipe.execute()
+        return raw  # type: ignore[no-any-return]
+
     async def _store(self, connection: Connection) -> None:
         key = self._keys.oauth_connection(connection.target.level, connection.target.scope, connection.server)
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.set(key, self._cipher.encrypt(connection.model_dump_json().encode()))
+            index_encrypted(pipe, self._keys, key)
             pipe.sadd(
                 self._keys.oauth_servers(connection.target.level, connection.target.scope), connection.server
             )
@@ -586,7 +623,10 @@ class OAuthConnections:
 
     async def forget(self, target: Target, server: str) -> None:
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.delete(self._keys.oauth_connection(target.level, target.scope, server))
+            key = self._keys.oauth_connection(target.level, target.scope, server)
+            pipe.delete(key)
+            unindex_encrypted(pipe, self._keys, key)
+            pipe.delete(self._keys.oauth_step_up(target.level, target.scope, server))
             pipe.srem(self._keys.oauth_servers(target.level, target.scope), server)
             pipe.zrem(self._keys.oauth_due, _member(target, server))
             await pipe.execute()
@@ -617,10 +657,17 @@ class OAuthConnections:
             return Target(level="namespace", toolset_id=toolset_id, namespace=namespace, run_id=None)
         return await self._run_target(scope)
 
-    async def renew(self, target: Target, server: str, *, reason: Literal["due", "rejected"]) -> bool:
+    async def renew(
+        self,
+        target: Target,
+        server: str,
+        *,
+        reason: Literal["due", "rejected"],
+        step_up: list[str] | None = None,
+    ) -> bool:
         """Renew one connection's access token under its lock; True when this call renewed it.
         A permanent failure marks the connection expired (calls then park and the notice carries
-        a new authorization URL)."""
+        a new authorization URL). `step_up`: scopes a client-credentials token is to have too."""
         lock = self._keys.oauth_lock(target.level, target.scope, server)
         if not await self._redis.set(lock, self._holder, nx=True, px=30_000):
             return False
@@ -635,27 +682,31 @@ class OAuthConnections:
                     return False  # another replica renewed it meanwhile
             elif connection.renewed_on_reject:
                 return False  # the token of the last such renewal was refused too: park
+            auth = connection.server_auth()
             try:
                 if connection.grant == "clientCredentials":
-                    tokens = await proto.client_credentials(
+                    if step_up:
+                        wanted = list(dict.fromkeys([*connection.requested_scopes, *step_up]))
+                        connection = connection.model_copy(update={"requested_scopes": wanted})
+                    tokens = await proto.token_grant(
                         self._http,
-                        connection.server_auth().auth_methods,
-                        connection.server_auth().token_endpoint,
+                        auth,
                         connection.client(),
-                        scopes=connection.requested_scopes,
-                        resource=connection.server_auth().resource,
+                        "client_credentials",
+                        scope=" ".join(connection.requested_scopes) or None,
+                        resource=auth.resource,
                     )
                 elif connection.refresh_token is None:
                     raise OAuthFailure("no refresh token was issued", error="noRefreshToken", permanent=True)
                 else:
                     self.refreshes += 1
-                    tokens = await proto.refresh(
+                    tokens = await proto.token_grant(
                         self._http,
-                        connection.server_auth().auth_methods,
-                        connection.server_auth().token_endpoint,
+                        auth,
                         connection.client(),
+                        "refresh_token",
                         refresh_token=connection.refresh_token,
-                        resource=connection.server_auth().resource,
+                        resource=auth.resource,
                     )
             except OAuthFailure as exc:
                 REFRESHES.labels(reason, "permanent" if exc.permanent else "retry").inc()
@@ -694,16 +745,43 @@ class OAuthConnections:
             self._keys.oauth_servers(target.level, target.scope), parked.server
         ):
             return False
-        return await self.renew(target, parked.server, reason="rejected")
+        if parked.required_scopes is None:
+            return await self.renew(target, parked.server, reason="rejected")
+        return await self._step_up(target, parked.server, parked.required_scopes)
+
+    async def _step_up(self, target: Target, server: str, asked: list[str]) -> bool:
+        """A 403 `insufficient_scope` (MCP authorization spec, scope challenge handling): the
+        next token is to carry the current scopes and those the challenge asked for (all the
+        server offers when it named none). A client-credentials connection gets one such token
+        at once (True: resume); an end user must consent to the larger scope, so the call parks
+        and the notice's link asks for it (a refresh cannot widen a grant, RFC 6749 section 6)."""
+        connection = await self.load(target, server)
+        if connection is None or connection.status != "connected":
+            return False
+        wanted = list(asked) or connection.server_auth().scopes_supported
+        if connection.grant == "clientCredentials":
+            return await self.renew(target, server, reason="rejected", step_up=wanted)
+        if wanted:
+            await self._redis.sadd(self._keys.oauth_step_up(target.level, target.scope, server), *wanted)
+        log.info(
+            "oauth step-up: the server asks for a larger scope",
+            extra={"server": server, "credentialsLevel": target.level, "scopes": wanted},
+        )
+        return False
 
     async def reconnect_url(self, target: Target, server: str) -> tuple[str, str] | None:
-        """For a notice: a new authorization URL for a connected server (the granted scopes and
-        all the server offers, so a step-up asks for the larger scope), or None."""
+        """For a notice: a new authorization URL for a connected server, asking for the scopes
+        asked before plus those of any step-up since, or None."""
         connection = await self.load(target, server)
         if connection is None or connection.grant != "authorizationCode" or self.callback_url is None:
             return None
         auth = connection.server_auth()
-        scopes = list(dict.fromkeys([*connection.requested_scopes, *auth.scopes_supported]))
+        more = await self._redis.smembers(self._keys.oauth_step_up(target.level, target.scope, server))
+        scopes = list(
+            dict.fromkeys(
+                [*connection.requested_scopes, *connection.scopes, *sorted(m.decode() for m in more)]
+            )
+        )
         url, _ = await self._new_link(
             connection.connection_id, target, server, auth, connection.client(), scopes
         )
@@ -739,15 +817,14 @@ class OAuthConnections:
             return CredentialsDisconnectReply(
                 level=target.level, server=request.server, disconnected=False, revoked=False
             )
-        revoked = False
-        endpoint = connection.server_auth().revocation_endpoint
-        if endpoint:
-            token, hint = (
-                (connection.refresh_token, "refresh_token")
-                if connection.refresh_token
-                else (connection.access_token, "access_token")
-            )
-            revoked = await proto.revoke(self._http, endpoint, connection.client(), token=token, hint=hint)
+        token, hint = (
+            (connection.refresh_token, "refresh_token")
+            if connection.refresh_token
+            else (connection.access_token, "access_token")
+        )
+        revoked = await proto.revoke(
+            self._http, connection.server_auth(), connection.client(), token=token, hint=hint
+        )
         await self.forget(target, request.server)
         await self._patch(target, request.server, None)
         log.info("oauth connection removed", extra={"server": request.server, "revoked": revoked})

@@ -1,7 +1,9 @@
 """The OAuth client side of the MCP authorization spec, with no Redis or NATS in it: discovery
-(RFC 9728 protected-resource metadata, RFC 8414 / OpenID discovery), dynamic client registration
-(RFC 7591), the authorization URL with PKCE S256, `state` and `resource` (RFC 8707), and the token
-endpoint's grants (authorization code, refresh, client credentials) and revocation (RFC 7009).
+(RFC 9728 protected-resource metadata, RFC 8414 / OpenID discovery), the Client ID Metadata
+Document toolbus serves (`client_metadata`), dynamic client registration (RFC 7591), the
+authorization URL with PKCE S256, `state` and `resource` (RFC 8707), and the token endpoint's
+grants (authorization code, refresh, client credentials: one `token_grant`) and revocation
+(RFC 7009).
 
 authlib builds and parses the protocol's messages (`prepare_grant_uri`, `prepare_token_request`,
 `create_s256_code_challenge`, `generate_token`); httpx sends them. authlib's own httpx client is
@@ -22,6 +24,7 @@ import httpx
 from authlib.common.security import generate_token  # type: ignore[import-untyped]
 from authlib.oauth2.rfc6749.parameters import prepare_grant_uri, prepare_token_request  # type: ignore[import-untyped]
 from authlib.oauth2.rfc7636 import create_s256_code_challenge  # type: ignore[import-untyped]
+from toolbus_contracts.errors import HostNotAllowed
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +70,9 @@ class ServerAuth:
     auth_methods: list[str]
     iss_parameter_supported: bool
     offline_access: bool
+    client_id_metadata_document_supported: bool = False
+    """The authorization server takes an HTTPS URL as `client_id` and fetches the client's
+    metadata there (draft-ietf-oauth-client-id-metadata-document)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +97,32 @@ def new_verifier() -> str:
     return str(generate_token(64))
 
 
+async def _send(
+    http: httpx.AsyncClient,
+    method: str,
+    url: str,
+    what: str,
+    *,
+    error: str = "providerUnavailable",
+    **kwargs: Any,
+) -> httpx.Response:
+    """One HTTP request of the flow. No answer, or a host the deployment's egress policy refuses
+    (the client's guarded transport checks each connection's address), is an `OAuthFailure`
+    that a retry may mend (`error`, or `hostNotAllowed`)."""
+    try:
+        return await http.request(method, url, **kwargs)
+    except HostNotAllowed:
+        raise OAuthFailure(
+            f"{what} ({urlsplit(url).hostname}) is refused by the deployment's egress policy",
+            error="hostNotAllowed",
+            permanent=False,
+        ) from None
+    except httpx.HTTPError as exc:
+        raise OAuthFailure(
+            f"{what} did not answer ({type(exc).__name__})", error=error, permanent=False
+        ) from None
+
+
 def _well_known(url: str, suffix: str) -> list[str]:
     """RFC 8414 / 9728 well-known URLs for `url`: the suffix inserted before the path, then at
     the root (and OpenID's form, the suffix after the path, for openid-configuration)."""
@@ -105,14 +137,7 @@ def _well_known(url: str, suffix: str) -> list[str]:
 
 
 async def _get_json(http: httpx.AsyncClient, url: str) -> dict[str, Any] | None:
-    try:
-        response = await http.get(url, headers={"Accept": "application/json"})
-    except httpx.HTTPError as exc:
-        raise OAuthFailure(
-            f"{urlsplit(url).netloc} did not answer ({type(exc).__name__})",
-            error="providerUnavailable",
-            permanent=False,
-        ) from None
+    response = await _send(http, "GET", url, urlsplit(url).netloc, headers={"Accept": "application/json"})
     if response.status_code != 200:
         return None
     try:
@@ -126,22 +151,19 @@ async def discover(http: httpx.AsyncClient, server_url: str) -> ServerAuth:
     """The server's authorization server and what it supports (MCP spec: a request without a
     token, `resource_metadata` from the 401's WWW-Authenticate, else the well-known URLs)."""
     candidates: list[str] = []
-    try:
-        probe = await http.post(
-            server_url,
-            json=_INIT,
-            headers={"Accept": "application/json, text/event-stream"},
-        )
-        if probe.status_code == 401:
-            match = _RESOURCE_METADATA.search(probe.headers.get("www-authenticate", ""))
-            if match:
-                candidates.append(match.group(1))
-    except httpx.HTTPError as exc:
-        raise OAuthFailure(
-            f"the MCP server did not answer ({type(exc).__name__})",
-            error="serverUnavailable",
-            permanent=False,
-        ) from None
+    probe = await _send(
+        http,
+        "POST",
+        server_url,
+        "the MCP server",
+        error="serverUnavailable",
+        json=_INIT,
+        headers={"Accept": "application/json, text/event-stream"},
+    )
+    if probe.status_code == 401:
+        match = _RESOURCE_METADATA.search(probe.headers.get("www-authenticate", ""))
+        if match:
+            candidates.append(match.group(1))
     candidates += _well_known(server_url, "oauth-protected-resource")
     prm: dict[str, Any] | None = None
     for url in candidates:
@@ -201,7 +223,22 @@ async def discover(http: httpx.AsyncClient, server_url: str) -> ServerAuth:
         ],
         iss_parameter_supported=bool(meta.get("authorization_response_iss_parameter_supported")),
         offline_access="offline_access" in (meta.get("scopes_supported") or []),
+        client_id_metadata_document_supported=meta.get("client_id_metadata_document_supported") is True,
     )
+
+
+def client_metadata(client_id: str, redirect_uri: str, client_name: str) -> dict[str, Any]:
+    """toolbus's Client ID Metadata Document (draft-ietf-oauth-client-id-metadata-document):
+    served at `client_id`, an HTTPS URL, for authorization servers that fetch it instead of
+    registering toolbus; a public client (PKCE, no secret) of the authorization code grant."""
+    return {
+        "client_id": client_id,
+        "client_name": client_name,
+        "redirect_uris": [redirect_uri],
+        "grant_types": ["authorization_code", "refresh_token"],
+        "response_types": ["code"],
+        "token_endpoint_auth_method": "none",
+    }
 
 
 async def register_client(
@@ -223,14 +260,7 @@ async def register_client(
         "response_types": [] if confidential else ["code"],
         "token_endpoint_auth_method": "client_secret_basic" if confidential else "none",
     }
-    try:
-        response = await http.post(auth.registration_endpoint, json=body)
-    except httpx.HTTPError as exc:
-        raise OAuthFailure(
-            f"client registration did not answer ({type(exc).__name__})",
-            error="providerUnavailable",
-            permanent=False,
-        ) from None
+    response = await _send(http, "POST", auth.registration_endpoint, "client registration", json=body)
     if response.status_code not in (200, 201):
         raise OAuthFailure(
             f"client registration refused (HTTP {response.status_code}{_error_of(response)})",
@@ -279,39 +309,39 @@ def _error_of(response: httpx.Response) -> str:
     return f": {error}" if isinstance(error, str) and re.fullmatch(r"[a-z_]{1,64}", error) else ""
 
 
-async def _token_request(
-    http: httpx.AsyncClient,
-    token_endpoint: str,
-    client: ClientInfo,
-    auth_methods: list[str],
-    grant_type: str,
-    **params: Any,
+def _client_auth(
+    client: ClientInfo, auth_methods: list[str]
+) -> tuple[dict[str, str], httpx.BasicAuth | None]:
+    """How the client authenticates to the token and revocation endpoints: the body fields to
+    add and the Basic credentials, if any (`client_secret_basic` unless only `_post` is offered;
+    a public client sends its id)."""
+    if client.client_secret is None:
+        return {"client_id": client.client_id}, None
+    if "client_secret_post" in auth_methods and "client_secret_basic" not in auth_methods:
+        return {"client_id": client.client_id, "client_secret": client.client_secret}, None
+    return {}, httpx.BasicAuth(client.client_id, client.client_secret)
+
+
+async def token_grant(
+    http: httpx.AsyncClient, auth: ServerAuth, client: ClientInfo, grant_type: str, **params: Any
 ) -> Tokens:
+    """One request to the token endpoint, for any grant (`authorization_code` with `code`,
+    `redirect_uri`, `code_verifier`; `refresh_token` with `refresh_token`; `client_credentials`
+    with `scope`; each with `resource`): the tokens, or `OAuthFailure` with the provider's error
+    code (`permanent` when no retry can help)."""
     body = prepare_token_request(grant_type, **{k: v for k, v in params.items() if v is not None})
-    headers = {"Accept": "application/json", "Content-Type": "application/x-www-form-urlencoded"}
-    basic: httpx.BasicAuth | None = None
-    if (
-        client.client_secret is not None
-        and "client_secret_post" in auth_methods
-        and ("client_secret_basic" not in auth_methods)
-    ):
-        body += "&" + str(
-            httpx.QueryParams({"client_id": client.client_id, "client_secret": client.client_secret})
-        )
-    elif client.client_secret is not None:
-        basic = httpx.BasicAuth(client.client_id, client.client_secret)
-    else:
-        body += "&" + str(httpx.QueryParams({"client_id": client.client_id}))
-    try:
-        response = await http.post(
-            token_endpoint, content=body, headers=headers, auth=basic or httpx.USE_CLIENT_DEFAULT
-        )
-    except httpx.HTTPError as exc:
-        raise OAuthFailure(
-            f"the token endpoint did not answer ({type(exc).__name__})",
-            error="providerUnavailable",
-            permanent=False,
-        ) from None
+    fields, basic = _client_auth(client, auth.auth_methods)
+    if fields:
+        body += "&" + str(httpx.QueryParams(fields))
+    response = await _send(
+        http,
+        "POST",
+        auth.token_endpoint,
+        "the token endpoint",
+        content=body,
+        headers={"Accept": "application/json", "Content-Type": "application/x-www-form-urlencoded"},
+        auth=basic or httpx.USE_CLIENT_DEFAULT,
+    )
     if response.status_code != 200:
         code = _error_of(response)[2:] or ("serverError" if response.status_code >= 500 else "tokenRefused")
         raise OAuthFailure(
@@ -335,83 +365,24 @@ async def _token_request(
     )
 
 
-async def exchange_code(
-    http: httpx.AsyncClient,
-    auth_methods: list[str],
-    token_endpoint: str,
-    client: ClientInfo,
-    *,
-    code: str,
-    verifier: str,
-    redirect_uri: str,
-    resource: str,
-) -> Tokens:
-    return await _token_request(
-        http,
-        token_endpoint,
-        client,
-        auth_methods,
-        "authorization_code",
-        code=code,
-        redirect_uri=redirect_uri,
-        code_verifier=verifier,
-        resource=resource,
-    )
-
-
-async def refresh(
-    http: httpx.AsyncClient,
-    auth_methods: list[str],
-    token_endpoint: str,
-    client: ClientInfo,
-    *,
-    refresh_token: str,
-    resource: str,
-) -> Tokens:
-    return await _token_request(
-        http,
-        token_endpoint,
-        client,
-        auth_methods,
-        "refresh_token",
-        refresh_token=refresh_token,
-        resource=resource,
-    )
-
-
-async def client_credentials(
-    http: httpx.AsyncClient,
-    auth_methods: list[str],
-    token_endpoint: str,
-    client: ClientInfo,
-    *,
-    scopes: list[str],
-    resource: str,
-) -> Tokens:
-    return await _token_request(
-        http,
-        token_endpoint,
-        client,
-        auth_methods,
-        "client_credentials",
-        scope=" ".join(scopes) or None,
-        resource=resource,
-    )
-
-
 async def revoke(
-    http: httpx.AsyncClient, revocation_endpoint: str, client: ClientInfo, *, token: str, hint: str
+    http: httpx.AsyncClient, auth: ServerAuth, client: ClientInfo, *, token: str, hint: str
 ) -> bool:
-    """RFC 7009; True when the server answered 200."""
-    data = {"token": token, "token_type_hint": hint}
-    basic: httpx.BasicAuth | None = None
-    if client.client_secret is not None:
-        basic = httpx.BasicAuth(client.client_id, client.client_secret)
-    else:
-        data["client_id"] = client.client_id
+    """RFC 7009 at `auth.revocation_endpoint`, the client authenticated as at the token
+    endpoint; True when the server answered 200."""
+    if not auth.revocation_endpoint:
+        return False
+    fields, basic = _client_auth(client, auth.auth_methods)
     try:
-        response = await http.post(revocation_endpoint, data=data, auth=basic or httpx.USE_CLIENT_DEFAULT)
-    except httpx.HTTPError:
+        response = await _send(
+            http,
+            "POST",
+            auth.revocation_endpoint,
+            "the revocation endpoint",
+            data={"token": token, "token_type_hint": hint, **fields},
+            auth=basic or httpx.USE_CLIENT_DEFAULT,
+        )
+    except OAuthFailure:
         return False
     if response.status_code != 200:
         log.warning(

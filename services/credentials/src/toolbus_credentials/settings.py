@@ -16,7 +16,8 @@ class CredentialsSettings(WebhookSettings, BaseSettings):
     `TOOLBUS_WEBHOOK_RETRY_SCHEDULE` (default `5s,30s,2m,10m,1h`), `TOOLBUS_WEBHOOK_TIMEOUT`
     (default 10s): webhook retries and the time one attempt may take (`WebhookSettings`).
     `TOOLBUS_OAUTH_CALLBACK_URL` (unset: OAuth authorization-code connections refused), the public
-    URL of `/oauth/callback` (`/oauth/start/<token>` links are served beside it);
+    URL of `/oauth/callback` (`/oauth/start/<token>` links are served beside it, and, when it is
+    HTTPS, the Client ID Metadata Document `/oauth/client-metadata.json`);
     `TOOLBUS_OAUTH_LINK_TTL` (24h): how long a connect link is good for (single-use);
     `TOOLBUS_OAUTH_STATE_TTL` (10m): how long the user has, once the link is opened, to come back; `TOOLBUS_OAUTH_REFRESH_MARGIN` (60s): how long before expiry a token is renewed (plus
     up to 20% jitter); `TOOLBUS_OAUTH_REFRESH_INTERVAL` (1s): how often due tokens are looked for;

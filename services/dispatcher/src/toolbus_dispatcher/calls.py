@@ -360,6 +360,7 @@ class CallRunner:
                 level=exc.level,
                 parked_at=now,
                 credentials_version=exc.version,
+                required_scopes=None if exc.scopes is None else list(exc.scopes),
             )
             announce = (self._subjects.internal_calls_park, parked.wire_json())
             result = await self._persist(

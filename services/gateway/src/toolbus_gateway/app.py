@@ -73,7 +73,7 @@ class GatewayApp:
         nc = await self.bus.connect()
         js = nc.jetstream()
         self._redis = redis = connect_redis(s)
-        tokens = TokenStore(redis, s.key_prefix)
+        tokens = TokenStore(redis, s.key_prefix, cache_seconds=g.token_cache_seconds)
         store = ToolsetStore(js, s.js_name("toolsets"), placement=JsPlacement.of(s))
         await store.open()
         requester = Requester(nc)

@@ -27,6 +27,7 @@ from toolbus_gateway.calls import (
     result_meta,
 )
 from toolbus_gateway.catalogue import Catalogue, Catalogues
+from toolbus_gateway.directory import CALL_TOOL, LIST_TOOLS, SEARCH_TOOLS, Directory
 from toolbus_gateway.requests import Requester
 from toolbus_gateway.runs import Runs
 
@@ -36,61 +37,6 @@ Elicit = Callable[[str, str, str], Awaitable[bool]]
 """`elicit(message, url, elicitation_id)`: a URL-mode elicitation; True when the user accepted."""
 
 RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
-
-SEARCH_TOOLS = "search_tools"
-LIST_TOOLS = "list_tools"
-CALL_TOOL = "call_tool"
-
-META_TOOLS = (
-    types.Tool(
-        name=SEARCH_TOOLS,
-        title="Search tools",
-        description="Find the tools of this toolset that fit a task, best first, with their input schemas.",
-        input_schema={
-            "type": "object",
-            "properties": {
-                "query": {"type": "string", "minLength": 1, "description": "What the tool should do."},
-                "limit": {"type": "integer", "minimum": 1, "maximum": 50, "default": 5},
-            },
-            "required": ["query"],
-        },
-        annotations=types.ToolAnnotations(read_only_hint=True),
-    ),
-    types.Tool(
-        name=LIST_TOOLS,
-        title="List tools",
-        description="List this toolset's tools by name with their descriptions, a page at a time.",
-        input_schema={
-            "type": "object",
-            "properties": {"cursor": {"type": "string", "description": "nextCursor of the previous page."}},
-        },
-        annotations=types.ToolAnnotations(read_only_hint=True),
-    ),
-    types.Tool(
-        name=CALL_TOOL,
-        title="Call a tool",
-        description="Call one of this toolset's tools by name (from search_tools or list_tools).",
-        input_schema={
-            "type": "object",
-            "properties": {
-                "name": {"type": "string"},
-                "arguments": {"type": "object", "description": "The tool's input."},
-            },
-            "required": ["name"],
-        },
-    ),
-)
-
-
-DECLARATIONS = {
-    "declarations.txt": ("prompt", "text/plain"),
-    "declarations.d.ts": ("dts", "text/x-typescript"),
-}
-"""The toolset's declarations offered as resources: one line per tool, and TypeScript."""
-
-
-def declarations_uri(toolset_id: str, name: str) -> str:
-    return f"toolbus://toolsets/{toolset_id}/{name}"
 
 
 class Gateway:
@@ -114,8 +60,7 @@ class Gateway:
         self._catalogues = catalogues
         self._calls = calls
         self._runs = runs
-        self._req = requester
-        self._s = subjects
+        self.directory = Directory(requester, subjects, page_size=page_size)
         self.page_size = page_size
         self.large_toolset = large_toolset
         self._reconnect_url = reconnect_url
@@ -127,45 +72,16 @@ class Gateway:
     async def catalogue(self, toolset_id: str) -> Catalogue | None:
         return await self._catalogues.get(toolset_id)
 
-    def list_tools(
+    async def list_tools(
         self, catalogue: Catalogue, cursor: str | None, *, search_mode: bool
     ) -> tuple[list[types.Tool], str | None]:
+        """A page of `tools/list`: the toolset's tools, or in search mode the three meta tools.
+        A cursor the listing never gave is ValueError."""
         if search_mode:
             if cursor is not None:
                 raise ValueError("cursor")
-            return list(META_TOOLS), None
+            return await self.directory.meta_tools(catalogue.toolset_id), None
         return catalogue.page(cursor, self.page_size)
-
-    def resources(self, catalogue: Catalogue) -> list[types.Resource]:
-        return [
-            types.Resource(
-                name=name,
-                title="Tool declarations, one line per tool"
-                if fmt == "prompt"
-                else "Tool declarations, TypeScript",
-                uri=declarations_uri(catalogue.toolset_id, name),
-                mime_type=mime,
-            )
-            for name, (fmt, mime) in DECLARATIONS.items()
-        ]
-
-    async def read_resource(self, catalogue: Catalogue, uri: str) -> types.TextResourceContents | None:
-        """A declarations resource of this toolset, every page of `toolsets.declarations`
-        joined; None for a URI it does not offer."""
-        for name, (fmt, mime) in DECLARATIONS.items():
-            if uri == declarations_uri(catalogue.toolset_id, name):
-                parts: list[str] = []
-                cursor: str | None = None
-                while True:
-                    body: dict[str, Any] = {"id": catalogue.toolset_id, "format": fmt}
-                    if cursor is not None:
-                        body["cursor"] = cursor
-                    page = await self._req.request(self._s.toolsets_declarations, body)
-                    parts.append(str(page["text"]))
-                    cursor = page.get("nextCursor")
-                    if cursor is None:
-                        return types.TextResourceContents(uri=uri, mime_type=mime, text="".join(parts))
-        return None
 
     async def call_tool(
         self,
@@ -297,50 +213,19 @@ class Gateway:
         progress: Progress | None,
         elicit: Elicit | None,
     ) -> types.CallToolResult:
-        if name == CALL_TOOL:
-            target, args = arguments.get("name"), arguments.get("arguments", {})
-            if not isinstance(target, str) or not isinstance(args, dict):
-                return error_result(
-                    "invalidInput", "call_tool takes a 'name' (string) and 'arguments' (object).", {}
-                )
-            if target not in catalogue.schemas:
-                return error_result(
-                    "unknownTool", f"{target[:200]} is not in this toolset: search_tools finds tools.", {}
-                )
-            return await self._call(
-                principal, catalogue.toolset_id, target, args, named_run, session, progress, elicit
-            )
+        if name == SEARCH_TOOLS:
+            return await self.directory.search_tools(catalogue, arguments)
         if name == LIST_TOOLS:
-            cursor = arguments.get("cursor")
-            try:
-                page, next_cursor = catalogue.page(
-                    cursor if isinstance(cursor, str) else None, self.page_size
-                )
-            except ValueError:
-                return error_result("invalidInput", "The cursor is not one list_tools gave.", {})
-            listed: dict[str, Any] = {
-                "tools": [{"name": t.name, "description": t.description or ""} for t in page]
-            }
-            if next_cursor is not None:
-                listed["nextCursor"] = next_cursor
-            return ok_result(listed, {})
-        query, limit = arguments.get("query"), arguments.get("limit", 5)
-        if not isinstance(query, str) or not query or not isinstance(limit, int) or not 1 <= limit <= 50:
+            return await self.directory.list_tools(catalogue.toolset_id, arguments)
+        target, args = arguments.get("name"), arguments.get("arguments", {})
+        if not isinstance(target, str) or not isinstance(args, dict):
             return error_result(
-                "invalidInput", "search_tools takes a 'query' (text) and a 'limit' (1-50).", {}
+                "invalidInput", "call_tool takes a 'name' (string) and 'arguments' (object).", {}
             )
-        try:
-            data = await self._req.request(
-                self._s.toolsets_search, {"id": catalogue.toolset_id, "query": query, "limit": limit}
+        if target not in catalogue.schemas:
+            return error_result(
+                "unknownTool", f"{target[:200]} is not in this toolset: search_tools finds tools.", {}
             )
-        except ToolbusError as exc:
-            return refused_result(exc, {})
-        hits = [
-            {
-                "name": h["name"],
-                "description": h["prompt"],
-                "inputSchema": catalogue.schemas.get(h["name"], {}),
-            }
-            for h in data.get("tools", [])
-        ]
-        return ok_result({"tools": hits}, {})
+        return await self._call(
+            principal, catalogue.toolset_id, target, args, named_run, session, progress, elicit
+        )

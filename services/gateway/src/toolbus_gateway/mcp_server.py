@@ -17,6 +17,7 @@ from mcp.server import Server, ServerRequestContext
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
+from opentelemetry import trace
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -65,7 +66,9 @@ def build_server(gateway: Gateway) -> Server[Any]:
         caller, _ = _caller(ctx)
         cursor = params.cursor if params is not None else None
         try:
-            tools, next_cursor = gateway.list_tools(caller.catalogue, cursor, search_mode=caller.search_mode)
+            tools, next_cursor = await gateway.list_tools(
+                caller.catalogue, cursor, search_mode=caller.search_mode
+            )
         except ValueError:
             raise MCPError(types.INVALID_PARAMS, "The cursor is not one this listing gave.") from None
         return types.ListToolsResult(tools=tools, next_cursor=next_cursor)
@@ -112,14 +115,27 @@ def build_server(gateway: Gateway) -> Server[Any]:
         ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
         caller, _ = _caller(ctx)
-        return types.ListResourcesResult(resources=gateway.resources(caller.catalogue))
+        cursor = params.cursor if params is not None else None
+        try:
+            resources, next_cursor = await gateway.directory.resources(caller.catalogue.toolset_id, cursor)
+        except ValueError:
+            raise MCPError(types.INVALID_PARAMS, "The cursor is not one this listing gave.") from None
+        return types.ListResourcesResult(resources=resources, next_cursor=next_cursor)
+
+    async def on_list_resource_templates(
+        ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        caller, _ = _caller(ctx)
+        return types.ListResourceTemplatesResult(
+            resource_templates=gateway.directory.templates(caller.catalogue.toolset_id)
+        )
 
     async def on_read_resource(
         ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
     ) -> types.ReadResourceResult:
         caller, _ = _caller(ctx)
         try:
-            contents = await gateway.read_resource(caller.catalogue, str(params.uri))
+            contents = await gateway.directory.read(caller.catalogue.toolset_id, str(params.uri))
         except ToolbusError as exc:
             raise MCPError(
                 types.INTERNAL_ERROR, f"The declarations could not be read: {exc.code.value}."
@@ -132,16 +148,20 @@ def build_server(gateway: Gateway) -> Server[Any]:
         catalogue = _catalogue.get()
         return None if catalogue is None else catalogue.schemas.get(name)
 
-    return Server(
+    server: Server[Any] = Server(
         "toolbus",
         title="toolbus gateway",
         instructions="The tools of one toolbus toolset; each call runs under the toolset's policies.",
         on_list_tools=on_list_tools,
         on_call_tool=on_call_tool,
         on_list_resources=on_list_resources,
+        on_list_resource_templates=on_list_resource_templates,
         on_read_resource=on_read_resource,
         get_tool_input_schema=input_schema,
     )
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        server.middleware.clear()  # no tracer configured: the SDK's span a request records nothing
+    return server
 
 
 def _json_error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:

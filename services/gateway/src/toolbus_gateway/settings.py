@@ -34,6 +34,9 @@ class GatewaySettings(BaseSettings):
     reconnect_url: str | None = None
     """Where an end user renews expired credentials, shown in the tool error of a parked call;
     `{server}` (the tool's MCP server), `{namespace}` and `{toolsetId}` are filled in."""
+    token_cache_seconds: float = Field(default=1.0, ge=0)
+    """How long a checked token is taken without asking Redis again (0: every request asks). A
+    token revoked here is refused at once; revoked through another replica, within this time."""
     jwt_jwks_url: str | None = None
     """The identity provider's JWKS: set it (with issuer and audience) to accept its JWTs."""
     jwt_issuer: str | None = None

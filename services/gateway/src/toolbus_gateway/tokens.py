@@ -2,23 +2,27 @@
 the namespace and toolsets they allow, expiring, listed and revocable.
 
 Keys (under the deployment's key prefix `K`): `K:gw:token:<sha256>` holds the token's info as
-JSON and expires with it (a check is one GET); `K:gw:tokens` maps each token id to its hash and
-info (lists and revocations)."""
+JSON and expires with it (a check is one GET, kept `cache_seconds` in memory); `K:gw:tokens` maps
+each token id to its hash and info (lists and revocations)."""
 
 from __future__ import annotations
 
 import hashlib
 import secrets
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import orjson
 from redis.asyncio import Redis
+from toolbus_common.lru import Lru
 from toolbus_contracts.base import parse_duration
 from toolbus_contracts.errors import NotFound
 from toolbus_contracts.gateway import TokenCreateRequest, TokenInfo
 
 TOKEN_PREFIX = "tbg_"
+CACHED_TOKENS = 10_000
+"""Most tokens whose last check is kept in memory (`cache_seconds`)."""
 
 
 def token_hash(token: str) -> str:
@@ -42,10 +46,13 @@ class IssuedToken:
 class TokenStore:
     """The gateway's tokens in Redis."""
 
-    def __init__(self, redis: Redis[bytes], key_prefix: str) -> None:
+    def __init__(self, redis: Redis[bytes], key_prefix: str, *, cache_seconds: float = 0.0) -> None:
         self._redis = redis
         self._token = f"{key_prefix}:gw:token:"
         self._index = f"{key_prefix}:gw:tokens"
+        self._cache_seconds = cache_seconds
+        self._live: Lru[str, tuple[TokenInfo, datetime, float]] = Lru(CACHED_TOKENS)
+        """Tokens checked lately, by digest: info, expiry, when checked (monotonic)."""
 
     async def create(self, request: TokenCreateRequest, *, now: datetime | None = None) -> IssuedToken:
         now = now or datetime.now(UTC)
@@ -71,12 +78,21 @@ class TokenStore:
         """The info of a live token, else None (unknown, revoked or expired)."""
         if not token.startswith(TOKEN_PREFIX):
             return None
-        raw = await self._redis.get(self._token + token_hash(token))
+        now = now or datetime.now(UTC)
+        digest = token_hash(token)
+        hit = self._live.get(digest)
+        if hit is not None and time.monotonic() - hit[2] < self._cache_seconds and hit[1] > now:
+            return hit[0]
+        raw = await self._redis.get(self._token + digest)
         if raw is None:
+            self._live.pop(digest)
             return None
         info = TokenInfo.model_validate_json(raw)
-        if _parse_iso(info.expires_at) <= (now or datetime.now(UTC)):
+        expires = _parse_iso(info.expires_at)
+        if expires <= now:
             return None
+        if self._cache_seconds > 0:
+            self._live.put(digest, (info, expires, time.monotonic()))
         return info
 
     async def list(self, namespace: str | None = None, *, now: datetime | None = None) -> list[TokenInfo]:
@@ -95,11 +111,13 @@ class TokenStore:
         return sorted(out, key=lambda i: (i.created_at, i.id))
 
     async def revoke(self, token_id: str) -> None:
-        """Revoke at once (the next request with the token is 401); unknown id: `NotFound`."""
+        """Revoke: the next request with the token is 401 here at once, at other replicas once
+        their cached check is `cache_seconds` old; unknown id: `NotFound`."""
         raw = await self._redis.hget(self._index, token_id)
         if raw is None:
             raise NotFound(f"No token {token_id} (never issued, revoked, or expired).")
         digest = orjson.loads(raw)["sha256"]
+        self._live.pop(digest)
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.delete(self._token + digest)
             pipe.hdel(self._index, token_id)

@@ -1,4 +1,4 @@
-"""Where `http.fetch` may connect: the name is resolved here, every address it resolves to is
+"""Where `http.fetch` and the credentials service's OAuth requests may connect: the name is resolved here, every address it resolves to is
 checked against the deployment's egress policy (`toolbus_common.egress`), and the connection goes
 to an address that passed (no second lookup by the socket layer, so a DNS answer that changes
 between check and connect cannot lead elsewhere).
@@ -24,7 +24,7 @@ from httpcore._backends.auto import AutoBackend
 from httpcore._backends.base import SOCKET_OPTION, AsyncNetworkBackend
 from toolbus_contracts.errors import HostNotAllowed
 
-from toolbus_common.egress import EgressPolicy, EgressRefused, Resolver
+from toolbus_common.egress import EgressPolicy, EgressRefused, Resolver, connect_first
 
 __all__ = ["GuardedBackend", "Resolver", "guard_transport"]
 
@@ -56,18 +56,20 @@ class GuardedBackend(AsyncNetworkBackend):
         local_address: str | None = None,
         socket_options: Iterable[SOCKET_OPTION] | None = None,
     ) -> AsyncNetworkStream:
-        last: Exception | None = None
-        for address in await self.addresses(host, port):
-            try:
-                return await self._inner.connect_tcp(
+        addresses = await self.addresses(host, port)
+        try:
+            return await connect_first(
+                addresses,
+                lambda address: self._inner.connect_tcp(
                     address, port, timeout=timeout, local_address=local_address, socket_options=socket_options
-                )
-            except (ConnectError, OSError) as exc:
-                last = exc
-        raise ConnectError(f"could not connect: {type(last).__name__}") from None
+                ),
+                (ConnectError, OSError),
+            )
+        except (ConnectError, OSError) as exc:
+            raise ConnectError(f"could not connect: {type(exc).__name__}") from None
 
     async def connect_unix_socket(self, *args: Any, **kwargs: Any) -> AsyncNetworkStream:
-        raise ConnectError("unix sockets are not reachable through http.fetch")
+        raise ConnectError("unix sockets are not reachable through an egress-checked client")
 
     async def sleep(self, seconds: float) -> None:
         await self._inner.sleep(seconds)

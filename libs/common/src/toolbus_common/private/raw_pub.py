@@ -17,7 +17,7 @@ for it, after `send`-ing what it added before (so the order on the wire stays th
 
 nats-py is pinned (uv.lock); the attributes used here are the ones `Client._send_publish` and
 `Client._send_command` touch (`_pending`, `_pending_data_size`, `_flush_queue`,
-`_flush_pending`, `_max_payload`, `stats`); tests/integration/test_raw_pub.py checks the bytes
+`_flush_pending`, `_max_payload`, `stats`); tests/common/test_raw_pub.py checks the bytes
 against nats-py's and runs it on a real server.
 """
 

@@ -32,14 +32,24 @@ class Interrupted(Exception):
 
 
 class NeedsCredentials(Exception):
-    """The server `server` rejected the credentials of `level` with a 401."""
+    """The server `server` rejected the credentials of `level` with a 401 (or a 403 asking for
+    a larger scope: `scopes` are those its challenge named)."""
 
-    def __init__(self, server: str, level: CredentialLevel, version: int | None = None) -> None:
+    def __init__(
+        self,
+        server: str,
+        level: CredentialLevel,
+        version: int | None = None,
+        scopes: tuple[str, ...] | None = None,
+    ) -> None:
         super().__init__(f"server '{server}' rejected the {level} credentials")
         self.server = server
         self.level = level
         self.version = version
         """The credentials version the rejected headers were resolved at (None: unknown)."""
+        self.scopes = scopes
+        """A step-up: the scopes the server's `insufficient_scope` challenge asked for (maybe
+        none); None for a 401."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -102,7 +102,11 @@ class McpExecutor:
             )
         except CredentialsRejected as exc:
             # A 401, or a 403 asking for a larger scope (step-up): parked until new credentials.
-            if exc.details.get("status") == 401 or exc.details.get("insufficientScope") is True:
+            if exc.details.get("insufficientScope") is True:
+                asked = exc.details.get("requiredScopes")
+                scopes = tuple(str(s) for s in asked) if isinstance(asked, list) else ()
+                raise NeedsCredentials(tool.target, level, version, scopes) from None
+            if exc.details.get("status") == 401:
                 raise NeedsCredentials(tool.target, level, version) from None
             raise CredentialsRejected(
                 f"MCP server '{tool.target}' refused the {level} credentials (403).",

@@ -38,7 +38,7 @@ from toolbus_registry.search.text import (
 class RerankWeights:
     """The linear re-ranker of the fused head: a head tool's score is the sum of these weights
     times its features (`SearchIndex.head_features`, same order as the fields). Fitted on the
-    even-indexed tasks of both labelled corpora only (tests/search; the odd half held out):
+    even-indexed tasks of both labelled corpora only (tests/registry/search; the odd half held out):
     `bench/search_fit.py` fits a listwise logistic regression (softmax over each task's head,
     standardised features, L2 0.03, numpy gradient descent), scales it so that `cosine` is 1, then
     moves each weight by ±0.05 and ±0.02 while the even half's top-1 + recall@5 / 2 (summed over

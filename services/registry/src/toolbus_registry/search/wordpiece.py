@@ -11,7 +11,7 @@ with no split, or over `max_input_chars_per_word` characters, is `[UNK]`). The i
 `[CLS]` ... `[SEP]` and cut to `max_tokens` with them; the words after the cut are not split.
 `from_file` refuses a `tokenizer.json` with settings this module does not implement. Checked id
 for id against `tokenizers` on both labelled corpora's tool texts and queries, on odd text and
-on every code point of the BMP and U+1F000-1FFFF as "a<c>b" (tests/unit/test_search_wordpiece.py).
+on every code point of the BMP and U+1F000-1FFFF as "a<c>b" (tests/registry/search/test_search_wordpiece.py).
 
 Limit: character classes come from the interpreter's `unicodedata` (Unicode 14.0.0 on Python
 3.11), and `tokenizers`' come from older tables. On a code point whose category differs between
