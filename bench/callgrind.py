@@ -5,6 +5,10 @@ with 16 in flight, then dumped. Prints instructions per call and the top functio
 own instructions (`callgrind_annotate`).
 
     uv run python bench/callgrind.py [--calls 400] [--top 25]
+    uv run python bench/callgrind.py --before ../other-checkout [--rounds 2]   # before/after
+
+`--before` runs the dispatcher of another checkout (its sources first on PYTHONPATH) and this
+one's alternately, in one run, and prints both beside each other.
 
 Under valgrind the dispatcher runs ~30-50x slower; the counts are what to read.
 """
@@ -40,16 +44,19 @@ def total_ir(dump: Path) -> int:
     raise SystemExit(f"no totals in {dump}")
 
 
-async def main(calls: int, top: int) -> None:
+async def measure(calls: int, pythonpath: str = "") -> Path:
+    """One dispatcher under callgrind, `calls` invokes counted; the dump. With `pythonpath`, the
+    dispatcher imports its code from there first (another commit's sources)."""
     valgrind = shutil.which("valgrind")
     if valgrind is None:
         raise SystemExit("valgrind not found")
     work = Path(tempfile.mkdtemp(prefix="callgrind-"))
     out = work / "callgrind.out"
     wrapper = work / "python"
+    env = f"PYTHONPATH={pythonpath} " if pythonpath else ""
     wrapper.write_text(
         "#!/bin/sh\n"
-        f"exec {valgrind} --tool=callgrind --instr-atstart=no --callgrind-out-file={out}.%p "
+        f"{env}exec {valgrind} --tool=callgrind --instr-atstart=no --callgrind-out-file={out}.%p "
         f'{sys.executable} "$@"\n'
     )
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
@@ -64,7 +71,34 @@ async def main(calls: int, top: int) -> None:
         subprocess.run(["callgrind_control", "-i", "off", str(pid)], check=True, capture_output=True)
         subprocess.run(["callgrind_control", "-d", str(pid)], check=True, capture_output=True)
     dumps = sorted(work.glob("callgrind.out.*"), key=os.path.getmtime)
-    dump = max((d for d in dumps), key=lambda d: d.stat().st_size)
+    return max((d for d in dumps), key=lambda d: d.stat().st_size)
+
+
+def _sources(checkout: Path) -> str:
+    """The PYTHONPATH that makes a checkout's packages win over the installed ones."""
+    sources = sorted([*checkout.glob("libs/*/src"), *checkout.glob("services/*/src")])
+    if not sources:
+        raise SystemExit(f"{checkout}: no libs/*/src or services/*/src (a toolbus checkout?)")
+    return ":".join(str(p) for p in sources)
+
+
+async def compare(calls: int, before: Path, rounds: int) -> None:
+    """Instructions per call of the code in `before` (a checkout of another commit) and of this
+    one, alternately (the first of each pair swapping every round), beside each other."""
+    pythonpath = _sources(before)
+    print(f"commit {commit()['commit']} beside {before}; {calls} calls.invoke, 16 in flight:")
+    got: dict[str, list[float]] = {"before": [], "after": []}
+    for i in range(rounds):
+        pair = [("before", pythonpath), ("after", "")]
+        for label, path in pair if i % 2 == 0 else pair[::-1]:
+            got[label].append(total_ir(await measure(calls, path)) / calls)
+            print(f"  round {i + 1} {label:6s} {got[label][-1]:>12,.0f} instructions per call", flush=True)
+    b, a = (sum(v) / len(v) for v in (got["before"], got["after"]))
+    print(f"  mean   before {b:,.0f}  after {a:,.0f}  ({(a - b) / b:+.1%})")
+
+
+async def main(calls: int, top: int) -> None:
+    dump = await measure(calls)
     ir = total_ir(dump)
     print(f"commit {commit()['commit']}")
     print(f"{calls} calls.invoke of echo.echo, 16 in flight, 1 dispatcher under callgrind:")
@@ -85,5 +119,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=400)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--before", type=Path, help="a checkout of another commit: compare with it")
+    ap.add_argument("--rounds", type=int, default=2, help="pairs measured with --before")
     a = ap.parse_args()
-    asyncio.run(main(a.calls, a.top))
+    asyncio.run(compare(a.calls, a.before, a.rounds) if a.before else main(a.calls, a.top))

@@ -7,9 +7,9 @@ from datetime import timedelta
 
 import pytest
 from pydantic import ValidationError
-from toolbus_approval.approvals import _conflict_details, _conflict_message, webhook_id
+from toolbus_approval.approvals import _conflict_details, _conflict_message
 from toolbus_approval.settings import ApprovalSettings
-from toolbus_approval.store import DecideResult, StoredApproval, epoch_ms
+from toolbus_approval.store import DecideResult, StoredApproval, epoch_ms, webhook_id
 from toolbus_contracts.internal import ApprovalNeeded
 
 NEEDED = ApprovalNeeded(

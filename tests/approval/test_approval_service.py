@@ -495,7 +495,7 @@ async def test_decision_recorded_but_unpublished_is_sent_on_start(
     finally:
         await app.stop()
     # The service died between recording the decision and publishing it: only Redis knows.
-    store = ApprovalStore(stack.redis, stack.keys)
+    store = ApprovalStore(stack.redis, stack.keys, settings.subjects)
     result = await store.transition(command.approval_id, "denied", "no", decided_at=now_iso(), now_ms=0)
     assert result.outcome == "ok"
     assert await stack.decisions(command.approval_id) == []
@@ -505,6 +505,31 @@ async def test_decision_recorded_but_unpublished_is_sent_on_start(
     try:
         decided = await stack.decision(command.approval_id)
         assert (decided["decision"], decided["reason"]) == ("denied", "no")
+    finally:
+        await app.stop()
+
+
+async def test_what_an_earlier_version_queued_unsent_is_sent_on_start(
+    settings: Settings, stack: Stack, events: Events
+) -> None:
+    # As a version before the outbox left them: an approval stored with its announcement queued in
+    # the `announce` sorted set, and a decision recorded with it queued in the `outbox` one.
+    store = ApprovalStore(stack.redis, stack.keys, settings.subjects)
+    announce, decisions = stack.keys.approvals_legacy_queues
+    unannounced, decided = needed(), needed()
+    for command in (unannounced, decided):
+        assert (await store.create(command, expires_ms=None, now_ms=0, announce=False)).created
+    await store.transition(decided.approval_id, "approved", "ok", decided_at=now_iso(), now_ms=0)
+    await stack.redis.delete(stack.keys.approvals_outbox)  # that version wrote no outbox entry
+    await stack.redis.zadd(announce, {unannounced.approval_id: 0})
+    await stack.redis.zadd(decisions, {decided.approval_id: 0})
+
+    app = ApprovalApp(settings, ApprovalSettings())
+    await app.start()
+    try:
+        await events.next_for({unannounced.approval_id})
+        assert (await stack.decision(decided.approval_id))["decision"] == "approved"
+        assert await stack.redis.exists(announce, decisions) == 0
     finally:
         await app.stop()
 

@@ -1,4 +1,4 @@
-"""The event relay (`toolbus_dispatcher.events.EventRelay`) on a real Redis outbox and a real
+"""The outbox relay (`toolbus_common.outbox`, the dispatcher's `EventRelay`) on a real Redis outbox and a real
 JetStream: one relay at a time among several on one outbox, another taking over when the holder
 stops or dies, and each call's events in the stream in the order of their `n`, with a call whose
 event JetStream does not take held back (its later events stay in the outbox) while other calls'
@@ -19,10 +19,10 @@ import pytest_asyncio
 from nats.js.api import DiscardPolicy, StreamConfig
 from toolbus_approval.app import ApprovalApp
 from toolbus_approval.settings import ApprovalSettings
+from toolbus_common import outbox as relay_module
 from toolbus_common.in_flight import InFlight
 from toolbus_common.script_pipe import ScriptPipe
 from toolbus_common.settings import Settings
-from toolbus_dispatcher import events
 from toolbus_dispatcher.events import EventRelay, order_key
 
 from tests.dispatcher.test_dispatcher_helpers import Harness, host_tool
@@ -260,7 +260,7 @@ async def test_a_calls_first_events_wait_for_the_invokes_in_flight_never_for_eve
         await idle(self, within, loop)
 
     monkeypatch.setattr(InFlight, "idle", spied)
-    monkeypatch.setattr(events, "DEFER", 30.0)
+    monkeypatch.setattr(relay_module, "DEFER", 30.0)
     box.relay(invokes)
     invokes.enter()
     await box.add("w1", 1)
@@ -270,7 +270,7 @@ async def test_a_calls_first_events_wait_for_the_invokes_in_flight_never_for_eve
     invokes.leave()
     await until(lambda: _empty(box), "relayed once the invoke was answered", limit=10)
     # An invoke that never ends holds nothing back for longer than DEFER.
-    monkeypatch.setattr(events, "DEFER", 0.05)
+    monkeypatch.setattr(relay_module, "DEFER", 0.05)
     invokes.enter()
     for n in (1, 2, 3):
         await box.add("w2", n)

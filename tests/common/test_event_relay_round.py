@@ -1,4 +1,4 @@
-"""The relay's publishing round (`toolbus_dispatcher.events._Round`): its future completes once
+"""The relay's publishing round (`toolbus_common.outbox._Round`): its future completes once
 every entry sent has its answer, whether the acks come while the round is still being published
 or after, and an entry never answered stays failed."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from toolbus_dispatcher.events import _Round
+from toolbus_common.outbox import _Round
 
 
 async def test_acks_during_publishing_complete_the_round_only_when_it_is_sent() -> None:

@@ -42,9 +42,9 @@ async def proxy(redis_url: str) -> AsyncIterator[CuttingProxy]:
 
 
 def test_the_timeout_must_exceed_the_longest_blocking_command() -> None:
-    from toolbus_dispatcher.events import EventRelay
+    from toolbus_common.outbox import OutboxRelay
 
-    relay_block_ms = inspect.signature(EventRelay).parameters["block_ms"].default
+    relay_block_ms = inspect.signature(OutboxRelay).parameters["block_ms"].default
     assert relay_block_ms / 1000 <= REDIS_LONGEST_BLOCK
     assert Settings().redis_socket_timeout == 10.0
     with pytest.raises(ValidationError, match="redis_socket_timeout"):

@@ -531,7 +531,8 @@ async def _leftovers(r: Any, k: Keys, run_ids: list[str], call_ids: list[str]) -
     leases = sum(1 for m in await r.zrange(k.call_leases, 0, -1) if m.decode() in ids)
     other += sum(1 for m in await r.zrange(k.parked_index, 0, -1) if m.decode() in ids)
     other += sum(1 for m in await r.hkeys(k.parked_where) if m.decode() in ids)
-    other += await r.xlen(k.call_events_outbox)
+    for outbox in (k.call_events_outbox, k.approvals_outbox, k.parked_outbox):
+        other += await r.xlen(outbox)
     return slots, leases, other
 
 

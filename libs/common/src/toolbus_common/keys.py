@@ -162,6 +162,17 @@ class Keys:
         return f"{self.prefix}:parked-notify-due"
 
     @property
+    def parked_outbox(self) -> str:
+        """Stream (`toolbus_common.outbox`): `CallsResume` commands written with the unparking
+        they follow, until the credentials service's relay has them in JetStream."""
+        return f"{self.prefix}:parked:outbox"
+
+    @property
+    def parked_outbox_relay_lock(self) -> str:
+        """String with a TTL: the token of the one credentials replica relaying the outbox."""
+        return f"{self.prefix}:parked:outbox:relay"
+
+    @property
     def parked_sweep_lock(self) -> str:
         """Lock so that one replica at a time ends calls parked too long."""
         return f"{self.prefix}:parked-sweep-lock"
@@ -203,14 +214,31 @@ class Keys:
         return f"{self.prefix}:{{approvals}}:expiry"
 
     @property
-    def approvals_announce(self) -> str:
-        """ZSET approval id -> time queued: `approval.requested` event and webhook not yet sent."""
-        return f"{self.prefix}:{{approvals}}:announce"
+    def approvals_outbox(self) -> str:
+        """Stream (`toolbus_common.outbox`): `approval.requested` events and decisions for the
+        dispatcher, written with the change they follow, until the relay has them in JetStream."""
+        return f"{self.prefix}:{{approvals}}:outbox:stream"
 
     @property
-    def approvals_outbox(self) -> str:
-        """ZSET approval id -> time decided: decisions not yet acknowledged by the INTERNAL stream."""
-        return f"{self.prefix}:{{approvals}}:outbox"
+    def approvals_outbox_relay_lock(self) -> str:
+        """String with a TTL: the token of the one approval replica relaying the outbox."""
+        return f"{self.prefix}:{{approvals}}:outbox:relay"
+
+    @property
+    def approvals_legacy_queues(self) -> tuple[str, str]:
+        """ZSETs approval id -> time queued of versions before the outbox: announcements not yet
+        sent, decisions not yet acknowledged (read once at start, then deleted)."""
+        return f"{self.prefix}:{{approvals}}:announce", f"{self.prefix}:{{approvals}}:outbox"
+
+    @property
+    def approvals_webhooks_due(self) -> str:
+        """ZSET webhook id -> next attempt time: the approval service's webhook deliveries (under
+        the tag, so the script that creates an approval stores its webhook too)."""
+        return f"{self.prefix}:{{approvals}}:webhooks:due"
+
+    def approvals_webhook(self, webhook_id: str) -> str:
+        """Hash of one of the approval service's pending deliveries (as `webhook`)."""
+        return f"{self.prefix}:{{approvals}}:webhook:{webhook_id}"
 
     @property
     def approvals_decided(self) -> str:

@@ -1,6 +1,7 @@
 """Standard Webhooks sender with durable, retried deliveries.
 
-`enqueue` stores a delivery in Redis before it returns, so a restart loses none; `start()` runs a
+`enqueue` stores a delivery in Redis before it returns (or a service's Lua script stores it with the
+state change it follows, `LUA`), so a restart loses none; `start()` runs a
 loop that sends due deliveries. Any replica may deliver: a Lua script claims due deliveries by
 pushing their due time past a lease, so two replicas never send the same attempt at once (a
 replica that dies mid-send leaves the delivery due again when the lease runs out: at-least-once,
@@ -22,7 +23,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -49,12 +50,25 @@ DELIVERIES = Counter(
     ["type", "result"],
 )
 
-_ENQUEUE = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], 'type', ARGV[1], 'body', ARGV[2], 'attempt', 0, 'createdAt', ARGV[3])
-redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
-return 1
+LUA = """
+-- Store a webhook delivery (toolbus_common.webhooks), due now; once per webhook id while stored.
+local function webhook_add(key, due, type, body, now_ms, id)
+  if redis.call('EXISTS', key) == 1 then return 0 end
+  redis.call('HSET', key, 'type', type, 'body', body, 'attempt', 0, 'createdAt', now_ms)
+  redis.call('ZADD', due, now_ms, id)
+  return 1
+end
 """
+"""The Lua function that stores a delivery: `enqueue` runs it, and a script that owes a webhook
+with the state change it makes prepends and calls it (the delivery's layout)."""
+
+_ENQUEUE = LUA + "return webhook_add(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4])"
+
+
+def webhook_body(event_type: str, data: dict[str, Any]) -> bytes:
+    """What a delivery POSTs: `{"type": ..., "data": ...}`."""
+    return orjson.dumps({"type": event_type, "data": data})
+
 
 # Claim up to ARGV[3] deliveries due at ARGV[1]: each is pushed to ARGV[2] (now + lease), so no
 # other replica takes it while this one sends.
@@ -131,9 +145,12 @@ class WebhookSender:
         poll_interval: float = 1.0,
         batch: int = 16,
         http: httpx.AsyncClient | None = None,
+        queue: tuple[str, Callable[[str], str]] | None = None,
     ) -> None:
         self._redis = redis
-        self._keys = keys
+        # The deliveries' index and each delivery's key: the deployment's shared queue unless a
+        # service's scripts store deliveries under a hash tag of their own (`queue`).
+        self._due, self._delivery = queue or (keys.webhooks_due, keys.webhook)
         self.url = url or None
         raw_secret = secret.get_secret_value() if isinstance(secret, SecretStr) else secret
         if self.url and not raw_secret:
@@ -164,14 +181,18 @@ class WebhookSender:
         if not self.enabled:
             log.info("webhook not sent: TOOLBUS_WEBHOOK_URL is unset", extra={"webhookType": event_type})
             return webhook_id
-        body = orjson.dumps({"type": event_type, "data": data})
+        body = webhook_body(event_type, data)
         now_ms = int(time.time() * 1000)
         await self._enqueue(
-            keys=[self._keys.webhook(webhook_id), self._keys.webhooks_due],
+            keys=[self._delivery(webhook_id), self._due],
             args=[event_type, body, now_ms, webhook_id],
         )
         self._wake.set()
         return webhook_id
+
+    def wake(self) -> None:
+        """Look for due deliveries now (one was stored by a script of the caller's, not `enqueue`)."""
+        self._wake.set()
 
     async def start(self) -> None:
         """Run the delivery loop in the background (no-op when webhooks are off)."""
@@ -201,7 +222,7 @@ class WebhookSender:
 
     async def pending(self) -> int:
         """How many deliveries are stored and not yet done."""
-        return int(await self._redis.zcard(self._keys.webhooks_due))
+        return int(await self._redis.zcard(self._due))
 
     async def _loop(self) -> None:
         while not self._stopping:
@@ -227,7 +248,7 @@ class WebhookSender:
             return 0
         now = time.time()
         ids = await self._claim(
-            keys=[self._keys.webhooks_due],
+            keys=[self._due],
             args=[int(now * 1000), int((now + self._lease) * 1000), free],
         )
         for raw in ids:
@@ -237,10 +258,10 @@ class WebhookSender:
         return len(ids)
 
     async def _attempt(self, webhook_id: str) -> None:
-        key = self._keys.webhook(webhook_id)
+        key = self._delivery(webhook_id)
         stored = await self._redis.hgetall(key)
         if not stored:
-            await self._redis.zrem(self._keys.webhooks_due, webhook_id)
+            await self._redis.zrem(self._due, webhook_id)
             return
         event_type = stored[b"type"].decode()
         body = stored[b"body"]
@@ -251,21 +272,21 @@ class WebhookSender:
         if ok:
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.delete(key)
-                pipe.zrem(self._keys.webhooks_due, webhook_id)
+                pipe.zrem(self._due, webhook_id)
                 await pipe.execute()
             log.info("webhook delivered", extra=extra)
             return
         if attempt > len(self.schedule):
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.delete(key)
-                pipe.zrem(self._keys.webhooks_due, webhook_id)
+                pipe.zrem(self._due, webhook_id)
                 await pipe.execute()
             log.error("webhook given up after its last retry", extra={**extra, "reason": why})
             return
         delay = self.schedule[attempt - 1]
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.hset(key, "attempt", attempt)
-            pipe.zadd(self._keys.webhooks_due, {webhook_id: int((time.time() + delay) * 1000)})
+            pipe.zadd(self._due, {webhook_id: int((time.time() + delay) * 1000)})
             await pipe.execute()
         log.warning("webhook attempt failed; will retry", extra={**extra, "reason": why, "retryIn": delay})
 

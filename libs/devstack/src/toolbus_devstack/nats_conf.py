@@ -253,6 +253,9 @@ def roles(prefix: str = "toolbus") -> list[Role]:
                 s.internal_approval_decisions,
                 s.internal_dead_letters,
                 s.toolsets_declarations,  # the console shows a tool's declaration line
+                # approval.requested is relayed with the EVENTS stream's ack: made if missing
+                f"$JS.API.STREAM.INFO.{events}",
+                *js_create(events),
                 *js_own(internal),
                 *js_read(toolsets),
                 *js_create(toolsets),

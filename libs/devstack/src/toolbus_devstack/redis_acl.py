@@ -93,18 +93,23 @@ def redis_users(prefix: str = "toolbus") -> list[RedisUser]:
                 "hget", "hmget", "hgetall", "hset", "hsetnx", "hdel", "hexists", "hvals",
                 "sadd", "srem", "smembers", "sismember", "sscan",
                 "zadd", "zcard", "zrange", "zrangebyscore", "zrem", "zremrangebyscore", "zscore",
+                # the outbox relay and its lock (as the approval service's)
+                "pexpire", "xadd", "xread", "xdel", "xlen",
             ),
         ),
         RedisUser(
             "approval",
             "pending approvals, their outbox and webhooks",
-            (f"{k}:{{approvals}}:*", f"{k}:webhooks:*", f"{k}:webhook:*"),
+            (f"{k}:{{approvals}}:*",),
             (),
+            # The outbox relay (XREAD/XDEL/XLEN) and its lock (SET NX PX; GET/PEXPIRE/DEL in
+            # redis-py's scripts) besides the approvals' own scripts and reads.
             (
-                "exists", "expire", "get", "mget", "set", "del",
+                "exists", "expire", "pexpire", "get", "mget", "set", "del",
                 "hget", "hmget", "hgetall", "hset",
                 "zadd", "zcard", "zrange", "zrangebyscore", "zrevrangebyscore", "zrem",
                 "zremrangebyscore",
+                "xadd", "xread", "xdel", "xlen",
             ),
         ),
         RedisUser(

@@ -1,29 +1,34 @@
 """The approval service assembled: NATS and Redis connections, the INTERNAL stream and its two
-durable consumers, the request routes, the webhook sender and the sweeper (expiry and retries)."""
+durable consumers, the request routes, the outbox relay, the webhook sender and the expiry sweeper."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from datetime import timedelta
+import time
+import uuid
 from typing import Any
 
-import orjson
-from nats.aio.client import Client as NatsClient
-from nats.js import JetStreamContext
 from redis.asyncio import Redis
 from toolbus_common.bus import Bus, asyncapi_document
-from toolbus_common.connections import JsPlacement, connect_redis, ensure_stream, internal_stream_limits
+from toolbus_common.connections import (
+    JsPlacement,
+    connect_redis,
+    connect_script_pipe,
+    ensure_stream,
+    events_stream_limits,
+    internal_stream_limits,
+)
 from toolbus_common.keys import Keys
 from toolbus_common.outages import expected_fault
+from toolbus_common.outbox import OutboxRelay
+from toolbus_common.script_pipe import ScriptPipe
 from toolbus_common.settings import Settings
 from toolbus_common.signing import CommandSigner
 from toolbus_common.tasks import cancel_and_wait
 from toolbus_common.toolsets import ToolsetStore
 from toolbus_common.webhooks import WebhookSender
-from toolbus_contracts import Subjects
-from toolbus_contracts.approvals import ApprovalRequested
-from toolbus_contracts.internal import ApprovalDecided
 
 from toolbus_approval.approvals import Approvals
 from toolbus_approval.console.server import ConsoleServer
@@ -39,42 +44,8 @@ log = logging.getLogger(__name__)
 
 QUEUE = "toolbus-approval"
 INTERNAL_STREAM = "INTERNAL"
-RETRY_AFTER = timedelta(seconds=5)
-"""How old an unsent announcement or decision must be before the sweeper sends it (the request
-that queued it normally sends it within milliseconds)."""
 LIST_SLACK = 4096
 """Bytes of an `approvals.list` reply kept for its envelope and `nextCursor`."""
-
-
-class NatsOutlet:
-    """Publishes `approval.requested` with core NATS (the EVENTS stream captures it, deduplicated by
-    message id) and decisions with a JetStream publish that waits for the INTERNAL stream's ack."""
-
-    def __init__(
-        self,
-        nc: NatsClient,
-        js: JetStreamContext,
-        subjects: Subjects,
-        internal_stream: str,
-        signer: CommandSigner,
-    ) -> None:
-        self._nc = nc
-        self._js = js
-        self._subjects = subjects
-        self._stream = internal_stream
-        self._signer = signer
-
-    async def publish_requested(self, event: ApprovalRequested) -> None:
-        headers = {"Nats-Msg-Id": f"approval-requested-{event.approval_id}"}
-        await self._nc.publish(
-            self._subjects.approvals_requested, orjson.dumps(event.wire()), headers=headers
-        )
-
-    async def publish_decided(self, decided: ApprovalDecided) -> None:
-        subject = self._subjects.internal_approval_decisions
-        body = decided.wire_json()
-        headers = self._signer.headers(subject, body, f"approval-decided-{decided.approval_id}")
-        await self._js.publish(subject, body, stream=self._stream, headers=headers, timeout=5.0)
 
 
 class PinnedSchemas:
@@ -108,6 +79,9 @@ class ApprovalApp:
         self.bus = Bus(settings, name="approval", queue=QUEUE)
         self._redis: Redis[bytes] | None = None
         self._webhooks: WebhookSender | None = None
+        self._relay: OutboxRelay | None = None
+        self._relay_pipe: ScriptPipe | None = None
+        self._relaying: asyncio.Task[None] | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._ready = False
         self.approvals: Approvals | None = None
@@ -121,6 +95,9 @@ class ApprovalApp:
         keys = Keys(s.key_prefix)
         stream = s.js_name(INTERNAL_STREAM)
         await ensure_stream(js, stream, [subjects.internal_all], **internal_stream_limits(s))
+        # approval.requested is relayed with JetStream's ack: the stream that stores it must exist
+        # even before the dispatcher (which owns it) first started.
+        await ensure_stream(js, s.js_name("EVENTS"), [subjects.all_events], **events_stream_limits(s))
         self._webhooks = WebhookSender(
             redis,
             keys,
@@ -128,27 +105,42 @@ class ApprovalApp:
             secret=s.webhook_secret,
             schedule=self.approval_settings.webhook_retry_schedule,
             timeout=self.approval_settings.webhook_timeout_seconds,
+            queue=(keys.approvals_webhooks_due, keys.approvals_webhook),
         )
         toolsets = ToolsetStore(js, s.js_name("toolsets"), placement=JsPlacement.of(s))
         await toolsets.open()
+        self._relay_pipe = connect_script_pipe(s, redis)
+        self._relay = OutboxRelay(
+            redis,
+            nc,
+            keys.approvals_outbox,
+            f"approval-{uuid.uuid4().hex[:8]}",
+            lock=keys.approvals_outbox_relay_lock,
+            pipe=self._relay_pipe,
+            signer=CommandSigner.of(s),
+            commands=subjects.internal_all.removesuffix(">"),
+        )
+        store = ApprovalStore(redis, keys, subjects, webhooks=self._webhooks.enabled)
         self.approvals = approvals = Approvals(
-            ApprovalStore(redis, keys),
-            NatsOutlet(nc, js, subjects, stream, CommandSigner.of(self.settings)),
-            webhooks=self._webhooks if self._webhooks.enabled else None,
+            store,
+            announced=self._webhooks.wake,
             timeout=self.approval_settings.timeout,
             list_budget=nc.max_payload - LIST_SLACK,
             edits=EditCheck(PinnedSchemas(toolsets)),
             identity=Identity(trust_request_info=self.approval_settings.approval_trust_request_info),
             remembered=RememberedStore(redis, keys),
         )
-        # What a previous process stored but did not send goes out before anything new.
+        # What a previous process owed waits in the outbox: the relay sends it (and all that follows).
         try:
-            sent = await approvals.flush(older_than=None)
-            if sent:
-                log.info("unsent approvals and decisions sent", extra={"count": sent})
-        except Exception as exc:  # the sweeper retries them; serving must not wait for it
-            if not expected_fault(exc, "unsent approvals not sent yet"):
-                log.exception("unsent approvals not sent yet")
+            adopted = await store.adopt_legacy_queues(int(time.time() * 1000))
+            if adopted:
+                log.info(
+                    "unsent approvals and decisions of an earlier version owed", extra={"count": adopted}
+                )
+        except Exception as exc:  # left queued: the next start adopts them; serving must not wait
+            if not expected_fault(exc, "approvals of an earlier version not adopted yet"):
+                log.exception("approvals of an earlier version not adopted yet")
+        self._relaying = asyncio.create_task(self._relay.run(), name="approval-outbox-relay")
         self.bus.include(routes, approvals)
         await self.bus.start()
         if self.console is not None:
@@ -163,7 +155,6 @@ class ApprovalApp:
             await asyncio.sleep(interval)
             try:
                 await approvals.expire_due()
-                await approvals.flush(older_than=RETRY_AFTER)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis or NATS briefly away: the next sweep tries again
@@ -177,6 +168,13 @@ class ApprovalApp:
         await self.bus.drain()
         if self._sweeper is not None:
             await cancel_and_wait(self._sweeper)
+        if self._relaying is not None:
+            await cancel_and_wait(self._relaying)
+        if self._relay is not None:
+            await self._relay.drain(within=2.0)  # what is left waits for the next relay
+        if self._relay_pipe is not None:
+            with contextlib.suppress(Exception):
+                await self._relay_pipe.aclose()
         if self._webhooks is not None:
             await self._webhooks.stop()
         await self.bus.close()

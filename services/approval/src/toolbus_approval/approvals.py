@@ -1,6 +1,6 @@
 """What the approval service does, with no NATS in it: store an approval once, announce it once,
 let exactly one decision (or the expiry, or the run closing) end it, and hand every decision to the
-dispatcher until the INTERNAL stream has acknowledged it."""
+dispatcher (each written to the service's outbox by the change itself, `ApprovalStore`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 from toolbus_common.canonical import sha256_hex
@@ -24,7 +24,7 @@ from toolbus_contracts.approvals import (
 )
 from toolbus_contracts.base import parse_duration, unfit_number, unfit_number_error
 from toolbus_contracts.errors import Conflict, InvalidRequest, NotFound
-from toolbus_contracts.internal import ApprovalDecided, ApprovalNeeded
+from toolbus_contracts.internal import ApprovalNeeded
 
 from toolbus_approval.edits import EditCheck
 from toolbus_approval.identity import ANONYMOUS, Identity
@@ -42,7 +42,6 @@ from toolbus_approval.store import (
 
 log = logging.getLogger(__name__)
 
-WEBHOOK_EVENT = "approval.requested"
 _CHUNK = 200
 """Approvals read from Redis per round trip while a page is filled."""
 EDIT_ROOM = 12 * 1024
@@ -54,30 +53,6 @@ REMEMBERED_DECIDER = "remembered:"
 """The decider of a call decided by a remembered decision: this, then the remembered id."""
 EXPIRY_DECIDER = "toolbus:expiry"
 """The decider recorded when an approval's timeout denied it."""
-
-
-class Outlet(Protocol):
-    """Where approvals leave the service: the public event and the command to the dispatcher."""
-
-    async def publish_requested(self, event: ApprovalRequested) -> None:
-        """Publish `events.approvals.requested`; may be repeated for one approval after a crash."""
-
-    async def publish_decided(self, decided: ApprovalDecided) -> None:
-        """Publish the decision durably; return only once it is stored (raise otherwise)."""
-
-
-class WebhookQueue(Protocol):
-    """`toolbus_common.webhooks.WebhookSender`'s enqueue: durable, signed, retried delivery."""
-
-    async def enqueue(
-        self, event_type: str, data: dict[str, Any], *, webhook_id: str | None = None
-    ) -> str: ...
-
-
-def webhook_id(approval_id: str) -> str:
-    """The one webhook id of an approval's `approval.requested`: a resend after a crash reuses it,
-    so the receiver can drop the duplicate (Standard Webhooks `webhook-id`)."""
-    return f"msg_approval_requested_{approval_id}"
 
 
 def encode_cursor(after: Position) -> str:
@@ -109,9 +84,8 @@ class Approvals:
     def __init__(
         self,
         store: ApprovalStore,
-        outlet: Outlet,
         *,
-        webhooks: WebhookQueue | None = None,
+        announced: Callable[[], None] = lambda: None,
         timeout: timedelta | None = None,
         list_budget: int,
         edits: EditCheck | None = None,
@@ -123,8 +97,8 @@ class Approvals:
         self.list_budget = list_budget
         """Bytes of approvals one `approvals.list` reply may hold: the connection's max_payload
         less room for the envelope and the cursor."""
-        self._outlet = outlet
-        self._webhooks = webhooks
+        self._announced = announced
+        """Told after an approval was stored with its announcement (the webhook sender looks)."""
         self._timeout_ms = None if timeout is None else int(timeout.total_seconds() * 1000)
         self._now_ms = clock_ms
         self._edits = edits
@@ -135,23 +109,28 @@ class Approvals:
     # ---- commands from the dispatcher ------------------------------------------------------------
 
     async def request(self, needed: ApprovalNeeded) -> bool:
-        """Store the approval and announce it. Idempotent on the approval id: a redelivered command
-        creates nothing and announces nothing again. True when this call created it."""
+        """Store the approval with its announcement, or decide it at once when a remembered
+        decision covers it (then it is not announced). Idempotent on the approval id: a redelivered
+        command creates nothing and announces nothing again. True when this call created it."""
         now = self._now_ms()
         timeout_ms = self._timeout_ms
         if needed.timeout is not None:  # the tool's own approvalTimeout
             timeout_ms = int(parse_duration(needed.timeout).total_seconds() * 1000)
         expires = None if timeout_ms is None else epoch_ms(needed.requested_at) + timeout_ms
-        result = await self._store.create(needed, expires_ms=expires, now_ms=now)
+        remembered = await self._remembered_for(needed)
+        result = await self._store.create(needed, expires_ms=expires, now_ms=now, announce=remembered is None)
         if result.created:
             log.info(
                 "approval requested",
                 extra={"approvalId": needed.approval_id, "callId": needed.call_id, "runId": needed.run_id},
             )
-            await self._decide_remembered(needed)
-            await self.announce(needed.approval_id)  # only dequeued when a remembered decision ended it
+            if remembered is None:
+                self._announced()
         elif result.state == "cancelled":
             log.info("approval for a closed run cancelled", extra={"approvalId": needed.approval_id})
+        if remembered is not None and result.state == "pending":
+            # Also on a redelivery: a crash may have come between storing it and deciding it.
+            await self._decide_remembered(needed, remembered)
         return result.created
 
     async def close_run(self, run_id: str) -> int:
@@ -200,14 +179,15 @@ class Approvals:
                 return page, None
             after = rows[-1]
 
-    async def _decide_remembered(self, needed: ApprovalNeeded) -> None:
-        """Decide a new approval at once when a remembered decision covers its namespace, tool
-        (and input); the decider says which (`remembered:<rememberedId>`)."""
+    async def _remembered_for(self, needed: ApprovalNeeded) -> RememberedDecision | None:
+        """The remembered decision in force for the approval's namespace, tool (and input), if any."""
         if self._remembered is None:
-            return
-        found = await self._remembered.match(needed.namespace, needed.tool, needed.input_digest)
-        if found is None:
-            return
+            return None
+        return await self._remembered.match(needed.namespace, needed.tool, needed.input_digest)
+
+    async def _decide_remembered(self, needed: ApprovalNeeded, found: RememberedDecision) -> None:
+        """Decide a new approval at once by a remembered decision; the decider says which
+        (`remembered:<rememberedId>`)."""
         state: State = "approved" if found.decision == "approved" else "denied"
         decider = f"{REMEMBERED_DECIDER}{found.remembered_id}"
         result = await self._transition(needed.approval_id, state, found.reason, decider=decider)
@@ -386,41 +366,6 @@ class Approvals:
                 await self._store.drop_expiry(approval_id)
         return expired
 
-    async def flush(self, *, older_than: timedelta | None) -> int:
-        """Send what a crash or an outage left unsent: announcements and decisions queued before
-        `older_than` ago (everything with None). Returns how many went out."""
-        cutoff = None if older_than is None else self._now_ms() - int(older_than.total_seconds() * 1000)
-        sent = 0
-        for approval_id in await self._store.announce_queue(cutoff):
-            sent += await self.announce(approval_id)
-        for approval_id in await self._store.outbox(cutoff):
-            sent += await self.send_decision(approval_id)
-        return sent
-
-    async def announce(self, approval_id: str) -> bool:
-        """Send `approval.requested` (webhook, then event) for a stored approval, then dequeue it.
-        An approval that ended before it was announced is only dequeued."""
-        stored = await self._store.get(approval_id)
-        if stored is None or stored.state != "pending":
-            await self._store.announce_done(approval_id)
-            return False
-        event = stored.requested()
-        if self._webhooks is not None:
-            await self._webhooks.enqueue(WEBHOOK_EVENT, event.wire(), webhook_id=webhook_id(approval_id))
-        await self._outlet.publish_requested(event)
-        await self._store.announce_done(approval_id)
-        return True
-
-    async def send_decision(self, approval_id: str) -> bool:
-        """Publish a recorded decision to the dispatcher and dequeue it once acknowledged."""
-        stored = await self._store.get(approval_id)
-        if stored is None or stored.state not in ("approved", "denied"):
-            await self._store.outbox_done(approval_id)
-            return False
-        await self._outlet.publish_decided(stored.decided())
-        await self._store.outbox_done(approval_id)
-        return True
-
     async def _transition(
         self,
         approval_id: str,
@@ -440,15 +385,6 @@ class Approvals:
             edited_input=edited_input,
             decider=decider,
         )
-        if result.outcome == "ok" and state != "cancelled":
-            try:
-                await self.send_decision(approval_id)
-            except Exception as exc:
-                # Recorded durably: the outbox sends it once NATS answers again.
-                log.warning(
-                    "decision stored, sending it later",
-                    extra={"approvalId": approval_id, "error": type(exc).__name__},
-                )
         return result
 
 

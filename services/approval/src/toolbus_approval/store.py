@@ -4,8 +4,10 @@ that every transition (create, decide, expire, cancel) is atomic and the first d
 Layout (see `toolbus_common.keys.Keys`, approvals section): the approval hash keeps the
 `ApprovalNeeded` body it was created from, so a decision always carries the binding (tool, toolset
 id, input digest) of what was asked, never anything a decider sends. Pending approvals are indexed
-by requestedAt globally, per run and per namespace; `announce` and `outbox` are durable to-do lists
-that make "stored but not yet announced" and "decided but not yet published" safe across crashes.
+by requestedAt globally, per run and per namespace. What follows a change goes out through the
+service's outbox (`toolbus_common.outbox`), written by the script that makes the change: the
+`approval.requested` event (and its webhook, `toolbus_common.webhooks`) with the approval, the
+decision for the dispatcher with the decision.
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ import orjson
 from redis.asyncio import Redis
 from toolbus_common.canonical import sha256_hex
 from toolbus_common.keys import Keys
+from toolbus_common.outbox import LUA as OUTBOX_LUA
+from toolbus_common.webhooks import LUA as WEBHOOK_LUA
+from toolbus_common.webhooks import webhook_body
+from toolbus_contracts import Subjects
 from toolbus_contracts.approvals import ApprovalRequested, Decision
 from toolbus_contracts.internal import ApprovalDecided, ApprovalNeeded
 
@@ -31,12 +37,21 @@ CLOSED_RUN_TTL_SECONDS = 31 * 24 * 3600
 """How long a closed run is remembered, so an ApprovalNeeded redelivered after its RunClosed is
 cancelled rather than left pending: longer than the INTERNAL stream keeps a message."""
 
+WEBHOOK_EVENT = "approval.requested"
+
 CANCELLED_REASON = "run closed"
 EXPIRED_REASON = "expired"
 
-# KEYS: approval, pending, pending_run, pending_ns, expiry, announce, closed_run
-# ARGV: needed_json, run_id, namespace ('' = none), requested_ms, expires_ms ('' = never), id, now_ms
-_CREATE = """
+# KEYS: approval, pending, pending_run, pending_ns, expiry, outbox, closed_run, webhook, webhooks due
+# ARGV: needed_json, run_id, namespace ('' = none), requested_ms, expires_ms ('' = never), id, now_ms,
+#       ttl, requested subject, requested JSON ('' = not announced), webhook type ('' = none),
+#       webhook body, webhook id
+# The announcement's outbox entry is kept on the approval (`announcement`): a decision or cancel
+# that comes before the relay sent it deletes it, so an approval ended at once is not announced.
+_CREATE = (
+    OUTBOX_LUA
+    + WEBHOOK_LUA
+    + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if state then return {'exists', state} end
 if redis.call('EXISTS', KEYS[7]) == 1 then
@@ -50,14 +65,21 @@ redis.call('ZADD', KEYS[2], ARGV[4], ARGV[6])
 redis.call('ZADD', KEYS[3], ARGV[4], ARGV[6])
 if ARGV[3] ~= '' then redis.call('ZADD', KEYS[4], ARGV[4], ARGV[6]) end
 if ARGV[5] ~= '' then redis.call('ZADD', KEYS[5], ARGV[5], ARGV[6]) end
-redis.call('ZADD', KEYS[6], ARGV[7], ARGV[6])
+if ARGV[10] ~= '' then
+  local entry = outbox_add(KEYS[6], ARGV[9], 'approval-requested-' .. ARGV[6], ARGV[10])
+  redis.call('HSET', KEYS[1], 'announcement', entry)
+  if ARGV[11] ~= '' then webhook_add(KEYS[8], KEYS[9], ARGV[11], ARGV[12], ARGV[7], ARGV[13]) end
+end
 return {'created', 'pending'}
 """
+)
 
 # KEYS: approval, pending, pending_run, pending_ns, expiry, outbox, decided
-# ARGV: new state, reason ('' = none), decided_at (ISO), id, now_ms, ttl, outbox? ('1'/'0'),
-#       edited input JSON ('' = none), decider ('' = none)
-_DECIDE = """
+# ARGV: new state, reason ('' = none), decided_at (ISO), id, now_ms, ttl, decided? ('1'/'0'),
+#       edited input JSON ('' = none), decider ('' = none), decisions subject, decision JSON
+_DECIDE = (
+    OUTBOX_LUA
+    + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return {'missing'} end
 if state ~= 'pending' then
@@ -75,14 +97,38 @@ redis.call('ZREM', KEYS[2], ARGV[4])
 redis.call('ZREM', KEYS[3], ARGV[4])
 redis.call('ZREM', KEYS[4], ARGV[4])
 redis.call('ZREM', KEYS[5], ARGV[4])
-if ARGV[7] == '1' then
-  redis.call('ZADD', KEYS[6], ARGV[5], ARGV[4])
-else
-  redis.call('ZREM', KEYS[6], ARGV[4])
-end
+local announcement = redis.call('HGET', KEYS[1], 'announcement')
+if announcement then redis.call('XDEL', KEYS[6], announcement) end
+if ARGV[7] == '1' then outbox_add(KEYS[6], ARGV[10], 'approval-decided-' .. ARGV[4], ARGV[11]) end
 redis.call('EXPIRE', KEYS[1], tonumber(ARGV[6]))
 return {'ok', ARGV[1]}
 """
+)
+
+
+def webhook_id(approval_id: str) -> str:
+    """The one webhook id of an approval's `approval.requested`: a resend after a crash reuses it,
+    so the receiver can drop the duplicate (Standard Webhooks `webhook-id`)."""
+    return f"msg_approval_requested_{approval_id}"
+
+
+# KEYS: approval, outbox, legacy queue, webhook, webhooks due. ARGV: id, subject, message id,
+# body ('' = nothing owed), webhook type ('' = none), webhook body, webhook id, now_ms.
+_ADOPT = (
+    OUTBOX_LUA
+    + WEBHOOK_LUA
+    + """
+if ARGV[4] ~= '' then
+  local entry = outbox_add(KEYS[2], ARGV[2], ARGV[3], ARGV[4])
+  if ARGV[5] ~= '' then
+    redis.call('HSET', KEYS[1], 'announcement', entry)
+    webhook_add(KEYS[4], KEYS[5], ARGV[5], ARGV[6], ARGV[8], ARGV[7])
+  end
+end
+redis.call('ZREM', KEYS[3], ARGV[1])
+return 1
+"""
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,25 +217,38 @@ class ApprovalStore:
     """The approvals of one deployment (`keys`) in Redis. Every method is safe to call from several
     replicas at once."""
 
-    def __init__(self, redis: Redis[bytes], keys: Keys) -> None:
+    def __init__(
+        self, redis: Redis[bytes], keys: Keys, subjects: Subjects, *, webhooks: bool = False
+    ) -> None:
         self._redis = redis
         self._keys = keys
+        self._subjects = subjects
+        self._webhooks = webhooks
+        """Whether an announcement stores its webhook (`TOOLBUS_WEBHOOK_URL` is set)."""
         self._create = redis.register_script(_CREATE)
         self._decide = redis.register_script(_DECIDE)
+        self._adopt = redis.register_script(_ADOPT)
 
-    async def create(self, needed: ApprovalNeeded, *, expires_ms: int | None, now_ms: int) -> CreateResult:
-        """Store a pending approval once per approval id (a repeat changes nothing), queue its
-        announcement, and index it. If its run already closed it is stored as `cancelled`."""
+    async def create(
+        self, needed: ApprovalNeeded, *, expires_ms: int | None, now_ms: int, announce: bool = True
+    ) -> CreateResult:
+        """Store a pending approval once per approval id (a repeat changes nothing), index it, and
+        (with `announce`) owe its `approval.requested` event and webhook. If its run already closed
+        it is stored as `cancelled`."""
         k = self._keys
         ns = needed.namespace or ""
+        requested = StoredApproval(needed, "pending", None, None).requested().wire()
+        hook = webhook_id(needed.approval_id)
         keys = [
             k.approval(needed.approval_id),
             k.approvals_pending,
             k.approvals_pending_run(needed.run_id),
             k.approvals_pending_namespace(ns),
             k.approvals_expiry,
-            k.approvals_announce,
+            k.approvals_outbox,
             k.approvals_closed_run(needed.run_id),
+            k.approvals_webhook(hook),
+            k.approvals_webhooks_due,
         ]
         argv = [
             needed.model_dump_json(by_alias=True),
@@ -200,6 +259,11 @@ class ApprovalStore:
             needed.approval_id,
             str(now_ms),
             str(DECIDED_TTL_SECONDS),
+            self._subjects.approvals_requested,
+            orjson.dumps(requested).decode() if announce else "",
+            WEBHOOK_EVENT if self._webhooks else "",
+            webhook_body(WEBHOOK_EVENT, requested).decode() if self._webhooks else "",
+            hook,
         ]
         outcome, state = (_s(x) for x in await self._create(keys=keys, args=argv))
         return CreateResult(created=outcome == "created", state=state)  # type: ignore[arg-type]
@@ -279,10 +343,15 @@ class ApprovalStore:
         """Move a pending approval to `state` atomically; only the first transition wins. A decision
         (`approved`/`denied`) also goes to the outbox for the dispatcher; a cancel does not."""
         k = self._keys
-        head = await self._redis.hmget(k.approval(approval_id), ["runId", "namespace"])
+        head = await self._redis.hmget(k.approval(approval_id), ["runId", "namespace", "needed"])
         run_id, namespace = _s(head[0]), _s(head[1])
-        if run_id is None:
+        if run_id is None or head[2] is None:
             return DecideResult("missing")
+        decided = ""
+        if state != "cancelled":  # what the dispatcher is sent if this transition wins
+            needed = ApprovalNeeded.model_validate_json(head[2], by_alias=True)
+            stored = StoredApproval(needed, state, reason, decided_at, edited_input, decider)
+            decided = stored.decided().wire_json().decode()
         keys = [
             k.approval(approval_id),
             k.approvals_pending,
@@ -302,6 +371,8 @@ class ApprovalStore:
             "0" if state == "cancelled" else "1",
             "" if edited_input is None else orjson.dumps(edited_input).decode(),
             decider or "",
+            self._subjects.internal_approval_decisions,
+            decided,
         ]
         reply = [_s(x) for x in await self._decide(keys=keys, args=argv)]
         if reply[0] == "missing":
@@ -341,20 +412,40 @@ class ApprovalStore:
     async def drop_expiry(self, approval_id: str) -> None:
         await self._redis.zrem(self._keys.approvals_expiry, approval_id)
 
-    async def announce_queue(self, older_than_ms: int | None, limit: int = 100) -> list[str]:
-        """Approvals whose `approval.requested` is not yet sent (queued before `older_than_ms`)."""
-        return await self._queue(self._keys.approvals_announce, older_than_ms, limit)
-
-    async def announce_done(self, approval_id: str) -> None:
-        await self._redis.zrem(self._keys.approvals_announce, approval_id)
-
-    async def outbox(self, older_than_ms: int | None, limit: int = 100) -> list[str]:
-        """Decisions not yet acknowledged by the INTERNAL stream (decided before `older_than_ms`)."""
-        return await self._queue(self._keys.approvals_outbox, older_than_ms, limit)
-
-    async def outbox_done(self, approval_id: str) -> None:
-        await self._redis.zrem(self._keys.approvals_outbox, approval_id)
-
-    async def _queue(self, key: str, older_than_ms: int | None, limit: int) -> list[str]:
-        top: Any = "+inf" if older_than_ms is None else older_than_ms
-        return [m.decode() for m in await self._redis.zrangebyscore(key, "-inf", top, 0, limit)]
+    async def adopt_legacy_queues(self, now_ms: int) -> int:
+        """Owe through the outbox what a version before it had queued and not sent (the
+        `announce` and `outbox` sorted sets): a pending approval's announcement, a decision; each
+        member is dropped with its entry written. Returns how many were owed."""
+        k = self._keys
+        owed = 0
+        for queue, wanted in zip(k.approvals_legacy_queues, ("pending", "decided"), strict=True):
+            for raw in await self._redis.zrange(queue, 0, -1):
+                approval_id = raw.decode()
+                stored = await self.get(approval_id)
+                hook = webhook_id(approval_id)
+                args = [approval_id, "", "", "", "", "", hook, str(now_ms)]
+                if stored is not None and wanted == "pending" and stored.state == "pending":
+                    requested = stored.requested().wire()
+                    args[1:4] = [
+                        self._subjects.approvals_requested,
+                        f"approval-requested-{approval_id}",
+                        orjson.dumps(requested).decode(),
+                    ]
+                    if self._webhooks:
+                        args[4:6] = [WEBHOOK_EVENT, webhook_body(WEBHOOK_EVENT, requested).decode()]
+                elif stored is not None and wanted == "decided" and stored.state in ("approved", "denied"):
+                    args[1:4] = [
+                        self._subjects.internal_approval_decisions,
+                        f"approval-decided-{approval_id}",
+                        stored.decided().wire_json().decode(),
+                    ]
+                keys = [
+                    k.approval(approval_id),
+                    k.approvals_outbox,
+                    queue,
+                    k.approvals_webhook(hook),
+                    k.approvals_webhooks_due,
+                ]
+                await self._adopt(keys=keys, args=args)
+                owed += bool(args[3])
+        return owed

@@ -1,25 +1,34 @@
 """The credentials service assembled: NATS, JetStream, Redis, the request subjects and command
-consumers (`toolbus_common.bus`), the park-timeout sweep and the webhook sender."""
+consumers (`toolbus_common.bus`), the outbox relay, the park-timeout sweep and the webhook sender."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import uuid
 from typing import Any
 
 import httpx
 import orjson
 from nats.aio.client import Client as NatsClient
-from nats.js import JetStreamContext
 from redis.asyncio import Redis
 from starlette.routing import Route
 from toolbus_common.bus import Bus, asyncapi_document
-from toolbus_common.connections import JsPlacement, connect_redis, ensure_stream, internal_stream_limits
+from toolbus_common.connections import (
+    JsPlacement,
+    connect_redis,
+    connect_script_pipe,
+    ensure_stream,
+    internal_stream_limits,
+)
 from toolbus_common.credential_store import CredentialStore
 from toolbus_common.egress import EgressPolicy
 from toolbus_common.keys import Keys
 from toolbus_common.outages import expected_fault
+from toolbus_common.outbox import OutboxRelay
 from toolbus_common.private.httpcore_guard import GuardedBackend, Resolver, guard_transport
+from toolbus_common.script_pipe import ScriptPipe
 from toolbus_common.secrets import Cipher
 from toolbus_common.settings import Settings
 from toolbus_common.signing import CommandSigner
@@ -28,7 +37,7 @@ from toolbus_common.toolsets import ToolsetStore
 from toolbus_common.webhooks import WebhookSender
 from toolbus_contracts import Subjects
 from toolbus_contracts.credentials import CredentialsConnected, CredentialsConnectFailed, CredentialsExpired
-from toolbus_contracts.internal import CallsResume, CredentialsChanged
+from toolbus_contracts.internal import CredentialsChanged
 
 from toolbus_credentials.callback import callback_route, client_metadata_route, start_route
 from toolbus_credentials.handlers import routes
@@ -55,20 +64,12 @@ def oauth_http(policy: EgressPolicy, timeout: float, resolver: Resolver | None =
 
 
 class NatsOutbox:
-    """`CallsResume` on JetStream (acked by the stream), the rest on core NATS."""
+    """The hints on core NATS: `credentials.changed` and the public events (a `CallsResume` goes
+    through the service's outbox, `ParkingLot.resume`)."""
 
-    def __init__(
-        self, nc: NatsClient, js: JetStreamContext, subjects: Subjects, signer: CommandSigner
-    ) -> None:
+    def __init__(self, nc: NatsClient, subjects: Subjects) -> None:
         self._nc = nc
-        self._js = js
         self._subjects = subjects
-        self._signer = signer
-
-    async def calls_resume(self, message: CallsResume) -> None:
-        subject = self._subjects.internal_calls_resume
-        body = message.wire_json()
-        await self._js.publish(subject, body, headers=self._signer.headers(subject, body))
 
     async def credentials_changed(self, message: CredentialsChanged) -> None:
         await self._nc.publish(self._subjects.internal_credentials_changed, message.wire_json())
@@ -105,6 +106,9 @@ class CredentialsService:
         self.oauth: OAuthConnections | None = None
         self._http: httpx.AsyncClient | None = None
         self._refresher: asyncio.Task[None] | None = None
+        self._relay: OutboxRelay | None = None
+        self._relay_pipe: ScriptPipe | None = None
+        self._relaying: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         settings, own = self.settings, self.own
@@ -128,12 +132,24 @@ class CredentialsService:
             schedule=own.webhook_retry_schedule,
             timeout=own.webhook_timeout_seconds,
         )
-        outbox = NatsOutbox(nc, js, self.subjects, CommandSigner.of(settings))
+        outbox = NatsOutbox(nc, self.subjects)
+        self._relay_pipe = connect_script_pipe(settings, redis)
+        self._relay = OutboxRelay(
+            redis,
+            nc,
+            self.keys.parked_outbox,
+            f"credentials-{uuid.uuid4().hex[:8]}",
+            lock=self.keys.parked_outbox_relay_lock,
+            pipe=self._relay_pipe,
+            signer=CommandSigner.of(settings),
+            commands=self.subjects.internal_all.removesuffix(">"),
+        )
+        self._relaying = asyncio.create_task(self._relay.run(), name="credentials-outbox-relay")
         self.logic = logic = CredentialsLogic(
             redis=redis,
             keys=self.keys,
             store=CredentialStore(redis, self.keys, self.cipher),
-            parking=ParkingLot(redis, self.keys),
+            parking=ParkingLot(redis, self.keys, self.subjects),
             server_names=server_names,
             outbox=outbox,
             webhooks=self.webhooks,
@@ -229,6 +245,13 @@ class CredentialsService:
         for task in (self._sweeper, self._notifier, self._refresher):
             if task is not None:
                 await cancel_and_wait(task)
+        if self._relaying is not None:
+            await cancel_and_wait(self._relaying)
+        if self._relay is not None:
+            await self._relay.drain(within=2.0)  # what is left waits for the next relay
+        if self._relay_pipe is not None:
+            with contextlib.suppress(Exception):
+                await self._relay_pipe.aclose()
         if self.webhooks is not None:
             await self.webhooks.stop()
         await self.bus.close()

@@ -1,5 +1,6 @@
 """Parked calls in Redis: per level and scope, in park order, with the `credentials.expired`
-notification state of each server there.
+notification state of each server there, and the `CallsResume` owed when calls are unparked (the
+service's outbox, `toolbus_common.outbox`).
 
 Every change is one Lua script, so a crash between steps never leaves a call half parked. The
 scripts touch keys named in the stored records (single-node Redis or a Redis with all toolbus keys
@@ -10,12 +11,16 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
 from toolbus_common.keys import Keys
+from toolbus_common.outbox import LUA as OUTBOX_LUA
 from toolbus_common.redis_values import text as _str
+from toolbus_contracts import Subjects
 from toolbus_contracts.credentials import CredentialLevel
+from toolbus_contracts.internal import CallsResume
 
 # KEYS: scope zset, scope servers, notified, index, where, seq, run set, notify due, set version
 # ARGV: call id, server, park time ms, where json, notice json, notice due ms, credentials version
@@ -57,10 +62,16 @@ for _, n in ipairs(due) do redis.call('ZADD', KEYS[1], ARGV[2], n) end
 return due
 """
 
-# KEYS: index, where. ARGV: call ids. Returns the ids that were parked (and now are not).
-_REMOVE = """
+# KEYS: index, where, outbox. ARGV: resume subject ('' = no resume), its message id, its body,
+# then the call ids. Returns the ids that were parked (and now are not). With a subject, the
+# `CallsResume` goes into the outbox (toolbus_common.outbox) in the same step: a crash right after
+# loses nothing, and the calls are never unparked without their resume being owed.
+_REMOVE = (
+    OUTBOX_LUA
+    + """
 local removed = {}
-for _, id in ipairs(ARGV) do
+for i = 4, #ARGV do
+  local id = ARGV[i]
   local w = redis.call('HGET', KEYS[2], id)
   if w then
     local d = cjson.decode(w)
@@ -80,8 +91,10 @@ for _, id in ipairs(ARGV) do
     table.insert(removed, id)
   end
 end
+if ARGV[1] ~= '' then outbox_add(KEYS[3], ARGV[1], ARGV[2], ARGV[3]) end
 return removed
 """
+)
 
 # KEYS: notified. ARGV: server. Marks the notification sent, unless the scope was cleared meanwhile.
 _RELEASE = """
@@ -131,9 +144,10 @@ class Notice:
 class ParkingLot:
     """Calls waiting for new credentials at one level and scope."""
 
-    def __init__(self, redis: Redis[bytes], keys: Keys) -> None:
+    def __init__(self, redis: Redis[bytes], keys: Keys, subjects: Subjects) -> None:
         self._redis = redis
         self._keys = keys
+        self._resume_subject = subjects.internal_calls_resume
         self._park = redis.register_script(_PARK)
         self._remove = redis.register_script(_REMOVE)
         self._mark_sent = redis.register_script(_MARK_SENT)
@@ -247,10 +261,24 @@ class ParkingLot:
         return [_str(x) for x in raw]
 
     async def remove(self, call_ids: list[str]) -> list[str]:
-        """Unpark these calls wherever they are; returns those that were parked."""
+        """Unpark these calls wherever they are (no resume: their run closed); returns those that
+        were parked."""
         if not call_ids:
             return []
-        raw = await self._remove(keys=[self._keys.parked_index, self._keys.parked_where], args=call_ids)
+        return await self._unpark(call_ids, "", "", b"")
+
+    async def resume(self, message: CallsResume) -> list[str]:
+        """Unpark the message's calls wherever they are and owe the message to the dispatcher (the
+        outbox relay publishes it, signed, to the INTERNAL stream), in one step; returns the calls
+        that were parked. Calls not parked are resumed too (the dispatcher holds them parked)."""
+        msg_id = f"callsResume:{uuid.uuid4().hex}"
+        return await self._unpark(message.call_ids, self._resume_subject, msg_id, message.wire_json())
+
+    async def _unpark(self, call_ids: list[str], subject: str, msg_id: str, body: bytes) -> list[str]:
+        k = self._keys
+        raw = await self._remove(
+            keys=[k.parked_index, k.parked_where, k.parked_outbox], args=[subject, msg_id, body, *call_ids]
+        )
         return [_str(x) for x in raw]
 
     async def is_parked(self, call_id: str) -> bool:

@@ -2,11 +2,10 @@
 that met a 401, resume them on a set at the same level and scope, end those parked too long, and
 forget a closed run.
 
-Outgoing messages go through `Outbox` (NATS in the app, a list in unit tests). Ordering choices,
-so that a crash anywhere loses nothing (at-least-once): credentials are stored before parked calls
-are resumed; `CallsResume` is published (durably, JetStream) before the calls are unparked, so a
-crash in between resumes them again on the next set, which the dispatcher ignores for a call that
-is no longer parked.
+A crash anywhere loses nothing (at-least-once): credentials are stored before parked calls are
+resumed, and a `CallsResume` is written with the unparking it follows (`ParkingLot.resume`, the
+service's outbox); the dispatcher ignores a resume of a call that is no longer parked. The hints
+(`credentials.changed`, the public events) go through `Outbox` (core NATS in the app).
 """
 
 from __future__ import annotations
@@ -47,9 +46,6 @@ ServerNames = Callable[[str], Awaitable[frozenset[str] | None]]
 
 class Outbox(Protocol):
     """Where the service's messages go."""
-
-    async def calls_resume(self, message: CallsResume) -> None:
-        """Durably (JetStream): the dispatcher must get it even if it is down now."""
 
     async def credentials_changed(self, message: CredentialsChanged) -> None:
         """Broadcast (core NATS) to every dispatcher."""
@@ -149,8 +145,7 @@ class CredentialsLogic:
         await self.parking.note_set(level, scope, version)
         parked = await self.parking.parked_at(level, scope)
         if parked:
-            await self._outbox.calls_resume(CallsResume(call_ids=parked))
-            await self.parking.remove(parked)
+            await self.parking.resume(CallsResume(call_ids=parked))
         await self._outbox.credentials_changed(
             CredentialsChanged(
                 level=level,
@@ -200,8 +195,7 @@ class CredentialsLogic:
         await self.parking.note_set(target.level, target.scope, version)
         parked = await self.parking.parked_for(target.level, target.scope, server)
         if parked and headers is not None:
-            await self._outbox.calls_resume(CallsResume(call_ids=parked))
-            await self.parking.remove(parked)
+            await self.parking.resume(CallsResume(call_ids=parked))
         await self._outbox.credentials_changed(
             CredentialsChanged(
                 level=target.level,
@@ -260,7 +254,7 @@ class CredentialsLogic:
             return
         if self.oauth is not None and await self.oauth.on_rejected(message):
             # A connected server refused the token: renewed once, the call goes again at once.
-            await self._outbox.calls_resume(CallsResume(call_ids=[message.call_id]))
+            await self.parking.resume(CallsResume(call_ids=[message.call_id]))
             log.info(
                 "call resumed after renewing its OAuth token",
                 extra={"callId": message.call_id, "runId": message.run_id, "server": message.server},
@@ -283,7 +277,7 @@ class CredentialsLogic:
         if result.stale:
             # Credentials were set there after the failing attempt, before this park was recorded:
             # that set resumed nothing, so resume the call now (the dispatcher holds it parked).
-            await self._outbox.calls_resume(CallsResume(call_ids=[message.call_id]))
+            await self.parking.resume(CallsResume(call_ids=[message.call_id]))
             log.info(
                 "parked call resumed at once: newer credentials were set meanwhile",
                 extra={"callId": message.call_id, "runId": message.run_id, "credentialsLevel": message.level},
@@ -361,8 +355,7 @@ class CredentialsLogic:
             ids = await self.parking.older_than(cutoff)
             if not ids:
                 break
-            await self._outbox.calls_resume(CallsResume(call_ids=ids, reason="credentialsRejected"))
-            await self.parking.remove(ids)
+            await self.parking.resume(CallsResume(call_ids=ids, reason="credentialsRejected"))
             ended.extend(ids)
         await self.parking.release_sweep_lock(self._holder)
         if ended:

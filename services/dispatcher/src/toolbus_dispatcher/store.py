@@ -17,6 +17,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from toolbus_common.keys import Keys
+from toolbus_common.outbox import LUA as OUTBOX_LUA
 from toolbus_common.redis_values import text as _s
 from toolbus_common.script_pipe import NoScript, ScriptPipe
 from toolbus_contracts.registry import RUN_CONCURRENCY
@@ -30,7 +31,7 @@ MAX_SCAN = 1000
 def _load(name: str, *, with_admit: bool = True) -> str:
     lua = resources.files("toolbus_dispatcher") / "lua"
     body = (lua / name).read_text()
-    return ((lua / "admit.lua").read_text() + "\n" + body) if with_admit else body
+    return (OUTBOX_LUA + (lua / "admit.lua").read_text() + "\n" + body) if with_admit else body
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,5 @@
 -- Every script that changes a call writes the event of that change in the same script, into the
--- outbox stream (the last KEY); the relay (events.py) publishes it to JetStream with the message id
+-- outbox stream (the last KEY; `outbox_add`, toolbus_common.outbox) for the relay to publish with the message id
 -- `<callId>:<n>`, so the stream's events always agree with the state, each once. The last two ARGV
 -- of such a script are the event time and the call-events subject prefix (`<P>.events.calls.`).
 local OUTBOX = KEYS[#KEYS]
@@ -22,7 +22,7 @@ end
 local function emit_seq(run, cid, seq, typ, extra)
   local body = '{"type":"' .. typ .. '","callId":"' .. cid .. '","runId":"' .. run .. '","at":"' .. NOW .. '"'
     .. (extra or '') .. '}'
-  redis.call('XADD', OUTBOX, '*', 's', EVENTS .. run .. '.' .. cid, 'i', cid .. ':' .. seq, 'b', body)
+  outbox_add(OUTBOX, EVENTS .. run .. '.' .. cid, cid .. ':' .. seq, body)
 end
 
 -- Queue the event `typ` of a call; `extra` is more JSON members (',"attempt":2') or nil.

@@ -61,7 +61,7 @@ if not f[3] then
   for i, cid in ipairs(ids) do quoted[i] = cjson.encode(cid) end
   local body = '{"runId":' .. cjson.encode(ARGV[6]) .. ',"toolsetId":' .. cjson.encode(f[2] or '')
     .. ',"callIds":[' .. table.concat(quoted, ',') .. ']}'
-  redis.call('XADD', OUTBOX, '*', 's', ARGV[7], 'i', 'runClosed:' .. ARGV[6], 'b', body)
+  outbox_add(OUTBOX, ARGV[7], 'runClosed:' .. ARGV[6], body)
   redis.call('HSET', KEYS[1], 'closedQueued', '1')
 end
 if f[1] == 'open' then

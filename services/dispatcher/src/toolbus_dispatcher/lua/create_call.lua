@@ -67,7 +67,7 @@ if ARGV[12] ~= '' then
   redis.call('HSET', ck, 'state', 'awaitingApproval')
   emit(ck, ARGV[19], cid, 'approvalRequested', ',"approvalId":' .. cjson.encode(ARGV[12]))
   if ARGV[21] ~= '' then
-    redis.call('XADD', OUTBOX, '*', 's', ARGV[20], 'i', 'approvalNeeded:' .. cid, 'b', ARGV[21])
+    outbox_add(OUTBOX, ARGV[20], 'approvalNeeded:' .. cid, ARGV[21])
   end
   return {'created', credv, cid, 'awaitingApproval', {}}
 end

@@ -20,7 +20,7 @@ redis.call('HINCRBY', ck, 'attempts', -1)
 redis.call('HSET', ck, 'state', 'parked', 'server', ARGV[3], 'level', ARGV[4], 'parkedAt', ARGV[5])
 emit(ck, c[3], cid, 'parked', ',"server":' .. cjson.encode(ARGV[3]) .. ',"level":' .. cjson.encode(ARGV[4]))
 local n = redis.call('HGET', ck, 'evseq')
-redis.call('XADD', KEYS[3], '*', 's', ARGV[10], 'i', 'park:' .. cid .. ':' .. n, 'b', ARGV[11])
+outbox_add(KEYS[3], ARGV[10], 'park:' .. cid .. ':' .. n, ARGV[11])
 local admitted = admit_for(ck, KEYS[2], ARGV[7], ARGV[2], lease_until(ARGV[6]), tonumber(ARGV[8]), tonumber(ARGV[9]))
 record_handed(ck, admitted)
 return {'parked', admitted}
