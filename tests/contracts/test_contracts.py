@@ -287,6 +287,9 @@ def test_unfit_number_walks_without_recursion_and_refuses_what_json_cannot_be() 
         return top
 
     assert unfit_number({"a": nested(VALUE_DEPTH_MAX - 1)}) is None  # the dict is a level too
+    orjson.dumps(nested(VALUE_DEPTH_MAX))  # the bound is what orjson writes, and no more
+    with pytest.raises(orjson.JSONEncodeError):
+        orjson.dumps(nested(VALUE_DEPTH_MAX + 1))
     for levels in (VALUE_DEPTH_MAX, 100_000):
         with pytest.raises(InvalidRequest, match=f"deeper than {VALUE_DEPTH_MAX}") as caught:
             unfit_number({"a": nested(levels)}, ("input",))

@@ -89,7 +89,7 @@ def test_inputs_nesting_too_deep_are_usage_errors(tmp_path: Path) -> None:
         ("[" * 50_000 + "]" * 50_000, "--input nests too deep to read"),  # fits one argument
         (
             '{"a": ' + "[" * 300 + "]" * 300 + "}",  # parses, but no JSON writer of toolbus's takes it
-            "--input cannot be sent: Field 'a' nests deeper than 255 levels of objects and arrays.",
+            "--input cannot be sent: Field 'a' nests deeper than 254 levels of objects and arrays.",
         ),
     ):
         refused = run("calls", "invoke", "e.echo", "--run", "r1", "--input", value)

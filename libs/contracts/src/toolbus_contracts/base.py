@@ -104,8 +104,8 @@ def _not_json(_text: str) -> Any:
     raise _NotJson
 
 
-VALUE_DEPTH_MAX = 255
-"""The deepest a value toolbus carries may nest (objects and arrays): as deep as orjson writes."""
+VALUE_DEPTH_MAX = 254
+"""The deepest a value toolbus carries may nest (objects and arrays): the deepest orjson writes."""
 
 
 def unfit_number(value: Any, loc: tuple[int | str, ...] = (), *, ints: bool = True) -> str | None:
