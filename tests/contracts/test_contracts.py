@@ -266,6 +266,47 @@ def test_numbers_toolbus_cannot_carry_are_invalid_request_naming_their_field() -
     assert unfit_number([float("nan")]) == "[0]"
 
 
+def test_unfit_number_walks_without_recursion_and_refuses_what_json_cannot_be() -> None:
+    """A Python value that holds itself or nests past `VALUE_DEPTH_MAX` is `InvalidRequest`
+    naming where (was a RecursionError); one shared many times over is checked once per object."""
+    from toolbus_contracts.base import VALUE_DEPTH_MAX, unfit_number
+    from toolbus_contracts.errors import InvalidRequest
+
+    loop: list[Any] = [1]
+    loop.append({"back": loop})
+    with pytest.raises(InvalidRequest, match="holds itself") as caught:
+        unfit_number({"a": loop}, ("input",))
+    assert caught.value.details == {"field": "input.a[1].back"}
+
+    def nested(levels: int) -> list[Any]:
+        top: list[Any] = []
+        inner = top
+        for _ in range(levels - 1):
+            inner.append([])
+            inner = inner[0]
+        return top
+
+    assert unfit_number({"a": nested(VALUE_DEPTH_MAX - 1)}) is None  # the dict is a level too
+    orjson.dumps(nested(VALUE_DEPTH_MAX))  # the bound is what orjson writes, and no more
+    with pytest.raises(orjson.JSONEncodeError):
+        orjson.dumps(nested(VALUE_DEPTH_MAX + 1))
+    for levels in (VALUE_DEPTH_MAX, 100_000):
+        with pytest.raises(InvalidRequest, match=f"deeper than {VALUE_DEPTH_MAX}") as caught:
+            unfit_number({"a": nested(levels)}, ("input",))
+        assert caught.value.details == {"field": "input.a"}
+    # "Billion laughs": 2**80 paths through 81 lists, walked in microseconds, not forever.
+    laughs: list[Any] = [1.5, "lol"]
+    for _ in range(80):
+        laughs = [laughs, laughs]
+    assert unfit_number(laughs) is None
+    laughs = [[float("inf")]]
+    for _ in range(80):
+        laughs = [laughs, laughs]
+    assert unfit_number(laughs) == "[0]" * 81 + "[0]"
+    # Order is kept: the first unfit number, as a recursive walk would name it.
+    assert unfit_number({"a": [1, {"b": float("nan")}], "c": float("inf")}) == "a[1].b"
+
+
 @pytest.mark.parametrize(
     ("model", "body", "field", "default"),
     [

@@ -104,28 +104,55 @@ def _not_json(_text: str) -> Any:
     raise _NotJson
 
 
+VALUE_DEPTH_MAX = 254
+"""The deepest a value toolbus carries may nest (objects and arrays): the deepest orjson writes."""
+
+
 def unfit_number(value: Any, loc: tuple[int | str, ...] = (), *, ints: bool = True) -> str | None:
     """The path (`input.a[1]`) of the first number in a parsed JSON value (or a Python value that
     JSON writers take: tuples and sets are walked as arrays) that toolbus cannot write back (a
-    non-finite float; with `ints`, an integer outside `INT_MIN`..`INT_MAX`), or None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return None if not ints or INT_MIN <= value <= INT_MAX else _loc(loc)
-    if isinstance(value, float):
-        return None if value - value == 0 else _loc(loc)
-    # Tuples and sets too: a caller's Python value, before JSON writers turn them into arrays.
-    items = (
-        value.items()
-        if isinstance(value, dict)
-        else enumerate(value)
-        if isinstance(value, list | tuple | set | frozenset)
-        else ()
-    )
-    for key, item in items:
-        found = unfit_number(item, (*loc, key), ints=ints)
-        if found is not None:
-            return found
+    non-finite float; with `ints`, an integer outside `INT_MIN`..`INT_MAX`), or None. Walked
+    without recursion, each shared object once; a value that holds itself or nests deeper than
+    `VALUE_DEPTH_MAX` levels is `InvalidRequest` naming where."""
+    walking: set[int] = set()  # the containers on the path to the current one
+    walked: set[int] = set()  # containers checked whole: a shared one is checked once
+    todo: list[tuple[Any, tuple[int | str, ...], bool]] = [(value, loc, False)]
+    while todo:
+        node, where, leaving = todo.pop()
+        if leaving:
+            walking.discard(id(node))
+            walked.add(id(node))
+            continue
+        if isinstance(node, bool):
+            continue
+        if isinstance(node, int):
+            if ints and not INT_MIN <= node <= INT_MAX:
+                return _loc(where)
+            continue
+        if isinstance(node, float):
+            if node - node != 0:
+                return _loc(where)
+            continue
+        # Tuples and sets too: a caller's Python value, before JSON writers turn them into arrays.
+        if not isinstance(node, dict | list | tuple | set | frozenset):
+            continue
+        if id(node) in walking:
+            field = _loc(where)
+            raise InvalidRequest(
+                f"Field '{field}' holds itself: a JSON value cannot.", details={"field": field}
+            )
+        if id(node) in walked:
+            continue
+        if len(where) - len(loc) >= VALUE_DEPTH_MAX:
+            field = _loc(where[: len(loc) + 1])
+            raise InvalidRequest(
+                f"Field '{field}' nests deeper than {VALUE_DEPTH_MAX} levels of objects and arrays.",
+                details={"field": field},
+            )
+        walking.add(id(node))
+        todo.append((node, where, True))
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        todo.extend(reversed([(item, (*where, key), False) for key, item in items]))
     return None
 
 

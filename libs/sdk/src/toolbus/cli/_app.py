@@ -190,7 +190,10 @@ def _run(json_out: bool, work: Callable[[Toolbus], Awaitable[T]]) -> T:
 def _carried(doc: Any, what: str, json_out: bool) -> Any:
     """`doc`, unless it holds a number no JSON carries: `NaN`, `Infinity` and `1e400`, which
     Python's JSON reader takes (the last as infinity), and YAML's `.nan` and `.inf`."""
-    where = unfit_number(doc, ints=False)
+    try:
+        where = unfit_number(doc, ints=False)
+    except InvalidRequest as exc:  # nests too deep to send
+        _usage(json_out, f"{what} cannot be sent: {exc.message}")
     if where is not None:
         _usage(json_out, f"{what} is not JSON: it holds NaN or infinity, at {where}")
     return doc
@@ -206,8 +209,30 @@ def shorten(text: str, width: int) -> str:
     return cut.rstrip(" ,;:.") + "…"
 
 
-def parse_error(path: str, exc: ValueError | yaml.YAMLError) -> str:
+class AliasRefused(yaml.MarkedYAMLError):
+    """A YAML alias (`*name`) in a file the CLI reads: refused, as no spec needs one and each
+    can repeat a value (itself, or exponentially: "billion laughs")."""
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing aliases where it meets them."""
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            alias = self.peek_event()  # type: ignore[no-untyped-call]
+            raise AliasRefused(
+                problem=f"YAML aliases (*{getattr(alias, 'anchor', '')}) are not supported: write the value out",
+                problem_mark=alias.start_mark,
+            )
+        return super().compose_node(parent, index)
+
+
+def parse_error(path: str, exc: ValueError | yaml.YAMLError | RecursionError) -> str:
     """Where and why a JSON or YAML document does not parse: `path:line:column: problem`."""
+    if isinstance(exc, RecursionError):
+        return f"{path} nests too deep to read"
+    if isinstance(exc, AliasRefused) and exc.problem_mark is not None:
+        return f"{path}:{exc.problem_mark.line + 1}:{exc.problem_mark.column + 1}: {exc.problem}"
     if isinstance(exc, json.JSONDecodeError):
         return f"{path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}"
     if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
@@ -220,12 +245,16 @@ def parse_error(path: str, exc: ValueError | yaml.YAMLError) -> str:
 def _load(path: str, json_out: bool) -> Any:
     """A JSON or YAML document from a file, or from stdin for `-`."""
     try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+        data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
     except OSError as exc:
         _usage(json_out, f"cannot read {path}: {exc.strerror}")
     try:
-        doc = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
+        text = data.decode()
+    except UnicodeDecodeError as exc:
+        _usage(json_out, f"{path} is not UTF-8: byte {exc.start} is 0x{data[exc.start]:02x}")
+    try:
+        doc = json.loads(text) if path.endswith(".json") else yaml.load(text, _NoAliasLoader)
+    except (ValueError, yaml.YAMLError, RecursionError) as exc:
         _usage(json_out, parse_error(path, exc))
     return _carried(doc, path, json_out)
 
@@ -234,9 +263,12 @@ def _json_arg(text: str, what: str, json_out: bool) -> Any:
     if text.startswith("@"):
         return _load(text[1:], json_out)
     try:
-        return _carried(json.loads(text), what, json_out)
+        doc = json.loads(text)
     except ValueError as exc:
         _usage(json_out, f"{what} is not JSON: {exc}")
+    except RecursionError:
+        _usage(json_out, f"{what} nests too deep to read")
+    return _carried(doc, what, json_out)
 
 
 def _print_json(value: Any) -> None:
