@@ -91,10 +91,10 @@ browser: ## Debian's chromium for the console's browser test: apt-get installs i
 test: .venv/.synced $(NPM_TOOLS) browser ## run the whole pytest suite, installing what it needs first (ARGS="-k name")
 	PATH="$(NPM_BIN):$$PATH" TOOLBUS_TSC="$${TOOLBUS_TSC:-$(NPM_BIN)/tsc}" $(UV) run --frozen pytest $(ARGS)
 
-lint: .venv/.synced ## ruff check, ruff format --check and mypy --strict on libs/, services/ and tests/
+lint: .venv/.synced ## ruff check and ruff format --check on libs/, services/, tests/, bench/ and scripts/; mypy --strict on libs/, services/ and tests/
 	@status=0; \
-	echo "ruff check libs services tests"; $(UV) run --frozen ruff check libs services tests || status=1; \
-	echo "ruff format --check libs services tests"; $(UV) run --frozen ruff format --check libs services tests || status=1; \
+	echo "ruff check libs services tests bench scripts"; $(UV) run --frozen ruff check libs services tests bench scripts || status=1; \
+	echo "ruff format --check libs services tests bench scripts"; $(UV) run --frozen ruff format --check libs services tests bench scripts || status=1; \
 	echo "mypy libs services tests"; $(UV) run --frozen mypy libs services tests || status=1; \
 	exit $$status
 

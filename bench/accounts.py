@@ -19,7 +19,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.harness import percentile  # noqa: E402
+from bench.harness import percentile
 
 BODY = b'{"toolsetId":"ts_%s","credentials":{"servers":{}}}' % (b"0" * 64)
 

@@ -65,12 +65,12 @@ async def measure(calls: int, pythonpath: str = "") -> Path:
     ) as stack:
         pid = stack.services["dispatcher"].proc.pid
         await in_flight(stack.invoke, 200)  # warm: imports, connections, caches
-        subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True)
-        subprocess.run(["callgrind_control", "-i", "on", str(pid)], check=True, capture_output=True)
+        subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True)  # noqa: ASYNC221
+        subprocess.run(["callgrind_control", "-i", "on", str(pid)], check=True, capture_output=True)  # noqa: ASYNC221
         await in_flight(stack.invoke, calls)
-        subprocess.run(["callgrind_control", "-i", "off", str(pid)], check=True, capture_output=True)
-        subprocess.run(["callgrind_control", "-d", str(pid)], check=True, capture_output=True)
-    dumps = sorted(work.glob("callgrind.out.*"), key=os.path.getmtime)
+        subprocess.run(["callgrind_control", "-i", "off", str(pid)], check=True, capture_output=True)  # noqa: ASYNC221
+        subprocess.run(["callgrind_control", "-d", str(pid)], check=True, capture_output=True)  # noqa: ASYNC221
+    dumps = sorted(work.glob("callgrind.out.*"), key=os.path.getmtime)  # noqa: ASYNC240
     return max((d for d in dumps), key=lambda d: d.stat().st_size)
 
 
@@ -106,7 +106,7 @@ async def main(calls: int, top: int) -> None:
     annotate = shutil.which("callgrind_annotate")
     if annotate and top:
         for flag, what in (("--inclusive=yes", "inclusive"), ("--inclusive=no", "own")):
-            res = subprocess.run([annotate, flag, str(dump)], capture_output=True, text=True, check=False)
+            res = subprocess.run([annotate, flag, str(dump)], capture_output=True, text=True, check=False)  # noqa: ASYNC221
             rows = [ln for ln in res.stdout.splitlines() if re.match(r"\s*[\d,]+ \(", ln)]
             print(f"top {top} by {what} instructions:")
             for ln in [r for r in rows if "PROGRAM TOTALS" not in r][:top]:

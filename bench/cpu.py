@@ -11,8 +11,8 @@ strace slows the traced process several fold: read its counts, not the rates. Ne
 from __future__ import annotations
 
 import argparse
-import os
 import asyncio
+import os
 import re
 import shutil
 import sys
@@ -81,7 +81,7 @@ async def main(calls: int, dispatchers: int, repeat: int, trace: bool) -> None:
                     str(out),
                     stdout=asyncio.subprocess.DEVNULL,
                     stderr=asyncio.subprocess.DEVNULL,
-                )  # fmt: skip
+                )
             )
         await asyncio.sleep(1.0)
         await in_flight(stack.invoke, calls)

@@ -30,13 +30,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import nats
+from tests.search.k8s_corpus import load_k8s_corpus
+from tests.search.labelled import AgentQuery, load_agent_queries
+from tests.search.openapi_corpus import load_large_corpus
 from toolbus_contracts import ToolInfo
 from toolbus_devstack.services import stop_process
 
 from bench.search import NATS_URL, create_body, registry_env, score, serve, start_registry
-from tests.search.k8s_corpus import load_k8s_corpus
-from tests.search.labelled import AgentQuery, load_agent_queries
-from tests.search.openapi_corpus import load_large_corpus
 from tests.support.mcp_servers import McpTestServer
 
 FULL_WAIT = 600.0
