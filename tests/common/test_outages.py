@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 from toolbus_common.bus import failure
-from toolbus_common.outages import Outage, expected_fault
+from toolbus_common.connections import connect_redis
+from toolbus_common.outages import REDIS, Outage, expected_fault
+from toolbus_common.settings import Settings
 from toolbus_contracts.errors import Unavailable
 
 
@@ -107,3 +111,55 @@ async def test_a_failure_the_probe_contradicts_is_one_info_line_not_an_outage(
         (logging.INFO, "a Redis connection failed; Redis answers")
     ]
     assert caplog.records[0].__dict__["unavailableReplies"] == 1
+
+
+async def test_a_forgotten_probe_is_not_asked_again_and_another_takes_over() -> None:
+    asked: list[str] = []
+    up = asyncio.Event()
+
+    def probe(name: str) -> Callable[[], Awaitable[None]]:
+        async def ask() -> None:
+            asked.append(name)
+            if not up.is_set():
+                raise RedisConnectionError("away")
+
+        return ask
+
+    closing, staying = probe("closing"), probe("staying")
+    outage = Outage("Redis", period=0.01)
+    outage.watch(staying)
+    outage.watch(closing)
+    outage.fault(RedisConnectionError("gone"))
+    for _ in range(500):
+        if "closing" in asked:
+            break
+        await asyncio.sleep(0.01)
+    await outage.forget(closing)
+    after = len(asked)
+    up.set()
+    for _ in range(500):
+        if not outage.down:
+            break
+        await asyncio.sleep(0.01)
+    assert not outage.down
+    assert "closing" not in asked[after:] and asked[-1] == "staying"
+
+
+@pytest.mark.integration
+async def test_a_closed_client_is_not_connected_again_by_the_outage_probe(redis_url: str) -> None:
+    """The leak once seen as an unclosed Connection and StreamWriter found at GC during another
+    test: the process-wide probe PINGed a client its service had closed, connecting it again."""
+    settings = Settings(redis_url=redis_url)
+    other: Any = connect_redis(settings)
+    client: Any = connect_redis(settings)  # the latest: the one the probe asks
+    try:
+        await client.ping()
+        REDIS.fault(RedisConnectionError("one connection dropped"))  # the probe starts
+        await client.aclose()
+        await asyncio.sleep(REDIS.period * 3)  # probes would have come and gone
+        pool = client.connection_pool
+        connected = [c for c in (*pool._available_connections, *pool._in_use_connections) if c.is_connected]
+        assert connected == []
+        assert not REDIS.down  # the other client's PING ended it
+    finally:
+        await other.aclose()

@@ -173,6 +173,21 @@ def log_offsets(stack: Stack) -> dict[Path, int]:
     return {p.log_path: p.log_path.stat().st_size for procs in stack.services.values() for p in procs}
 
 
+async def logs_once_back(offsets: dict[Path, int], within: float = 30.0) -> LogCount:
+    """The logs from `offsets` on, read once every service that logged Redis unreachable has
+    logged it back (its probe's next period), or after `within` s; then two seconds more, for a
+    second line that should not be there."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while loop.time() < deadline:
+        count = count_logs(offsets)
+        if count.unreachable and set(count.unreachable) <= set(count.back):
+            break
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(2.0)
+    return count_logs(offsets)
+
+
 def count_logs(offsets: dict[Path, int]) -> LogCount:
     count = LogCount()
     for path, offset in offsets.items():
@@ -233,5 +248,4 @@ async def restart_under_load(stack: Stack, toolset: str, *, down: float, per_kin
     after = Tally()
     await work.burst(per_kind, after)
     twice = await work.applied_twice()
-    await asyncio.sleep(2.0)  # a recovery line is written within a probe period of Redis's return
-    return Outcome(during, after, twice, count_logs(offsets), ready_seconds)
+    return Outcome(during, after, twice, await logs_once_back(offsets), ready_seconds)

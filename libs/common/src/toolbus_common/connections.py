@@ -128,21 +128,36 @@ def _redis_tls_options(settings: Settings) -> dict[str, Any]:
 
 
 @cache
+def _client_class() -> type[Any]:
+    """The client class of `connect_redis`, made on first use."""
+    from redis.asyncio import Redis
+
+    class _ProbedRedis(Redis):  # type: ignore[type-arg]
+        """A client whose PING `outages.REDIS` may ask while Redis is away, until it is closed."""
+
+        async def aclose(self, close_connection_pool: bool | None = None) -> None:
+            await REDIS.forget(self.ping)
+            await super().aclose(close_connection_pool)  # type: ignore[misc]
+
+    return _ProbedRedis
+
+
+@cache
 def _sentinel_classes() -> tuple[type[Any], type[Any]]:
     """(pool, client) classes for a Sentinel-located master, made on first use."""
-    from redis.asyncio import BlockingConnectionPool, Redis
+    from redis.asyncio import BlockingConnectionPool
     from redis.asyncio.sentinel import SentinelConnectionPool
 
     class _BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):  # type: ignore[type-arg]
         """Sentinel's master-following pool with the blocking pool's bounded wait."""
 
-    class _SentinelRedis(Redis):  # type: ignore[type-arg]
+    class _SentinelRedis(_client_class()):  # type: ignore[misc]
         """A client of the Sentinel-located master that also closes its Sentinel connections."""
 
         owned_sentinel: Any = None
 
         async def aclose(self, close_connection_pool: bool | None = None) -> None:
-            await super().aclose(close_connection_pool)  # type: ignore[misc]
+            await super().aclose(close_connection_pool)
             if self.owned_sentinel is not None:
                 await self.owned_sentinel.aclose()
 
@@ -188,7 +203,7 @@ def connect_redis(settings: Settings) -> Redis[bytes]:
     the pool, before a command is written on it. A command is never sent twice: one that failed
     after it was written may have been applied, so it fails (`unavailable`). The client's PING is
     the probe that ends an outage of `outages.REDIS`."""
-    from redis.asyncio import BlockingConnectionPool, Redis
+    from redis.asyncio import BlockingConnectionPool
     from redis.asyncio.sentinel import Sentinel
     from redis.maint_notifications import MaintNotificationsConfig
 
@@ -241,7 +256,7 @@ def connect_redis(settings: Settings) -> Redis[bytes]:
         _without_userinfo(settings.redis_url), **options
     )
     # The client owns the pool and closes it with itself (stubs predate `from_pool`).
-    plain: Redis[bytes] = Redis.from_pool(pool)  # type: ignore[attr-defined]
+    plain: Redis[bytes] = _client_class().from_pool(pool)
     REDIS.watch(plain.ping)
     return plain
 

@@ -32,7 +32,8 @@ class Outage:
     def __init__(self, name: str, *, period: float = PROBE_PERIOD) -> None:
         self.name = name
         self.period = period
-        self._probe: Callable[[], Awaitable[Any]] | None = None
+        self._probes: list[Callable[[], Awaitable[Any]]] = []
+        self._probing: Callable[[], Awaitable[Any]] | None = None
         self._since: float | None = None
         self._unavailable = 0
         self._confirmed = False
@@ -40,8 +41,25 @@ class Outage:
         self._task: asyncio.Task[None] | None = None
 
     def watch(self, probe: Callable[[], Awaitable[Any]]) -> None:
-        """The probe that tells it is back (the latest client's PING)."""
-        self._probe = probe
+        """A probe that tells it is back (a client's PING); the latest one still watched is asked."""
+        self._probes.append(probe)
+
+    async def forget(self, probe: Callable[[], Awaitable[Any]]) -> None:
+        """Stop asking `probe`, whose client is closing: a PING after the close would connect it
+        again, a connection nobody closes. A probe loop on it ends first (another client's
+        takes over)."""
+        if probe in self._probes:
+            self._probes.remove(probe)
+        task = self._task
+        if task is None or task.done() or self._probing != probe:
+            return
+        if task.get_loop() is not asyncio.get_running_loop():
+            return  # a loop that is gone (tests): it asks nothing more
+        task.cancel()
+        await asyncio.wait([task])
+        self._task = None
+        if self._since is not None and self._probes:
+            self._task = asyncio.get_running_loop().create_task(self._wait_back(), name=f"{self.name}-probe")
 
     @property
     def down(self) -> bool:
@@ -55,7 +73,7 @@ class Outage:
             self._unavailable = 0
             self._confirmed = False
             self._error = type(exc).__name__
-        if self._probe is None:
+        if not self._probes:
             self._confirm()  # nothing to ask: every failure that is news is an outage
             return
         if self._task is None or self._task.done():
@@ -99,9 +117,10 @@ class Outage:
         self._confirmed = False
 
     async def _wait_back(self) -> None:
-        probe = self._probe
-        assert probe is not None
         while self._since is not None:
+            if not self._probes:  # every watched client closed (the process stops): nothing to ask
+                return
+            probe = self._probing = self._probes[-1]
             await asyncio.sleep(self.period)
             try:
                 async with asyncio.timeout(max(self.period * 4, 2.0)):
