@@ -1,11 +1,13 @@
 """`make up` serves the approvals console: it prints the console's URL and a development token
 made for that stack (kept private in the stack directory, the same on the next `up`), and that
-token signs in; a wrong one does not."""
+token signs in; a wrong one does not. Where another program holds the console's port, the console
+listens on another, and `up` says so and prints that URL."""
 
 from __future__ import annotations
 
 import os
 import re
+import socket
 import stat
 import subprocess
 import sys
@@ -68,4 +70,34 @@ def test_up_prints_the_console_url_and_a_development_token_that_signs_in(tmp_pat
         assert f"(development token: {token})" in again.stdout  # one token per stack
     finally:
         down = _stack(env, "down")
+    assert down.returncode == 0, down.stdout + down.stderr
+
+
+def test_up_moves_the_console_off_a_taken_port_and_prints_where(tmp_path: Path) -> None:
+    health = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLBUS_")}
+    env |= {
+        "TOOLBUS_STACK_DIR": str(tmp_path / "stack"),
+        "TOOLBUS_NATS_URL": f"nats://127.0.0.1:{free_port()}",
+        "TOOLBUS_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+        "TOOLBUS_SUBJECT_PREFIX": f"tbtstackcm{health}",
+    }
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        held = holder.getsockname()[1]
+        env["TOOLBUS_CONSOLE_PORT"] = str(held)
+        try:
+            up = _stack(env, "up", "--services", "approval", "--port-base", str(health - 2))
+            assert up.returncode == 0, up.stdout + up.stderr
+            found = re.search(
+                r"console: (http://127\.0\.0\.1:(\d+))/ \(development token: (\S+)\)", up.stdout
+            )
+            assert found, up.stdout + up.stderr
+            url, port, token = found.groups()
+            assert int(port) != held
+            assert f"console: port {held} is taken by another program, so it listens on {port}" in up.stderr
+            assert _sign_in(url, token) == 200
+        finally:
+            down = _stack(env, "down")
     assert down.returncode == 0, down.stdout + down.stderr
