@@ -839,6 +839,10 @@ def status_report() -> dict[str, dict[str, Any]]:
                 "port": port,
                 "readyz": http_status(f"http://127.0.0.1:{port}/readyz"),
             }
+            if name == "approval" and "console" in tracked.info:
+                report[name]["console"] = tracked.info["console"] + "/"
+            if name == "gateway":
+                report[name]["mcp"] = tracked.info.get("mcp") or f"{_gateway_url()}/mcp/<toolsetId>"
         else:
             # Not ours: whatever answers on the default port is another program, never reported
             # as this service.
@@ -866,6 +870,10 @@ def status(as_json: bool = False) -> int:
             f"{name:<12} pid {entry['pid']} port {entry['port']}  "
             f"/readyz -> {ready if ready is not None else 'no answer'}"
         )
+        if "console" in entry:
+            print(f"{'':<12} console: {entry['console']} (make up prints its development token)")
+        if "mcp" in entry:
+            print(f"{'':<12} MCP: {entry['mcp']}")
     return 0
 
 
