@@ -5,7 +5,7 @@ the registry, the dispatcher and the approval service as processes, a real MCP s
 Proves: a pending approval appears on the open page without a reload (server-sent events), with
 its tool, declaration line and input; an edited input is checked as it is typed (an invalid one
 says where and disables Approve); approving the edit sends the edited input, and the page says
-the call completed (it did, with the edited input); another is denied with a reason, from the keyboard alone; both are in the
+the call completed (it did, with the edited input); another is denied with a reason, from the keyboard alone (Enter in the reason decides nothing); both are in the
 history under the person's name; every form control has a name a screen reader announces. Run on an open NATS and on deploy/nats/'s users and permissions
 (nothing refused). Screenshots (pending, edit-invalid, edit, history) are kept in
 `.cache/test-artifacts/console/`.
@@ -170,6 +170,14 @@ async def start_call(harness: Harness, run_id: str, text: str, key: str) -> str:
     return call_id
 
 
+async def harness_state(harness: Harness, run_id: str, call_id: str) -> str:
+    """`pending` while the call's events record no decision, else `decided`."""
+    events = await stored_events(
+        harness.nc, js_name(harness.prefix, "EVENTS"), harness.subjects.call_events(run_id, call_id)
+    )
+    return "decided" if any(e["type"] in ("approved", "denied") for e in events) else "pending"
+
+
 async def test_sign_in_see_live_edit_approve_deny_and_find_both_in_history(
     stack: tuple[Harness, str], console_setup: ConsoleSetup, browser_page: Any
 ) -> None:
@@ -228,6 +236,13 @@ async def test_sign_in_see_live_edit_approve_deny_and_find_both_in_history(
     await expect(item.locator("textarea")).to_have_value(json.dumps({"text": "refund 500"}, indent=2))
     await item.get_by_label("Reason (optional)").focus()
     await page.keyboard.type("too much")
+    # Enter in the reason decides nothing (the form's default button is a disabled one).
+    await page.keyboard.press("Enter")
+    await page.wait_for_timeout(1000)
+    assert await harness_state(harness, run_id, other) == "pending"
+    await expect(page.locator(".flash")).to_contain_text("approved with the edited input")  # no new page
+    await expect(item.get_by_label("Reason (optional)")).to_have_value("too much")
+    await expect(item.get_by_label("Reason (optional)")).to_be_focused()
     await page.keyboard.press("Tab")  # Approve
     await page.keyboard.press("Tab")  # Deny
     await expect(item.get_by_role("button", name="Deny")).to_be_focused()

@@ -3,7 +3,8 @@ with its console, people signed in through a real OpenID Connect provider, appro
 the dispatcher sends them (signed commands on the INTERNAL stream).
 
 Proves: a request without a signed session is sent to sign in or refused, and so is a forged
-cookie; a POST without the session's CSRF token, or with another's, decides nothing; a person sees
+cookie; a POST without the session's CSRF token, or with another's, decides nothing, nor one whose
+decision is missing or neither approve nor deny (400); a person sees
 and decides only the approvals their groups cover (a decision outside them is refused, saying so);
 a decision on an approval already decided, expired or whose run closed is refused, saying which;
 a decision names its decider `console:<sub>` in the history; a sign-in's state is used once; no
@@ -158,6 +159,25 @@ async def test_a_missing_or_forged_csrf_token_decides_nothing(
     assert huge.status_code == 413
     logout = await alice.post("/logout", data={"csrf": "nope"})
     assert logout.status_code == 403
+    assert await deployment.state(needed.approval_id) == "pending"
+
+
+async def test_a_decision_other_than_approve_or_deny_is_refused_and_decides_nothing(
+    deployment: Deployment, alice: httpx.AsyncClient
+) -> None:
+    needed = await deployment.needs_approval("shop")
+    url = f"/approvals/{needed.approval_id}/decide"
+    token = await csrf(alice)
+    for form in (
+        {"csrf": token, "reason": "pressed Enter"},
+        decide_form(token, ""),
+        decide_form(token, "yes"),
+    ):
+        refused = await alice.post(url, data=form)
+        assert refused.status_code == 400, form
+        assert (
+            "Choose Approve or Deny" in html.unescape(refused.text) and "nothing was decided" in refused.text
+        )
     assert await deployment.state(needed.approval_id) == "pending"
 
 

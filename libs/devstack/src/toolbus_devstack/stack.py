@@ -513,7 +513,8 @@ def _private_umask() -> Iterator[None]:
 
 def _console(env: dict[str, str]) -> tuple[dict[str, str], str, str]:
     """The approval service's console settings, its URL, and the stack's development token (made
-    once into `console-token`, mode 0600; `TOOLBUS_CONSOLE_DEV_TOKEN` instead when set)."""
+    once into `console-token`, mode 0600; `TOOLBUS_CONSOLE_DEV_TOKEN` instead when set). Where
+    another program listens on the console's port, a free one, with a note saying so."""
     token = os.environ.get("TOOLBUS_CONSOLE_DEV_TOKEN")
     path = STACK / "console-token"
     if not token:
@@ -525,9 +526,14 @@ def _console(env: dict[str, str]) -> tuple[dict[str, str], str, str]:
             token = secrets.token_urlsafe(24)
             _write_private(path, token + "\n")
     host = os.environ.get("TOOLBUS_CONSOLE_HOST") or "127.0.0.1"
-    port = int(os.environ.get("TOOLBUS_CONSOLE_PORT") or CONSOLE_PORT)
-    if port_in_use(port):
+    wanted = int(os.environ.get("TOOLBUS_CONSOLE_PORT") or CONSOLE_PORT)
+    port = wanted
+    if port_in_use(wanted):
         port = free_port()
+        print(
+            f"note: console: port {wanted} is taken by another program, so it listens on {port}",
+            file=sys.stderr,
+        )
     url = os.environ.get("TOOLBUS_CONSOLE_URL") or f"http://{host}:{port}"
     settings = {
         "TOOLBUS_CONSOLE_HOST": host,
@@ -833,6 +839,10 @@ def status_report() -> dict[str, dict[str, Any]]:
                 "port": port,
                 "readyz": http_status(f"http://127.0.0.1:{port}/readyz"),
             }
+            if name == "approval" and "console" in tracked.info:
+                report[name]["console"] = tracked.info["console"] + "/"
+            if name == "gateway":
+                report[name]["mcp"] = tracked.info.get("mcp") or f"{_gateway_url()}/mcp/<toolsetId>"
         else:
             # Not ours: whatever answers on the default port is another program, never reported
             # as this service.
@@ -860,6 +870,10 @@ def status(as_json: bool = False) -> int:
             f"{name:<12} pid {entry['pid']} port {entry['port']}  "
             f"/readyz -> {ready if ready is not None else 'no answer'}"
         )
+        if "console" in entry:
+            print(f"{'':<12} console: {entry['console']} (make up prints its development token)")
+        if "mcp" in entry:
+            print(f"{'':<12} MCP: {entry['mcp']}")
     return 0
 
 

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
+from toolbus_common.web_headers import SECURITY_HEADERS
 
 log = logging.getLogger(__name__)
 
@@ -23,13 +24,12 @@ CLIENT_METADATA_PATH = "/oauth/client-metadata.json"
 def _page(title: str, text: str, status: int) -> HTMLResponse:
     body = (
         f"<!doctype html><html><head><meta charset=utf-8><title>{html.escape(title)}</title>"
-        "<meta name=viewport content='width=device-width'></head>"
-        "<body style='font-family:sans-serif;max-width:36em;margin:4em auto'>"
+        "<meta name=viewport content='width=device-width'></head><body>"
         f"<h1>{html.escape(title)}</h1><p>{html.escape(text)}</p></body></html>"
     )
-    # No caching and no referrer: the URL held a code and a state.
-    headers = {"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"}
-    return HTMLResponse(body, status_code=status, headers=headers)
+    # The security headers of every page toolbus serves: among them no caching and no referrer
+    # (the URL held a code and a state), and no framing.
+    return HTMLResponse(body, status_code=status, headers=SECURITY_HEADERS)
 
 
 def callback_route(handle: Callable[[dict[str, str]], Awaitable[tuple[bool, str]]]) -> Route:
@@ -65,9 +65,7 @@ def start_route(begin: Callable[[str], Awaitable[str | None]]) -> Route:
                 "This connection link was already used or has expired. Ask for a new one.",
                 400,
             )
-        return RedirectResponse(
-            url, status_code=302, headers={"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"}
-        )
+        return RedirectResponse(url, status_code=302, headers=SECURITY_HEADERS)
 
     return Route(START_PATH, start, methods=["GET"])
 

@@ -69,11 +69,19 @@ def routes(c: Console) -> list[Route]:
             return await refuse(
                 request, person, 403, "Refused: missing or wrong CSRF token; reload the page."
             )
+        decision = form.get("decision")
+        if decision not in ("approve", "deny"):
+            return await refuse(
+                request,
+                person,
+                400,
+                "Choose Approve or Deny (decision: approve or deny); nothing was decided.",
+            )
         approval_id = request.path_params["approval_id"]
         stored, status, message = await decidable(c, person, approval_id)
         if stored is None:
             return await refuse(request, person, status, message)
-        approve = form.get("decision") == "approve"
+        approve = decision == "approve"
         reason = str(form.get("reason") or "").strip() or None
         edited = None
         if approve and form.get("input") is not None:

@@ -1,6 +1,5 @@
-"""What every console answer and form carries: the security headers (a content security policy
-allowing only the console's own files, no framing, no caching, no referrer), a bound on request
-bodies, and the per-session CSRF token every POST must present."""
+"""What every console answer and form carries: the security headers (`toolbus_common.web_headers`),
+a bound on request bodies, and the per-session CSRF token every POST must present."""
 
 from __future__ import annotations
 
@@ -11,17 +10,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from toolbus_common.web_headers import SECURITY_HEADERS as WEB_SECURITY_HEADERS
 
-SECURITY_HEADERS = [
-    (
-        b"content-security-policy",
-        b"default-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
-    ),
-    (b"x-frame-options", b"DENY"),
-    (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
-    (b"cache-control", b"no-store"),
-]
+SECURITY_HEADERS = [(name.encode(), value.encode()) for name, value in WEB_SECURITY_HEADERS.items()]
 BODY_MAX = 1 << 20
 """Bytes a request body may have (a form with an edited input, a check): more is 413."""
 
