@@ -4,7 +4,8 @@ named by `TOOLBUS_NATS_URL` / `TOOLBUS_SUBJECT_PREFIX`) with `python examples/wa
 It registers a toolset of an MCP server (a small CRM, started here, behind a bearer token), a host
 tool served by a worker in this process, and `http.fetch` for one local host; calls each; approves a
 refund; rotates the CRM token while a call is parked on the old one; and lets a scripted stand-in
-for a model find and call a tool through `search_tools` / `call_tool`. No model or network needed.
+for a model read the namespace catalogue, search one namespace, browse it and call a tool
+(`search_tools`, `list_tools`, `call_tool`). No model or network needed.
 """
 
 from __future__ import annotations
@@ -53,25 +54,24 @@ def bearer(token: str) -> dict[str, Any]:
 
 
 async def scripted_model(agent: AgentTools, task: str) -> Any:
-    """Stands in for a model with Anthropic-style tool use: search, then call the best match."""
+    """Stands in for a model with Anthropic-style tool use: reads the namespace catalogue in
+    `search_tools`' description, searches one namespace in the API's terms, browses it, calls."""
     tools = agent.anthropic()
     print(f"model   sees {len(tools)} tools: {[t['name'] for t in tools]}; task: {task!r}")
-    search = {
-        "type": "tool_use",
-        "id": "toolu_1",
-        "name": "search_tools",
-        "input": {"query": task, "limit": 3},
-    }
-    found = json.loads((await agent.answer_anthropic(search))["content"])
+    catalogue = [line for line in tools[0]["description"].splitlines() if line.startswith("- ")]
+    print("model   catalogue: " + "; ".join(catalogue))
+    namespace = next(line[2:].split(" ")[0] for line in catalogue if "invoice" in line.lower())
+
+    async def use(name: str, tool_input: dict[str, Any]) -> Any:
+        block = {"type": "tool_use", "id": f"toolu_{name}", "name": name, "input": tool_input}
+        return json.loads((await agent.answer_anthropic(block))["content"])
+
+    found = await use("search_tools", {"query": "find invoice", "namespaces": [namespace], "limit": 3})
     best = found["tools"][0]["name"]
-    print(f"model   search_tools -> {[t['name'] for t in found['tools']]}; picks {best}")
-    call = {
-        "type": "tool_use",
-        "id": "toolu_2",
-        "name": "call_tool",
-        "input": {"name": best, "input": {"invoice_id": "inv_1"}},
-    }
-    answer = json.loads((await agent.answer_anthropic(call))["content"])
+    print(f"model   search_tools in {[namespace]} -> {[t['name'] for t in found['tools']]}; picks {best}")
+    listed = await use("list_tools", {"namespace": namespace})
+    print(f"model   list_tools({namespace}) -> {listed['tools']}")
+    answer = await use("call_tool", {"name": best, "input": {"invoice_id": "inv_1"}})
     print(f"model   call_tool({best}) -> {answer}")
     return answer
 
@@ -121,7 +121,7 @@ async def main() -> None:
             await tb.toolsets.set_credentials(toolset, bearer(crm.token))
             print("call    crm.find_invoice after rotation ->", await parked.result(timeout=60))
 
-            await scripted_model(AgentTools(run), "look up an invoice")
+            await scripted_model(await AgentTools.open(run), "look up an invoice")
 
             kinds: dict[str, int] = {}
             async for event in run.events(follow=False):

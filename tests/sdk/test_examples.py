@@ -36,7 +36,10 @@ async def test_walkthrough(stack: dict[str, str]) -> None:
         "call    crm.refund -> {'refundId': 're_inv_1_1000', 'amount': 1000}",
         "parked  1 call on a 401 from crm (toolset credentials); rotating",
         "call    crm.find_invoice after rotation -> {'id': 'inv_1'",
+        "model   catalogue: - crm (mcp, ",
+        "model   search_tools in ['crm'] -> ['crm.find_invoice'",
         "picks crm.find_invoice",
+        "model   list_tools(crm) -> ['crm.find_invoice(",
         "done    run closed",
     ):
         assert line in out, line
