@@ -2,10 +2,11 @@
 named by `TOOLBUS_NATS_URL` / `TOOLBUS_SUBJECT_PREFIX`) with `python examples/walkthrough.py`.
 
 It registers a toolset of an MCP server (a small CRM, started here, behind a bearer token), a host
-tool served by a worker in this process, and `http.fetch` for one local host; calls each; approves a
-refund; rotates the CRM token while a call is parked on the old one; and lets a scripted stand-in
-for a model read the namespace catalogue, search one namespace, browse it and call a tool
-(`search_tools`, `list_tools`, `call_tool`). No model or network needed.
+tool served by a worker in this process, and `http.fetch` for one local host; calls each; lets a
+small refund through and approves a large one (an approval rule: 500 or more); rotates the CRM
+token while a call is parked on the old one; and lets a scripted stand-in for a model read the
+namespace catalogue, search one namespace, browse it and call a tool (`search_tools`,
+`list_tools`, `call_tool`). No model or network needed.
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ def status_page() -> tuple[http.server.ThreadingHTTPServer, str]:
     return server, f"http://127.0.0.1:{server.server_address[1]}/status"
 
 
+REFUND_RULE = {"when": {"properties": {"input": {"properties": {"amount": {"minimum": 500}}}}}}
+"""Refunds of 500 or more wait for a person's decision; smaller ones go through."""
+
+
 def bearer(token: str) -> dict[str, Any]:
     return {"servers": {"crm": {"headers": {"Authorization": f"Bearer {token}"}}}}
 
@@ -82,7 +87,7 @@ async def main() -> None:
     page, page_url = status_page()
     async with await Toolbus.connect() as tb:
         toolset = await tb.toolsets.create(
-            mcp=[{"name": "crm", "url": crm.url, "policies": {"refund": {"approval": True}}}],
+            mcp=[{"name": "crm", "url": crm.url, "policies": {"refund": {"approval": REFUND_RULE}}}],
             host=[ask_user],
             http={"allow": ["127.0.0.1"]},
             credentials=bearer(token),
@@ -100,7 +105,9 @@ async def main() -> None:
             fetched = await run.call("http.fetch", {"url": page_url})
             print(f"call    http.fetch -> {fetched['status']} {fetched['body']}")
 
-            # A refund needs approval: the request arrives, someone approves, the call goes on.
+            small = await run.call("crm.refund", {"invoice_id": "inv_1", "amount": 100})
+            print("call    crm.refund of 100, under the rule ->", small)
+            # A refund of 500 or more needs approval: the request arrives, someone approves, the call goes on.
             requests = tb.approvals.requests(run_id=run.id)
             refund = await run.start("crm.refund", {"invoice_id": "inv_1", "amount": 1000})
             pending = await anext(requests)

@@ -33,6 +33,8 @@ async def test_walkthrough(stack: dict[str, str]) -> None:
     for line in (
         "call    support.ask_user -> {'answer': 'yes (asked on attempt 1)'}",
         "call    http.fetch -> 200",
+        "call    crm.refund of 100, under the rule -> {'refundId': 're_inv_1_100', 'amount': 100}",
+        "approval crm.refund {'invoice_id': 'inv_1', 'amount': 1000} waiting",
         "call    crm.refund -> {'refundId': 're_inv_1_1000', 'amount': 1000}",
         "parked  1 call on a 401 from crm (toolset credentials); rotating",
         "call    crm.find_invoice after rotation -> {'id': 'inv_1'",
