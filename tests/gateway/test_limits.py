@@ -1,0 +1,73 @@
+"""Bodies at the edges of what the gateway takes: over the bytes a NATS message may carry, nested
+deeper than JSON encoders go, over the body limit (with and without Content-Length), and an
+unsupported protocol version: each answered with a tool error or a JSON-RPC error that says what
+is wrong, never an internal error."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import httpx
+import orjson
+import pytest
+import pytest_asyncio
+from toolbus_gateway.app import GatewayApp
+
+from tests.gateway.conftest import Deployment, mcp_client
+from tests.gateway.test_access import HEADERS, LIST
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def roomy(deployment: Deployment) -> AsyncIterator[GatewayApp]:
+    """A second gateway on the same services taking bodies up to 8 MiB (over NATS's 1 MiB)."""
+    settings = deployment.gateway.gateway_settings.model_copy(update={"max_body_bytes": 8 * 1024 * 1024})
+    app = GatewayApp(deployment.gateway.settings, settings)
+    await app.start()
+    try:
+        yield app
+    finally:
+        await app.stop()
+
+
+async def test_an_input_over_the_nats_max_payload_is_an_invalid_request_tool_error(
+    deployment: Deployment, toolset: str, roomy: GatewayApp
+) -> None:
+    token = await deployment.token([toolset])
+    async with mcp_client(f"{roomy.url}/mcp/{toolset}", token) as client:
+        result = await client.call_tool("shop.echo", {"text": "x" * 3_000_000})
+    assert result.is_error is True
+    assert result.meta is not None and result.meta["toolbus/error"]["code"] == "invalidRequest"
+    assert "bytes a NATS message may carry" in result.meta["toolbus/error"]["message"]
+
+
+def _call_body(depth: int) -> bytes:
+    """A `tools/call` of `shop.echo` whose arguments carry a value nested `depth` objects deep."""
+    deep = '{"a":' * depth + '"x"' + "}" * depth
+    meta = LIST["params"]["_meta"]
+    head = {"jsonrpc": "2.0", "id": 1, "method": "tools/call"}
+    envelope = orjson.dumps({"name": "shop.echo", "_meta": meta}).decode()[:-1]
+    return (
+        orjson.dumps(head).decode()[:-1]
+        + f',"params":{envelope},"arguments":{{"text":"x","deep":{deep}}}}}}}'
+    ).encode()
+
+
+@pytest.mark.parametrize("depth", [200, 300, 900, 1500])
+async def test_deeply_nested_arguments_say_what_is_wrong(
+    deployment: Deployment, toolset: str, roomy: GatewayApp, depth: int
+) -> None:
+    token = await deployment.token([toolset])
+    headers = {**HEADERS, "Authorization": f"Bearer {token}", "Mcp-Protocol-Version": "2026-07-28"}
+    headers |= {"Mcp-Method": "tools/call", "Mcp-Name": "shop.echo"}
+    async with httpx.AsyncClient(timeout=30) as http:
+        reply = await http.post(f"{roomy.url}/mcp/{toolset}", content=_call_body(depth), headers=headers)
+    assert "Traceback" not in reply.text and 'File "' not in reply.text
+    body = reply.json()
+    if "error" in body:
+        assert body["error"]["code"] != -32603, body
+        return
+    result = body["result"]
+    assert result["isError"] is True, depth
+    assert result["_meta"]["toolbus/error"]["code"] in ("invalidRequest", "invalidInput"), result
