@@ -71,3 +71,27 @@ async def test_deeply_nested_arguments_say_what_is_wrong(
     result = body["result"]
     assert result["isError"] is True, depth
     assert result["_meta"]["toolbus/error"]["code"] in ("invalidRequest", "invalidInput"), result
+
+
+async def _chunked(url: str, token: str, body: bytes, size: int) -> httpx.Response:
+    headers = {**HEADERS, "Authorization": f"Bearer {token}", "Mcp-Protocol-Version": "2026-07-28"}
+    headers["Mcp-Method"] = "tools/list"
+
+    async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: Transfer-Encoding chunked
+        for start in range(0, len(body), size):
+            yield body[start : start + size]
+
+    async with httpx.AsyncClient(timeout=10) as http:
+        return await http.post(url, content=chunks(), headers=headers)
+
+
+async def test_a_chunked_body_over_the_limit_is_a_jsonrpc_413(deployment: Deployment, toolset: str) -> None:
+    token = await deployment.token([toolset])
+    big = orjson.dumps({**LIST, "params": {**LIST["params"], "pad": "x" * (80 * 1024)}})
+    reply = await _chunked(deployment.url(toolset), token, big, 1024)
+    assert reply.status_code == 413
+    assert reply.json()["error"]["code"] < 0
+    assert "bytes" in reply.json()["error"]["message"]
+    small = await _chunked(deployment.url(toolset), token, orjson.dumps(LIST), 16)
+    assert small.status_code == 200, small.text
+    assert small.json()["result"]["tools"]

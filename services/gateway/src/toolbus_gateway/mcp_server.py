@@ -22,7 +22,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 from toolbus_contracts.errors import ToolbusError
 from toolbus_contracts.names import TOOLSET_ID
 
@@ -220,7 +220,13 @@ class McpEndpoint:
             )
             return
         length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > self._max_body:
+        if length is None and scope.get("method") == "POST":  # chunked: read it here, up to the limit
+            body = await _read_body(receive, self._max_body)
+            if body is None:
+                await _json_error(413, f"The body is over {self._max_body} bytes.")(scope, receive, send)
+                return
+            receive = _replay(body, receive)
+        elif length is not None and length.isdigit() and int(length) > self._max_body:
             await _json_error(413, f"The body is over {self._max_body} bytes.")(scope, receive, send)
             return
         try:
@@ -242,6 +248,37 @@ class McpEndpoint:
             await self._inner(scope, receive, send)
         finally:
             _catalogue.reset(token)
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    """A request body sent without Content-Length, or None once it is over `limit` bytes."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"".join(chunks)
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A `receive` that gives `body` once, then what the connection gives (its disconnect)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
 
 
 def build_app(gateway: Gateway, *, base_url: str, max_body: int, host: str) -> Starlette:
