@@ -95,3 +95,19 @@ async def test_a_chunked_body_over_the_limit_is_a_jsonrpc_413(deployment: Deploy
     small = await _chunked(deployment.url(toolset), token, orjson.dumps(LIST), 16)
     assert small.status_code == 200, small.text
     assert small.json()["result"]["tools"]
+
+
+async def test_an_unsupported_protocol_version_is_named_with_the_supported_ones(
+    deployment: Deployment, toolset: str
+) -> None:
+    token = await deployment.token([toolset])
+    headers = {**HEADERS, "Authorization": f"Bearer {token}", "Mcp-Protocol-Version": "1999-01-01"}
+    async with httpx.AsyncClient(timeout=10) as http:
+        reply = await http.post(deployment.url(toolset), json={**LIST, "params": {}}, headers=headers)
+    assert reply.status_code == 400
+    error = reply.json()["error"]
+    assert error["code"] == -32022
+    assert "Unsupported protocol version 1999-01-01" in error["message"]
+    assert "2026-07-28" in error["message"] and "2025-11-25" in error["message"]
+    assert "_meta must be" not in error["message"]
+    assert error["data"]["supported"][:2] == ["2026-07-28", "2025-11-25"]

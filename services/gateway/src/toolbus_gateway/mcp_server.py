@@ -17,6 +17,7 @@ from mcp.server import Server, ServerRequestContext
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from opentelemetry import trace
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -34,6 +35,8 @@ log = logging.getLogger(__name__)
 
 RESOURCE_NOT_FOUND = -32002
 """MCP's code for a resource URI the server does not have."""
+SUPPORTED_VERSIONS = (*MODERN_PROTOCOL_VERSIONS, *reversed(HANDSHAKE_PROTOCOL_VERSIONS))
+"""The `MCP-Protocol-Version`s the SDK's transport serves, newest first."""
 STATE_KEY = "toolbus.gateway"
 RUN_HEADER = "mcp-run"
 SESSION_HEADER = "mcp-session-id"
@@ -169,6 +172,23 @@ def _json_error(status: int, message: str, headers: dict[str, str] | None = None
     return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
 
 
+def _unsupported_version(version: str) -> Response:
+    """The SDK would route an unknown `MCP-Protocol-Version` to 2026-07-28 and complain about its
+    `params._meta` envelope: say instead which versions there are."""
+    message = (
+        f"Unsupported protocol version {version[:40]}: this server speaks "
+        f"{', '.join(MODERN_PROTOCOL_VERSIONS)} (each request carries the params._meta envelope) and "
+        f"{', '.join(reversed(HANDSHAKE_PROTOCOL_VERSIONS))} (initialize, then Mcp-Session-Id)."
+    )
+    data = {"supported": list(SUPPORTED_VERSIONS), "requested": version[:40]}
+    body = {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {"code": types.UNSUPPORTED_PROTOCOL_VERSION, "message": message, "data": data},
+    }
+    return Response(orjson.dumps(body), status_code=400, media_type="application/json")
+
+
 def _quoted(text: str) -> str:
     return text.replace("\\", "").replace('"', "'")
 
@@ -218,6 +238,10 @@ class McpEndpoint:
             await _json_error(403, reason, self._challenge(toolset_id, "insufficient_scope", reason))(
                 scope, receive, send
             )
+            return
+        version = request.headers.get("mcp-protocol-version")
+        if version is not None and version not in SUPPORTED_VERSIONS:
+            await _unsupported_version(version)(scope, receive, send)
             return
         length = request.headers.get("content-length")
         if length is None and scope.get("method") == "POST":  # chunked: read it here, up to the limit
