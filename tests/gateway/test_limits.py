@@ -5,12 +5,15 @@ is wrong, never an internal error."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import orjson
 import pytest
 import pytest_asyncio
+from mcp.shared.exceptions import MCPError
 from toolbus_gateway.app import GatewayApp
 
 from tests.gateway.conftest import Deployment, mcp_client
@@ -111,3 +114,32 @@ async def test_an_unsupported_protocol_version_is_named_with_the_supported_ones(
     assert "2026-07-28" in error["message"] and "2025-11-25" in error["message"]
     assert "_meta must be" not in error["message"]
     assert error["data"]["supported"][:2] == ["2026-07-28", "2025-11-25"]
+
+
+async def test_a_bug_in_a_call_is_an_internal_error_without_a_stack_trace(
+    deployment: Deployment,
+    toolset: str,
+    roomy: GatewayApp,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A fault injected where no failure is expected: -32603 that names no internals, and a log
+    line with the exception's type and place but no trace."""
+
+    async def broken(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        raise RuntimeError("detail of the bug")
+
+    assert roomy.gateway is not None
+    monkeypatch.setattr(roomy.gateway._calls, "invoke", broken)
+    token = await deployment.token([toolset])
+    with caplog.at_level(logging.ERROR):
+        async with mcp_client(f"{roomy.url}/mcp/{toolset}", token) as client:
+            with pytest.raises(MCPError) as raised:
+                await client.call_tool("shop.echo", {"text": "x"})
+    assert raised.value.error.code == -32603
+    assert "detail of the bug" not in raised.value.error.message
+    records = [r for r in caplog.records if r.getMessage() == "tools/call failed"]
+    assert records and getattr(records[0], "error", None) == "RuntimeError"
+    assert all(r.exc_info is None for r in caplog.records), [
+        r.getMessage() for r in caplog.records if r.exc_info
+    ]

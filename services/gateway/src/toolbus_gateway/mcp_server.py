@@ -102,17 +102,25 @@ def build_server(gateway: Gateway) -> Server[Any]:
             and request.headers.get(SESSION_HEADER) is not None  # a back-channel: 2025-11-25 sessions
         )
         binding = request.headers.get(SESSION_HEADER)
-        return await gateway.call_tool(
-            caller.principal,
-            caller.catalogue,
-            params.name,
-            dict(arguments or {}),
-            named_run=request.headers.get(RUN_HEADER),
-            session=binding,
-            progress=progress,
-            search_mode=caller.search_mode,
-            elicit=elicit if can_elicit else None,
-        )
+        try:
+            return await gateway.call_tool(
+                caller.principal,
+                caller.catalogue,
+                params.name,
+                dict(arguments or {}),
+                named_run=request.headers.get(RUN_HEADER),
+                session=binding,
+                progress=progress,
+                search_mode=caller.search_mode,
+                elicit=elicit if can_elicit else None,
+            )
+        except MCPError:
+            raise
+        except Exception as exc:  # a bug: logged by type and place, never with a stack trace
+            log.error("tools/call failed", extra={"error": type(exc).__name__, "at": _where(exc)})
+            raise MCPError(
+                types.INTERNAL_ERROR, "Internal error in the gateway (a bug); its log says where."
+            ) from None
 
     async def on_list_resources(
         ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
@@ -165,6 +173,14 @@ def build_server(gateway: Gateway) -> Server[Any]:
     if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         server.middleware.clear()  # no tracer configured: the SDK's span a request records nothing
     return server
+
+
+def _where(exc: BaseException) -> str:
+    """The innermost frame an exception came from, `file:line`, for a log line without its trace."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return "" if tb is None else f"{tb.tb_frame.f_code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno}"
 
 
 def _json_error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
