@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import re
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -42,3 +44,26 @@ def test_a_taken_mcp_port_moves_the_gateway_to_a_free_one_and_prints_its_url(tmp
         finally:
             down = _stack(env, "down")
         assert down.returncode == 0, down.stdout + down.stderr
+
+
+def test_the_gateway_on_a_taken_port_says_so_in_one_line(tmp_path: Path) -> None:
+    """Run by hand (not by `make up`) on a port another program holds: one error line, no trace."""
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        held = other.getsockname()[1]
+        env = _own_servers_env(tmp_path, held) | {"TOOLBUS_GATEWAY_PORT": str(held), "TOOLBUS_HTTP_PORT": "0"}
+        done = subprocess.run(
+            [sys.executable, "-m", "toolbus_gateway"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    assert (
+        f"error: the gateway's MCP port 127.0.0.1:{held} (TOOLBUS_GATEWAY_PORT) cannot be bound"
+        in done.stderr
+    )
