@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,6 +22,7 @@ from tests.support.infra import drop_redis_keys, unique_prefix
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
 OTHER_TOOLSET = "ts_" + "0" * 64
+GATEWAY_DOCS = Path(__file__).resolve().parents[2] / "docs" / "gateway.md"
 HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 LIST: dict[str, Any] = {
     "jsonrpc": "2.0",
@@ -106,6 +108,19 @@ async def test_a_token_for_another_toolset_is_403(deployment: Deployment, toolse
     reply = await _post(deployment.url(toolset), token)
     assert reply.status_code == 403
     assert 'error="insufficient_scope"' in reply.headers["www-authenticate"]
+
+
+async def test_a_never_registered_toolset_the_token_does_not_name_is_403_as_docs_say(
+    deployment: Deployment, toolset: str
+) -> None:
+    """docs/gateway.md: 403 whether the toolset exists or not, so no token learns which do."""
+    token = await deployment.token([toolset])
+    never = "ts_" + "1" * 64
+    reply = await _post(deployment.url(never), token)
+    assert reply.status_code == 403
+    assert 'error="insufficient_scope"' in reply.headers["www-authenticate"]
+    docs = await asyncio.to_thread(GATEWAY_DOCS.read_text)
+    assert "whether the toolset exists or not" in docs
 
 
 def _claims(toolset: str, **overrides: Any) -> dict[str, Any]:

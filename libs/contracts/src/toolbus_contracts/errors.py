@@ -179,3 +179,13 @@ BY_CODE: dict[ErrorCode, type[ToolbusError]] = {  # every code's exception class
         Internal,
     )
 }
+
+
+def request_too_large(subject: str, size: int, limit: int) -> InvalidRequest:
+    """The error for a request body over the NATS server's `max_payload` (nothing was sent), in the
+    words every client of the bus uses."""
+    return InvalidRequest(
+        f"The request on {subject} is {size:,} bytes, over the {limit:,} bytes a NATS message may "
+        "carry on this server (max_payload): send a smaller input.",
+        details={"field": "body", "size": size, "maxPayload": limit},
+    )

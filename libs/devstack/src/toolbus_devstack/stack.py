@@ -550,6 +550,20 @@ def _gateway_url() -> str:
     return f"http://{host}:{os.environ.get('TOOLBUS_GATEWAY_PORT') or GATEWAY_MCP_PORT}"
 
 
+def _gateway(env: dict[str, str], moved: list[str]) -> tuple[dict[str, str], str]:
+    """The gateway's MCP port setting and its MCP URL: the wanted port (`TOOLBUS_GATEWAY_PORT`,
+    else 8787), or a free one, with a line in `moved`, where another program listens on it."""
+    host = os.environ.get("TOOLBUS_GATEWAY_HOST") or "127.0.0.1"
+    wanted = int(os.environ.get("TOOLBUS_GATEWAY_PORT") or GATEWAY_MCP_PORT)
+    port = wanted
+    if port_in_use(wanted):
+        port = free_port()
+        line = f"gateway MCP: port {wanted} is taken by another program, so it listens on {port}"
+        moved.append(line)
+        print(f"note: {line}", file=sys.stderr)
+    return {**env, "TOOLBUS_GATEWAY_PORT": str(port)}, f"http://{host}:{port}/mcp/<toolsetId>"
+
+
 def up(ready_timeout: float, only: list[str] | None, as_json: bool = False) -> int:
     with _private_umask():
         _make_private(STACK)
@@ -614,6 +628,8 @@ def _up(ready_timeout: float, only: list[str] | None, as_json: bool = False) -> 
         extra: dict[str, str] = {}
         if name == "approval":
             service_env, extra["console"], extra["consoleToken"] = _console(service_env)
+        if name == "gateway":
+            service_env, extra["mcp"] = _gateway(service_env, moved)
         # A restart appends to what the last run logged (a crash); while another process holds
         # `<name>.log` (one a test or bench started there), this one writes `<name>-2.log`.
         service = launch_service(
@@ -673,7 +689,8 @@ def _up(ready_timeout: float, only: list[str] | None, as_json: bool = False) -> 
         else:
             rows[name] = {"state": "ready", "port": port, "log": str(log)}
         if name == "gateway" and name in rows:
-            rows[name]["mcp"] = f"{_gateway_url()}/mcp/<toolsetId>"
+            mcp = recorded.info.get("mcp") if recorded is not None else None
+            rows[name]["mcp"] = mcp or f"{_gateway_url()}/mcp/<toolsetId>"
         if name == "approval" and recorded is not None and "console" in recorded.info:
             rows[name]["console"] = recorded.info["console"]
             rows[name]["consoleToken"] = recorded.info.get("consoleToken")
@@ -718,9 +735,7 @@ def _up(ready_timeout: float, only: list[str] | None, as_json: bool = False) -> 
         if "console" in row and row["state"] in ("ready", "already running"):
             print(f"{'':<15} console: {row['console']}/ (development token: {row['consoleToken']})")
         if name == "gateway" and row["state"] != "failed":
-            print(
-                f"{'':<15} MCP: {_gateway_url()}/mcp/<toolsetId> (toolbus tokens create gives a bearer token)"
-            )
+            print(f"{'':<15} MCP: {row['mcp']} (toolbus tokens create gives a bearer token)")
     print(f"logs in {_rel(LOGS)}/ (make logs, toolbus logs); stop with make down or toolbus down")
     return 1 if failed else 0
 

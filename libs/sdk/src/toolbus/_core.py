@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 from toolbus_contracts import Subjects, check_prefix
 from toolbus_contracts.base import unfit_number, unfit_number_error, validation_to_error
+from toolbus_contracts.errors import request_too_large as too_large
 
 from toolbus._connection import ConnectOptions
 from toolbus._errors import (
@@ -113,15 +114,6 @@ NO_SERVICE_WAIT = 5.0
 back within them); after that its `Unavailable` is raised, so a stack that is not running is
 told in seconds, not after the whole request timeout. A backing store that is down (the service
 answers `unavailable`) is waited out until the timeout."""
-
-
-def too_large(subject: str, size: int, limit: int) -> InvalidRequest:
-    """The error for a request body over the NATS server's `max_payload`: nothing was sent."""
-    return InvalidRequest(
-        f"The request on {subject} is {size:,} bytes, over the {limit:,} bytes a NATS message may "
-        "carry on this server (max_payload): send a smaller input.",
-        details={"field": "body", "size": size, "maxPayload": limit},
-    )
 
 
 def _no_service_for_long(exc: Unavailable, spent: float) -> bool:

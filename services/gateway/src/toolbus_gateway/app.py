@@ -33,6 +33,10 @@ log = logging.getLogger(__name__)
 QUEUE = "toolbus-gateway"
 
 
+class PortTaken(Exception):
+    """The MCP port cannot be bound (another program listens on it): said in one line, no trace."""
+
+
 class _Server(uvicorn.Server):
     """uvicorn inside the service's loop: the service owns the signals."""
 
@@ -70,6 +74,14 @@ class GatewayApp:
 
     async def start(self) -> None:
         s, g = self.settings, self.gateway_settings
+        try:  # first: a taken port stops the start before anything is opened
+            self._socket = sock = socket.create_server((g.host, g.port), reuse_port=False)
+        except OSError as exc:
+            raise PortTaken(
+                f"the gateway's MCP port {g.host}:{g.port} (TOOLBUS_GATEWAY_PORT) cannot be bound: "
+                f"{exc.strerror or exc}"
+            ) from None
+        self.port = sock.getsockname()[1]
         nc = await self.bus.connect()
         js = nc.jetstream()
         self._redis = redis = connect_redis(s)
@@ -86,8 +98,6 @@ class GatewayApp:
         )
         self.runs = Runs(calls, idle=g.run_idle_seconds)
         servers = [a.strip() for a in (g.authorization_servers or g.jwt_issuer or "").split(",") if a.strip()]
-        self._socket = sock = socket.create_server((g.host, g.port), reuse_port=False)
-        self.port = sock.getsockname()[1]
         base_url = (g.public_url or self.url).rstrip("/")
         self.gateway = Gateway(
             Authenticator.from_settings(tokens, g),

@@ -17,12 +17,13 @@ from mcp.server import Server, ServerRequestContext
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from opentelemetry import trace
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 from toolbus_contracts.errors import ToolbusError
 from toolbus_contracts.names import TOOLSET_ID
 
@@ -34,6 +35,8 @@ log = logging.getLogger(__name__)
 
 RESOURCE_NOT_FOUND = -32002
 """MCP's code for a resource URI the server does not have."""
+SUPPORTED_VERSIONS = (*MODERN_PROTOCOL_VERSIONS, *reversed(HANDSHAKE_PROTOCOL_VERSIONS))
+"""The `MCP-Protocol-Version`s the SDK's transport serves, newest first."""
 STATE_KEY = "toolbus.gateway"
 RUN_HEADER = "mcp-run"
 SESSION_HEADER = "mcp-session-id"
@@ -99,17 +102,25 @@ def build_server(gateway: Gateway) -> Server[Any]:
             and request.headers.get(SESSION_HEADER) is not None  # a back-channel: 2025-11-25 sessions
         )
         binding = request.headers.get(SESSION_HEADER)
-        return await gateway.call_tool(
-            caller.principal,
-            caller.catalogue,
-            params.name,
-            dict(arguments or {}),
-            named_run=request.headers.get(RUN_HEADER),
-            session=binding,
-            progress=progress,
-            search_mode=caller.search_mode,
-            elicit=elicit if can_elicit else None,
-        )
+        try:
+            return await gateway.call_tool(
+                caller.principal,
+                caller.catalogue,
+                params.name,
+                dict(arguments or {}),
+                named_run=request.headers.get(RUN_HEADER),
+                session=binding,
+                progress=progress,
+                search_mode=caller.search_mode,
+                elicit=elicit if can_elicit else None,
+            )
+        except MCPError:
+            raise
+        except Exception as exc:  # a bug: logged by type and place, never with a stack trace
+            log.error("tools/call failed", extra={"error": type(exc).__name__, "at": _where(exc)})
+            raise MCPError(
+                types.INTERNAL_ERROR, "Internal error in the gateway (a bug); its log says where."
+            ) from None
 
     async def on_list_resources(
         ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
@@ -164,9 +175,34 @@ def build_server(gateway: Gateway) -> Server[Any]:
     return server
 
 
+def _where(exc: BaseException) -> str:
+    """The innermost frame an exception came from, `file:line`, for a log line without its trace."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return "" if tb is None else f"{tb.tb_frame.f_code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno}"
+
+
 def _json_error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
     body = {"jsonrpc": "2.0", "id": None, "error": {"code": types.INVALID_REQUEST, "message": message}}
     return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
+
+
+def _unsupported_version(version: str) -> Response:
+    """The SDK would route an unknown `MCP-Protocol-Version` to 2026-07-28 and complain about its
+    `params._meta` envelope: say instead which versions there are."""
+    message = (
+        f"Unsupported protocol version {version[:40]}: this server speaks "
+        f"{', '.join(MODERN_PROTOCOL_VERSIONS)} (each request carries the params._meta envelope) and "
+        f"{', '.join(reversed(HANDSHAKE_PROTOCOL_VERSIONS))} (initialize, then Mcp-Session-Id)."
+    )
+    data = {"supported": list(SUPPORTED_VERSIONS), "requested": version[:40]}
+    body = {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {"code": types.UNSUPPORTED_PROTOCOL_VERSION, "message": message, "data": data},
+    }
+    return Response(orjson.dumps(body), status_code=400, media_type="application/json")
 
 
 def _quoted(text: str) -> str:
@@ -219,8 +255,18 @@ class McpEndpoint:
                 scope, receive, send
             )
             return
+        version = request.headers.get("mcp-protocol-version")
+        if version is not None and version not in SUPPORTED_VERSIONS:
+            await _unsupported_version(version)(scope, receive, send)
+            return
         length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > self._max_body:
+        if length is None and scope.get("method") == "POST":  # chunked: read it here, up to the limit
+            body = await _read_body(receive, self._max_body)
+            if body is None:
+                await _json_error(413, f"The body is over {self._max_body} bytes.")(scope, receive, send)
+                return
+            receive = _replay(body, receive)
+        elif length is not None and length.isdigit() and int(length) > self._max_body:
             await _json_error(413, f"The body is over {self._max_body} bytes.")(scope, receive, send)
             return
         try:
@@ -242,6 +288,37 @@ class McpEndpoint:
             await self._inner(scope, receive, send)
         finally:
             _catalogue.reset(token)
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    """A request body sent without Content-Length, or None once it is over `limit` bytes."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"".join(chunks)
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A `receive` that gives `body` once, then what the connection gives (its disconnect)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
 
 
 def build_app(gateway: Gateway, *, base_url: str, max_body: int, host: str) -> Starlette:
