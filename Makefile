@@ -76,15 +76,16 @@ status: .venv/.synced ## show what `make up` runs and whether each service is re
 
 CHROMIUM ?= /usr/bin/chromium
 
-browser: ## Debian's chromium for the console's browser test: apt-get installs it when missing (as root, as CI runs)
-	@if [ ! -x "$(CHROMIUM)" ]; then \
+browser: ## Debian's chromium (the console's browser test) and curl (the gateway's curl examples): apt-get installs what is missing (as root, as CI runs)
+	@missing=""; [ -x "$(CHROMIUM)" ] || missing="chromium"; command -v curl >/dev/null 2>&1 || missing="$$missing curl"; \
+	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-			echo "installing chromium (apt-get) for tests/approval/test_console_browser.py"; \
-			DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null \
-				|| { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; } \
+			echo "installing$$missing (apt-get) for tests/approval/test_console_browser.py and tests/gateway/test_raw_http_docs.py"; \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null \
+				|| { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null; } \
 				|| exit $$?; \
 		else \
-			echo "warning: no $(CHROMIUM) (install Debian's chromium as root): the console's browser test skips here and fails in CI" >&2; \
+			echo "warning: missing$$missing (install Debian's packages as root): their tests skip here and fail in CI" >&2; \
 		fi; \
 	fi
 
