@@ -14,7 +14,7 @@ from toolbus_contracts import Subjects
 
 from tests.support.bus_modes import Bus
 from tests.support.events import stored_events
-from tests.support.infra import js_name, request
+from tests.support.infra import js_name, request, request_ok
 
 
 class ApprovalClient:
@@ -30,11 +30,11 @@ class ApprovalClient:
 
     async def ok(self, subject: str, body: dict[str, Any], within: float = 10.0) -> dict[str, Any]:
         """The harness's request; its reply's `data`, once the reply is `ok`."""
-        return await _ok(self.nc, subject, body, within)
+        return await request_ok(self.nc, subject, body, within)
 
     async def approver_ok(self, subject: str, body: dict[str, Any], within: float = 10.0) -> dict[str, Any]:
         """The approver's request; its reply's `data`, once the reply is `ok`."""
-        return await _ok(self.approver, subject, body, within)
+        return await request_ok(self.approver, subject, body, within)
 
     async def decide(self, body: dict[str, Any]) -> dict[str, Any]:
         """The approver's `approvals.decide` reply, whatever it is."""
@@ -68,13 +68,6 @@ class ApprovalClient:
                 return events
             await asyncio.sleep(0.025)
         raise AssertionError(f"call {call_id} never reached its {last} event: {kinds}")
-
-
-async def _ok(nc: Any, subject: str, body: dict[str, Any], within: float) -> dict[str, Any]:
-    reply = await request(nc, subject, body, timeout=within)
-    assert reply["ok"] is True, reply
-    data: dict[str, Any] = reply["data"]
-    return data
 
 
 @asynccontextmanager
