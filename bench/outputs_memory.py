@@ -20,15 +20,15 @@ import contextlib
 import os
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from tests.support.http_servers import serve_in_thread
 
 NATS_URL = os.environ.get("TOOLBUS_NATS_URL", "nats://127.0.0.1:4222")
 REDIS_URL = os.environ.get("TOOLBUS_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -71,18 +71,6 @@ class _Files(BaseHTTPRequestHandler):
         self.end_headers()
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             self.wfile.write(self.body)
-
-
-@contextlib.contextmanager
-def http_server() -> Iterator[int]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Files)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def peak_mib(pid: int) -> float:
@@ -175,7 +163,7 @@ async def main() -> None:
         assert proc.stdout is not None
         mcp_url = proc.stdout.readline().strip()
         results: dict[tuple[str, str], tuple[float, float]] = {}
-        with http_server() as port:
+        with serve_in_thread(ThreadingHTTPServer(("127.0.0.1", 0), _Files)) as port:
             for name, tool, n, _size in SCENARIOS:
                 for label, python in pythons:
                     results[(label, name)] = await scenario(python, mcp_url, port, tool, n, memory)

@@ -30,7 +30,13 @@ from toolbus_nats_connect import NatsAuth
 from tests.approval.conftest import ConsoleSetup
 from tests.support.events import stored_events
 from tests.support.gates import missing
-from tests.support.infra import aservice_process, drop_deployment_state, drop_redis_keys, js_name, request
+from tests.support.infra import (
+    aservice_process,
+    drop_deployment_state,
+    drop_redis_keys,
+    js_name,
+    request_ok,
+)
 from tests.support.mcp_servers import McpTestServer
 from tests.system.security.conftest import start_secured_nats
 
@@ -58,10 +64,7 @@ class Harness:
         self.subjects = Subjects(prefix)
 
     async def ok(self, subject: str, body: dict[str, Any], within: float = 15.0) -> dict[str, Any]:
-        reply = await request(self.nc, subject, body, timeout=within)
-        assert reply["ok"] is True, reply
-        data: dict[str, Any] = reply["data"]
-        return data
+        return await request_ok(self.nc, subject, body, within)
 
     async def completed(self, run_id: str, call_id: str) -> dict[str, Any]:
         for _ in range(600):

@@ -26,7 +26,7 @@ from redis.asyncio import Redis
 from toolbus_contracts import Subjects
 from toolbus_devstack.processes import free_port
 
-from tests.support.infra import aservice_process, drop_deployment_state, request, unique_prefix
+from tests.support.infra import aservice_process, drop_deployment_state, request_ok, unique_prefix
 from tests.support.mcp_servers import McpTestServer
 from tests.support.oauth import OidcProvider, consent, provider_available, query, resource_guard
 from tests.support.tls_front import TlsFront
@@ -40,13 +40,6 @@ TTL = 4
 M2M_ID = "toolbus-m2m"
 M2M_SECRET = "m2m-" + secrets.token_hex(16)
 OWN_CLIENT = "registered-by-hand"
-
-
-async def _ok(nc: Any, subject: str, body: dict[str, Any], within: float = 30.0) -> dict[str, Any]:
-    reply = await request(nc, subject, body, timeout=within)
-    assert reply["ok"] is True, reply
-    data: dict[str, Any] = reply["data"]
-    return data
 
 
 async def test_toolbus_is_known_to_the_authorization_server_by_its_client_id_metadata_document(
@@ -128,19 +121,19 @@ async def _flow(
             auth=(M2M_ID, M2M_SECRET),
         )
     token = registration.json()["access_token"]
-    toolset = await _ok(
+    toolset = await request_ok(
         nc,
         subjects.toolsets_create,
         {
             "mcp": [{"name": "gh", "url": server.url}],
             "credentials": {"servers": {"gh": {"headers": {"Authorization": f"Bearer {token}"}}}},
         },
-        within=60,
+        timeout=60,
     )
     target = {"toolsetId": toolset["id"], "server": "gh", "namespace": "user-c"}
 
     fetched = (await provider.stats()).get("cimd:200", 0)
-    reply = await _ok(nc, subjects.credentials_connect, target)
+    reply = await request_ok(nc, subjects.credentials_connect, target)
     assert reply["authorizationUrl"].startswith(f"{front.url}/oauth/start/")
     landing = await consent(reply["authorizationUrl"], login="user-c", verify=front.client())
     assert query(landing)["state"]
@@ -152,11 +145,11 @@ async def _flow(
     assert [k async for k in redis.scan_iter(match=f"{prefix}:oauth:client:*")] == []
 
     async def call() -> str:
-        run = await _ok(nc, subjects.runs_open, {"toolsetId": toolset["id"], "namespace": "user-c"})
-        done = await _ok(
+        run = await request_ok(nc, subjects.runs_open, {"toolsetId": toolset["id"], "namespace": "user-c"})
+        done = await request_ok(
             nc, subjects.calls_invoke, {"runId": run["runId"], "tool": "gh.echo", "input": {"text": "c"}}, 60
         )
-        await _ok(nc, subjects.runs_close, {"runId": run["runId"]})
+        await request_ok(nc, subjects.runs_close, {"runId": run["runId"]})
         status: str = done["outcome"]["status"]
         return status
 
@@ -169,7 +162,7 @@ async def _flow(
     assert await call() == "ok"
 
     # A client the caller registered comes first.
-    reply = await _ok(nc, subjects.credentials_connect, {**target, "client": {"clientId": OWN_CLIENT}})
+    reply = await request_ok(nc, subjects.credentials_connect, {**target, "client": {"clientId": OWN_CLIENT}})
     async with httpx.AsyncClient(verify=front.client()) as http:
         start = await http.get(reply["authorizationUrl"])
     assert start.status_code == 302 and query(start.headers["location"])["client_id"] == OWN_CLIENT

@@ -29,7 +29,7 @@ from toolbus_common.secrets import Cipher, DecryptionError
 from toolbus_contracts import Subjects
 from toolbus_devstack.processes import free_port
 
-from tests.support.infra import aservice_process, drop_deployment_state, request, unique_prefix
+from tests.support.infra import aservice_process, drop_deployment_state, request_ok, unique_prefix
 from tests.support.mcp_servers import McpTestServer
 from tests.support.oauth import OidcProvider, consent, provider_available, resource_guard
 
@@ -41,13 +41,6 @@ pytestmark = [
 TTL = 4
 M2M_ID = "toolbus-m2m"
 M2M_SECRET = "m2m-" + secrets.token_hex(16)
-
-
-async def _ok(nc: Any, subject: str, body: dict[str, Any], within: float = 30.0) -> dict[str, Any]:
-    reply = await request(nc, subject, body, timeout=within)
-    assert reply["ok"] is True, reply
-    data: dict[str, Any] = reply["data"]
-    return data
 
 
 async def _land(callback_url: str) -> None:
@@ -142,30 +135,32 @@ async def test_oauth_records_are_re_encrypted_when_the_secret_key_rotates(
         """A call that meets a 401 with the toolset's header is parked (CallParked, dispatcher to
         credentials) and resumed by a set (CallsResume, credentials to dispatcher): the services'
         signed commands get through."""
-        await _ok(nc, subjects.toolsets_credentials_set, {"toolsetId": toolset_id, **bearer("expired")})
-        run = await _ok(nc, subjects.runs_open, {"toolsetId": toolset_id, "namespace": "user-none"})
+        await request_ok(
+            nc, subjects.toolsets_credentials_set, {"toolsetId": toolset_id, **bearer("expired")}
+        )
+        run = await request_ok(nc, subjects.runs_open, {"toolsetId": toolset_id, "namespace": "user-none"})
         body = {"runId": run["runId"], "tool": "gh.echo", "input": {"text": key}, "idempotencyKey": key}
-        started = await _ok(nc, subjects.calls_start, body)
+        started = await request_ok(nc, subjects.calls_start, body)
         for _ in range(200):
-            if (await _ok(nc, subjects.calls_get, {"callId": started["callId"]}))["state"] == "parked":
+            if (await request_ok(nc, subjects.calls_get, {"callId": started["callId"]}))["state"] == "parked":
                 break
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.5)  # the credentials service has the park (or a set resumes nothing)
         fresh = await _m2m_token(provider, server.url)
-        await _ok(nc, subjects.toolsets_credentials_set, {"toolsetId": toolset_id, **bearer(fresh)})
-        done = await _ok(nc, subjects.calls_invoke, body, within=30)
+        await request_ok(nc, subjects.toolsets_credentials_set, {"toolsetId": toolset_id, **bearer(fresh)})
+        done = await request_ok(nc, subjects.calls_invoke, body, timeout=30)
         assert done["callId"] == started["callId"] and done["outcome"]["status"] == "ok"
-        await _ok(nc, subjects.runs_close, {"runId": run["runId"]})
+        await request_ok(nc, subjects.runs_close, {"runId": run["runId"]})
 
     async def call(namespace: str) -> str:
-        run = await _ok(nc, subjects.runs_open, {"toolsetId": toolset_id, "namespace": namespace})
-        done = await _ok(
+        run = await request_ok(nc, subjects.runs_open, {"toolsetId": toolset_id, "namespace": namespace})
+        done = await request_ok(
             nc,
             subjects.calls_invoke,
             {"runId": run["runId"], "tool": "gh.echo", "input": {"text": "hi"}},
-            within=60,
+            timeout=60,
         )
-        await _ok(nc, subjects.runs_close, {"runId": run["runId"]})
+        await request_ok(nc, subjects.runs_close, {"runId": run["runId"]})
         status: str = done["outcome"]["status"]
         return status
 
@@ -178,25 +173,25 @@ async def test_oauth_records_are_re_encrypted_when_the_secret_key_rotates(
 
             async with services(old):
                 token = await _m2m_token(provider, server.url)
-                toolset = await _ok(
+                toolset = await request_ok(
                     nc,
                     subjects.toolsets_create,
                     {
                         "mcp": [{"name": "gh", "url": server.url}],
                         "credentials": {"servers": {"gh": {"headers": {"Authorization": f"Bearer {token}"}}}},
                     },
-                    within=60,
+                    timeout=60,
                 )
                 toolset_id = toolset["id"]
                 target = {"toolsetId": toolset_id, "server": "gh"}
-                reply = await _ok(nc, subjects.credentials_connect, {**target, "namespace": "user-r"})
+                reply = await request_ok(nc, subjects.credentials_connect, {**target, "namespace": "user-r"})
                 await _land(await consent(reply["authorizationUrl"], login="user-r"))
                 assert await call("user-r") == "ok"
                 # Pending under the old key: a link not opened, a flow whose redirect has not landed.
-                link = (await _ok(nc, subjects.credentials_connect, {**target, "namespace": "user-p"}))[
-                    "authorizationUrl"
-                ]
-                reply = await _ok(nc, subjects.credentials_connect, {**target, "namespace": "user-q"})
+                link = (
+                    await request_ok(nc, subjects.credentials_connect, {**target, "namespace": "user-p"})
+                )["authorizationUrl"]
+                reply = await request_ok(nc, subjects.credentials_connect, {**target, "namespace": "user-q"})
                 landing = await consent(reply["authorizationUrl"], login="user-q")
 
             # A rolling restart onto `new,old`: the dispatcher first, the credentials service after.
@@ -236,7 +231,7 @@ async def test_oauth_records_are_re_encrypted_when_the_secret_key_rotates(
                 await asyncio.sleep(TTL + 1)  # every token issued before this point has expired
                 assert (await provider.stats()).get("refresh_token:ok", 0) > refreshed
                 assert await call("user-r") == "ok"
-                status = await _ok(
+                status = await request_ok(
                     nc, subjects.credentials_status, {"toolsetId": toolset_id, "namespace": "user-r"}
                 )
                 assert status["connections"][0]["status"] == "connected"

@@ -10,12 +10,9 @@ nothing sent; a Latin-1 value arrives as its Latin-1 bytes)."""
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import ssl
 from collections.abc import AsyncIterator, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +20,7 @@ import pytest_asyncio
 from toolbus_common.egress import EgressPolicy
 from toolbus_contracts import ToolbusError
 from toolbus_contracts.errors import HostNotAllowed, InvalidInput
+from toolbus_devstack.tls import make_dev_pki
 from toolbus_dispatcher.executors.base import Attempt
 from toolbus_dispatcher.executors.http import HttpExecutor
 from toolbus_dispatcher.records import CallRecord
@@ -74,46 +72,14 @@ def plain() -> Iterator[int]:
         yield port
 
 
-def _self_signed(dir: Path) -> tuple[Path, Path]:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False
-        )
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = dir / "cert.pem", dir / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
-    return cert_path, key_path
-
-
 @pytest.fixture(scope="module")
 def tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, ssl.SSLContext]]:
-    cert, key = _self_signed(tmp_path_factory.mktemp("tls"))
+    pki = make_dev_pki(tmp_path_factory.mktemp("tls"))
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert, key)
+    context.load_cert_chain(pki.server_cert, pki.server_key)
     server.socket = context.wrap_socket(server.socket, server_side=True)
-    client = ssl.create_default_context(cafile=str(cert))
+    client = ssl.create_default_context(cafile=str(pki.ca))
     with serve_in_thread(server) as port:
         yield port, client
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from toolbus_common.schema_fast import fast_accept
 from toolbus_contracts.errors import InvalidInput
-from toolbus_dispatcher.schema_fast import fast_accept
 from toolbus_dispatcher.validation import SchemaCache
 
 PLAIN: list[dict[str, Any]] = [

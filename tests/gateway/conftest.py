@@ -25,7 +25,13 @@ from toolbus_common.settings import Settings
 from toolbus_gateway.app import GatewayApp
 from toolbus_gateway.settings import GatewaySettings
 
-from tests.support.infra import aservice_process, drop_deployment_state, js_name, request, unique_prefix
+from tests.support.infra import (
+    aservice_process,
+    drop_deployment_state,
+    js_name,
+    request_ok,
+    unique_prefix,
+)
 from tests.support.mcp_servers import Fault, McpTestServer, echo_handler, echo_tools, synthetic_tools
 
 SERVICES = ("registry", "dispatcher", "approval", "credentials")
@@ -73,10 +79,7 @@ class Deployment:
         return self.gateway.settings.subjects
 
     async def ok(self, subject: str, body: dict[str, Any], within: float = 30.0) -> dict[str, Any]:
-        reply = await request(self.nc, subject, body, timeout=within)
-        assert reply["ok"] is True, reply
-        data: dict[str, Any] = reply["data"]
-        return data
+        return await request_ok(self.nc, subject, body, within)
 
     async def token(self, toolsets: list[str], namespace: str = "user-42", ttl: str | None = None) -> str:
         body: dict[str, Any] = {"namespace": namespace, "toolsets": toolsets}

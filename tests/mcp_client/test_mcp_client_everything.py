@@ -1,70 +1,25 @@
 """`McpConnection` against the npm reference server `@modelcontextprotocol/server-everything`
-(streamable HTTP, protocol 2025-11-25, sessions). Skipped when node or the package is missing;
-install it with `npm install --prefix .cache/npm @modelcontextprotocol/server-everything`."""
+(streamable HTTP, protocol 2025-11-25, sessions); `make npm-tools` installs it."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
-import subprocess
 import uuid
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 from toolbus_contracts.errors import OutputTooLarge
 from toolbus_mcp_client import McpConnection
 
-from tests.support.infra import free_port
+from tests.support.everything_server import everything_server
 
 pytestmark = pytest.mark.integration
-
-ROOT = Path(__file__).resolve().parents[2]
-ENTRY = Path("node_modules/@modelcontextprotocol/server-everything/dist/index.js")
-
-
-def _find_entry() -> Path | None:
-    for base in (ROOT / ".cache" / "npm", ROOT):
-        if (base / ENTRY).is_file():
-            return base / ENTRY
-    return None
 
 
 @pytest.fixture(scope="module")
 async def everything_url() -> AsyncIterator[str]:
-    node, entry = shutil.which("node"), _find_entry()
-    if node is None or entry is None:
-        pytest.skip("node or @modelcontextprotocol/server-everything is not installed")
-    port = free_port()
-    proc = subprocess.Popen(  # noqa: ASYNC220 - starting a process does not block; waiting is async
-        [node, str(entry), "streamableHttp"],
-        env={**os.environ, "PORT": str(port)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        for _ in range(200):
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", port)
-            except OSError:
-                if proc.poll() is not None:
-                    pytest.skip("server-everything exited at start")
-                await asyncio.sleep(0.05)
-                continue
-            writer.close()
-            await writer.wait_closed()
-            break
-        else:
-            pytest.fail("server-everything did not listen within 10s")
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    async with everything_server() as url:
+        yield url
 
 
 async def test_falls_back_to_2025_sessions_lists_and_calls(everything_url: str) -> None:

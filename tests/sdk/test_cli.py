@@ -57,12 +57,21 @@ async def test_cli_commands_json_and_exit_codes(
 
     got = await ok_json(env, "toolsets", "get", toolset_id)
     assert [t["name"] for t in got["tools"]] == [t["name"] for t in created["tools"]]
+    wide = {**env, "COLUMNS": "200"}  # tables fold long cells to the terminal's width
+    table = await cli(wide, "toolsets", "get", toolset_id)
+    assert table.returncode == 0 and f"{toolset_id}  ({len(created['tools'])} tools)" in table.stdout
+    plain = [line.split("│") for line in table.stdout.splitlines() if "everything.plain" in line]
+    assert [[cell.strip() for cell in row[1:4]] for row in plain] == [["everything.plain", "mcp", "yes"]], (
+        table.stdout
+    )
     hits = await ok_json(env, "toolsets", "search", toolset_id, "report a tool error", "--limit", "1")
     assert [h["name"] for h in hits["tools"]] == ["everything.fail"]
     namespaces = await ok_json(env, "toolsets", "namespaces", toolset_id)
     assert [(n["name"], n["kind"], n["toolCount"]) for n in namespaces["namespaces"]] == [
         ("everything", "mcp", 4)
     ]
+    table = await cli(wide, "toolsets", "namespaces", toolset_id)
+    assert table.returncode == 0 and "(1 namespaces)" in table.stdout and "everything" in table.stdout
     scoped = await ok_json(env, "toolsets", "search", toolset_id, "echo", "-s", "everything", "-n", "2")
     assert {h["namespace"] for h in scoped["tools"]} == {"everything"}
     outside = await cli(env, "toolsets", "search", toolset_id, "echo", "--namespace", "nope")
@@ -99,6 +108,9 @@ async def test_cli_commands_json_and_exit_codes(
         await asyncio.sleep(0.05)
     pending = (await ok_json(env, "approvals", "list", "--run", run_id))["approvals"]
     assert [a["callId"] for a in pending] == [started["callId"]]
+    table = await cli(wide, "approvals", "list", "--run", run_id)
+    assert table.returncode == 0 and "1 pending approval(s)" in table.stdout
+    assert pending[0]["approvalId"] in table.stdout
     decided = await ok_json(env, "approvals", "approve", pending[0]["approvalId"])
     assert decided == {"approvalId": pending[0]["approvalId"], "decision": "approved"}
     again = await cli(env, "approvals", "deny", pending[0]["approvalId"], "--json")

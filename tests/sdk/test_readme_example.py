@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -14,22 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.gates import missing
-from tests.support.infra import free_port
+from tests.support.everything_server import everything_server
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-ENTRY = (
-    ROOT
-    / ".cache"
-    / "npm"
-    / "node_modules"
-    / "@modelcontextprotocol"
-    / "server-everything"
-    / "dist"
-    / "index.js"
-)
 DOC_URL = "http://127.0.0.1:3001/mcp"
 
 
@@ -39,31 +27,8 @@ def python_blocks(doc: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 async def everything_url() -> AsyncIterator[str]:
-    node = shutil.which("node")
-    if node is None or not ENTRY.is_file():
-        missing("node or @modelcontextprotocol/server-everything (make npm-tools) is not installed")
-    port = free_port()
-    proc = subprocess.Popen(  # noqa: ASYNC220 - starting a process does not block
-        [node, str(ENTRY), "streamableHttp"],
-        env={**os.environ, "PORT": str(port)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        for _ in range(200):
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", port)
-            except OSError:
-                assert proc.poll() is None, "server-everything exited at start"
-                await asyncio.sleep(0.05)
-                continue
-            writer.close()
-            await writer.wait_closed()
-            break
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    async with everything_server() as url:
+        yield url
 
 
 async def run_example(code: str, url: str, stack: dict[str, str], tmp_path: Path) -> str:

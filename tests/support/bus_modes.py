@@ -12,7 +12,13 @@ from typing import Any
 
 from toolbus_nats_connect import NatsAuth
 
-from tests.support.infra import ServiceProcess, aservice_process, unique_prefix
+from tests.support.infra import (
+    ServiceProcess,
+    aservice_process,
+    drop_deployment_state,
+    drop_redis_keys,
+    unique_prefix,
+)
 from tests.system.security.conftest import SecuredNats
 
 MODES = ["open", "secured"]
@@ -96,6 +102,15 @@ class Bus:
         import nats
 
         return await nats.connect(**{**self.connect_options(role), **kwargs})
+
+    async def drop_state(self, nc: Any, redis_url: str, prefix: str) -> None:
+        """Remove what a module left under `prefix`: its Redis keys, and unsecured its streams
+        too (secured, the server is the session's own and gone with it; no user there deletes
+        streams)."""
+        if self.secured:
+            await drop_redis_keys(redis_url, prefix)
+        else:
+            await drop_deployment_state(nc, redis_url, prefix)
 
     def permission_errors(self) -> list[str]:
         return [e for e in self.errors if "permissions violation" in e.lower()]

@@ -84,6 +84,14 @@ async def request(
     return reply
 
 
+async def request_ok(nc: Any, subject: str, body: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
+    """`request`, asserting the reply is `ok` (the reply shown when not); its `data`."""
+    reply = await request(nc, subject, body, timeout=timeout)
+    assert reply["ok"] is True, reply
+    data: dict[str, Any] = reply["data"]
+    return data
+
+
 async def drop_deployment_state(nc: Any, redis_url: str, prefix: str) -> None:
     """Delete what a deployment under `prefix` left: its streams, KV buckets and object stores
     (events, internal commands, toolsets, workflows) and its Redis keys. For tests that run

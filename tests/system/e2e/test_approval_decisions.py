@@ -13,18 +13,16 @@ tool's `approvalTimeout` denies its call `expired` on its own clock.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 import pytest_asyncio
 from toolbus_common.canonical import sha256_hex
-from toolbus_contracts import Subjects
 
+from tests.support.approvals import ApprovalClient, approval_client
 from tests.support.bus_modes import Bus
-from tests.support.events import stored_events
-from tests.support.infra import drop_deployment_state, drop_redis_keys, js_name, request
+from tests.support.infra import request
 from tests.support.mcp_servers import McpTestServer
 
 pytestmark = pytest.mark.e2e
@@ -35,56 +33,6 @@ FAIL_RULE = {"when": {"properties": {"run": {"properties": {"namespace": {"const
 """`shop.fail` asks in the namespace `prod` only."""
 PLAIN_RULE = {"when": {"$ref": "https://rules.example.invalid/plain.json"}}
 """A valid schema that cannot be evaluated: toolbus fetches no reference."""
-
-
-class Client:
-    def __init__(self, nc: Any, approver: Any, prefix: str) -> None:
-        self.nc = nc
-        self.approver = approver
-        self.prefix = prefix
-        self.subjects = Subjects(prefix)
-        self.requested: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-
-    async def ok(self, subject: str, body: dict[str, Any], within: float = 10.0) -> dict[str, Any]:
-        reply = await request(self.nc, subject, body, timeout=within)
-        assert reply["ok"] is True, reply
-        data: dict[str, Any] = reply["data"]
-        return data
-
-    async def approve(self, body: dict[str, Any]) -> dict[str, Any]:
-        return await request(self.approver, self.subjects.approvals_decide, body, timeout=10)
-
-    async def history(self, **filters: Any) -> dict[str, Any]:
-        reply = await request(self.approver, self.subjects.approvals_history, filters, timeout=10)
-        assert reply["ok"] is True, reply
-        data: dict[str, Any] = reply["data"]
-        return data
-
-    async def on_requested(self, msg: Any) -> None:
-        await self.requested.put(json.loads(msg.data))
-
-    async def approval_for(self, call_id: str) -> dict[str, Any]:
-        while True:
-            event = await asyncio.wait_for(self.requested.get(), 30)
-            if event["callId"] == call_id:
-                return event
-
-    async def call_events(self, run_id: str, call_id: str, last: str) -> list[dict[str, Any]]:
-        """The call's events once its `last` event is in the EVENTS stream."""
-        kinds: list[str] = []
-        for _ in range(400):
-            events = [
-                e
-                for e in await stored_events(
-                    self.nc, js_name(self.prefix, "EVENTS"), self.subjects.run_events(run_id)
-                )
-                if e["callId"] == call_id
-            ]
-            kinds = [e["type"] for e in events]
-            if kinds and kinds[-1] == last:
-                return events
-            await asyncio.sleep(0.025)
-        raise AssertionError(f"call {call_id} never reached its {last} event: {kinds}")
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
@@ -109,27 +57,13 @@ def env(service_env: dict[str, str], bus: Bus) -> dict[str, str]:
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
-async def client(env: dict[str, str], bus: Bus, redis_url: str) -> AsyncIterator[Client]:
-    prefix = env["TOOLBUS_SUBJECT_PREFIX"]
-    nc = await bus.connect("harness")
-    approver = await bus.connect("approver")
-    c = Client(nc, approver, prefix)
-    sub = await approver.subscribe(c.subjects.approvals_requested, cb=c.on_requested)
-    await approver.flush()
-    try:
+async def client(env: dict[str, str], bus: Bus, redis_url: str) -> AsyncIterator[ApprovalClient]:
+    async with approval_client(bus, redis_url, env["TOOLBUS_SUBJECT_PREFIX"]) as c:
         yield c
-    finally:
-        await sub.unsubscribe()
-        if bus.secured:
-            await drop_redis_keys(redis_url, prefix)
-        else:
-            await drop_deployment_state(nc, redis_url, prefix)
-        await approver.drain()
-        await nc.drain()
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
-async def services(env: dict[str, str], client: Client, bus: Bus) -> AsyncIterator[None]:
+async def services(env: dict[str, str], client: ApprovalClient, bus: Bus) -> AsyncIterator[None]:
     async with bus.service("registry", env), bus.service("approval", env), bus.service("dispatcher", env):
         yield
 
@@ -144,31 +78,31 @@ def spec(mcp: McpTestServer, echo_rule: dict[str, Any] = ECHO_RULE) -> dict[str,
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
-async def toolset(services: None, client: Client, mcp: McpTestServer) -> str:
+async def toolset(services: None, client: ApprovalClient, mcp: McpTestServer) -> str:
     data = await client.ok(client.subjects.toolsets_create, spec(mcp), within=30)
     toolset_id: str = data["id"]
     return toolset_id
 
 
-async def open_run(client: Client, toolset: str, namespace: str) -> str:
+async def open_run(client: ApprovalClient, toolset: str, namespace: str) -> str:
     data = await client.ok(client.subjects.runs_open, {"toolsetId": toolset, "namespace": namespace})
     run_id: str = data["runId"]
     return run_id
 
 
-async def start(client: Client, run_id: str, tool: str, text: str, key: str) -> str:
+async def start(client: ApprovalClient, run_id: str, tool: str, text: str, key: str) -> str:
     body = {"runId": run_id, "tool": tool, "input": {"text": text}, "idempotencyKey": key}
     call_id: str = (await client.ok(client.subjects.calls_start, body))["callId"]
     return call_id
 
 
-async def invoke(client: Client, run_id: str, tool: str, text: str, key: str) -> dict[str, Any]:
+async def invoke(client: ApprovalClient, run_id: str, tool: str, text: str, key: str) -> dict[str, Any]:
     body = {"runId": run_id, "tool": tool, "input": {"text": text}, "idempotencyKey": key}
     return await client.ok(client.subjects.calls_invoke, body, within=30)
 
 
 async def test_a_rule_asks_for_the_calls_it_matches_only(
-    client: Client, toolset: str, mcp: McpTestServer
+    client: ApprovalClient, toolset: str, mcp: McpTestServer
 ) -> None:
     run_id = await open_run(client, toolset, "dev")
     # Not matching: sent at once, no approval.
@@ -182,9 +116,7 @@ async def test_a_rule_asks_for_the_calls_it_matches_only(
     assert approval["tool"] == "shop.echo" and "ruleError" not in approval
     got = await client.ok(client.subjects.calls_get, {"callId": call_id})
     assert got["state"] == "awaitingApproval"
-    denied = await client.approve(
-        {"approvalId": approval["approvalId"], "approve": False, "decider": "alice"}
-    )
+    denied = await client.decide({"approvalId": approval["approvalId"], "approve": False, "decider": "alice"})
     assert denied["ok"] is True, denied
     # A rule on the run: `shop.fail` asks in `prod`, not in `dev`.
     done = await invoke(client, run_id, "shop.fail", "x", "fail-dev")
@@ -193,11 +125,11 @@ async def test_a_rule_asks_for_the_calls_it_matches_only(
     call_id = await start(client, prod, "shop.fail", "x", "fail-prod")
     approval = await client.approval_for(call_id)
     assert approval["namespace"] == "prod"
-    await client.approve({"approvalId": approval["approvalId"], "approve": False})
+    await client.decide({"approvalId": approval["approvalId"], "approve": False})
 
 
 async def test_a_rule_that_cannot_be_evaluated_asks_and_the_tool_timeout_expires_it(
-    client: Client, toolset: str
+    client: ApprovalClient, toolset: str
 ) -> None:
     run_id = await open_run(client, toolset, "dev")
     call_id = await start(client, run_id, "shop.plain", "anything", "unevaluable")
@@ -211,7 +143,9 @@ async def test_a_rule_that_cannot_be_evaluated_asks_and_the_tool_timeout_expires
     assert events[-1]["outcome"]["error"]["code"] == "denied"
 
 
-async def test_the_rule_is_part_of_the_toolset_id(client: Client, toolset: str, mcp: McpTestServer) -> None:
+async def test_the_rule_is_part_of_the_toolset_id(
+    client: ApprovalClient, toolset: str, mcp: McpTestServer
+) -> None:
     other_rule = {"when": {"properties": {"input": {"properties": {"text": {"pattern": "^pay"}}}}}}
     again = await client.ok(client.subjects.toolsets_create, spec(mcp), within=30)
     other = await client.ok(client.subjects.toolsets_create, spec(mcp, other_rule), within=30)
@@ -228,14 +162,14 @@ async def test_the_rule_is_part_of_the_toolset_id(client: Client, toolset: str, 
 
 
 async def test_an_edited_input_is_checked_sent_and_both_digests_recorded(
-    client: Client, toolset: str, mcp: McpTestServer, bus: Bus
+    client: ApprovalClient, toolset: str, mcp: McpTestServer, bus: Bus
 ) -> None:
     run_id = await open_run(client, toolset, "dev")
     key = f"edit-me-{bus.mode}"  # the MCP server outlives a mode: its records are of both
     call_id = await start(client, run_id, "shop.echo", "refund 5000", key)
     approval = await client.approval_for(call_id)
 
-    invalid = await client.approve(
+    invalid = await client.decide(
         {"approvalId": approval["approvalId"], "approve": True, "input": {"text": 5}}
     )
     assert invalid["ok"] is False
@@ -246,7 +180,7 @@ async def test_an_edited_input_is_checked_sent_and_both_digests_recorded(
         client.approver, client.subjects.approvals_decide, huge % approval["approvalId"].encode()
     )
     assert unfit["ok"] is False and unfit["error"]["details"] == {"field": "input.text"}
-    too_large = await client.approve(
+    too_large = await client.decide(
         {
             "approvalId": approval["approvalId"],
             "approve": True,
@@ -258,7 +192,7 @@ async def test_an_edited_input_is_checked_sent_and_both_digests_recorded(
     assert got["state"] == "awaitingApproval"  # nothing was decided
 
     edited = {"text": "refund 50"}
-    decided = await client.approve(
+    decided = await client.decide(
         {"approvalId": approval["approvalId"], "approve": True, "input": edited, "decider": "alice"}
     )
     assert decided["ok"] is True, decided
@@ -280,7 +214,7 @@ def expected_decider(bus: Bus, claimed: str) -> str:
 
 
 async def test_history_lists_decisions_with_their_deciders_filtered_and_paged(
-    client: Client, toolset: str, bus: Bus
+    client: ApprovalClient, toolset: str, bus: Bus
 ) -> None:
     run_id = await open_run(client, toolset, "hist")
     ids = []
@@ -288,7 +222,7 @@ async def test_history_lists_decisions_with_their_deciders_filtered_and_paged(
         call_id = await start(client, run_id, "shop.echo", f"refund {i}", f"hist-{i}")
         approval = await client.approval_for(call_id)
         body = {"approvalId": approval["approvalId"], "approve": approve, "decider": "bob"}
-        assert (await client.approve(body))["ok"] is True
+        assert (await client.decide(body))["ok"] is True
         ids.append(approval["approvalId"])
 
     page = await client.history(namespace="hist")
@@ -330,7 +264,7 @@ async def test_history_lists_decisions_with_their_deciders_filtered_and_paged(
     assert bad["ok"] is False and bad["error"]["details"] == {"field": "since"}
 
 
-async def remembered(client: Client, **filters: Any) -> list[dict[str, Any]]:
+async def remembered(client: ApprovalClient, **filters: Any) -> list[dict[str, Any]]:
     reply = await request(client.approver, client.subjects.approvals_remembered_list, filters, timeout=10)
     assert reply["ok"] is True, reply
     found: list[dict[str, Any]] = reply["data"]["remembered"]
@@ -338,11 +272,11 @@ async def remembered(client: Client, **filters: Any) -> list[dict[str, Any]]:
 
 
 async def test_a_remembered_decision_decides_at_once_until_revoked(
-    client: Client, toolset: str, bus: Bus
+    client: ApprovalClient, toolset: str, bus: Bus
 ) -> None:
     run_id = await open_run(client, toolset, "mem")
     approval = await client.approval_for(await start(client, run_id, "shop.echo", "refund 1", "mem-0"))
-    reply = await client.approve(
+    reply = await client.decide(
         {"approvalId": approval["approvalId"], "approve": True, "remember": {"for": "1h"}, "decider": "carol"}
     )
     assert reply["ok"] is True, reply
@@ -367,7 +301,7 @@ async def test_a_remembered_decision_decides_at_once_until_revoked(
     # Another namespace is not covered.
     other = await open_run(client, toolset, "mem-other")
     approval = await client.approval_for(await start(client, other, "shop.echo", "refund 3", "mem-2"))
-    assert (await client.approve({"approvalId": approval["approvalId"], "approve": False}))["ok"] is True
+    assert (await client.decide({"approvalId": approval["approvalId"], "approve": False}))["ok"] is True
 
     # Revoked: the next call asks a person again; a second revoke is notFound.
     revoke = client.subjects.approvals_remembered_revoke
@@ -377,10 +311,10 @@ async def test_a_remembered_decision_decides_at_once_until_revoked(
     assert await remembered(client, namespace="mem") == []
     call_id = await start(client, run_id, "shop.echo", "refund 4", "mem-3")
     approval = await client.approval_for(call_id)
-    assert (await client.approve({"approvalId": approval["approvalId"], "approve": False}))["ok"] is True
+    assert (await client.decide({"approvalId": approval["approvalId"], "approve": False}))["ok"] is True
 
 
-async def test_a_remembered_denial_of_one_input_expires(client: Client, toolset: str) -> None:
+async def test_a_remembered_denial_of_one_input_expires(client: ApprovalClient, toolset: str) -> None:
     run_id = await open_run(client, toolset, "mem-input")
     approval = await client.approval_for(await start(client, run_id, "shop.echo", "refund 9", "mi-0"))
     body = {
@@ -389,7 +323,7 @@ async def test_a_remembered_denial_of_one_input_expires(client: Client, toolset:
         "reason": "not this one",
         "remember": {"for": "2s", "sameInput": True},
     }
-    reply = await client.approve(body)
+    reply = await client.decide(body)
     assert reply["ok"] is True, reply
     listed = await remembered(client, namespace="mem-input")
     assert listed[0]["inputDigest"] == sha256_hex({"text": "refund 9"})
@@ -397,21 +331,21 @@ async def test_a_remembered_denial_of_one_input_expires(client: Client, toolset:
     done = await invoke(client, run_id, "shop.echo", "refund 9", "mi-1")  # the same input: denied at once
     assert done["outcome"]["error"] == {"code": "denied", "message": "not this one"}
     approval = await client.approval_for(await start(client, run_id, "shop.echo", "refund 10", "mi-2"))
-    assert (await client.approve({"approvalId": approval["approvalId"], "approve": True}))["ok"] is True
+    assert (await client.decide({"approvalId": approval["approvalId"], "approve": True}))["ok"] is True
 
     await asyncio.sleep(2.2)  # expired: the same input asks a person again
     assert await remembered(client, namespace="mem-input") == []
     approval = await client.approval_for(await start(client, run_id, "shop.echo", "refund 9", "mi-3"))
-    assert (await client.approve({"approvalId": approval["approvalId"], "approve": True}))["ok"] is True
+    assert (await client.decide({"approvalId": approval["approvalId"], "approve": True}))["ok"] is True
 
-    bad = await client.approve(
+    bad = await client.decide(
         {"approvalId": approval["approvalId"], "approve": True, "remember": {"for": "365d"}}
     )
     assert bad["ok"] is False and bad["error"]["details"] == {"field": "remember.for"}
 
 
 async def test_the_sdk_edits_remembers_revokes_and_reads_the_history(
-    client: Client, toolset: str, bus: Bus
+    client: ApprovalClient, toolset: str, bus: Bus
 ) -> None:
     from toolbus import Toolbus
     from toolbus._connection import ConnectOptions

@@ -18,62 +18,13 @@ import pytest
 import pytest_asyncio
 from toolbus_common.canonical import sha256_hex
 from toolbus_common.connections import ensure_object_store
-from toolbus_contracts import Subjects
 
+from tests.support.approvals import ApprovalClient, approval_client
 from tests.support.bus_modes import Bus
-from tests.support.events import stored_events
-from tests.support.infra import drop_deployment_state, drop_redis_keys, js_name, request
+from tests.support.infra import js_name, request
 from tests.support.mcp_servers import McpTestServer
 
 pytestmark = pytest.mark.e2e
-
-
-class Client:
-    """A harness's view of toolbus (requests, the run's events) and an approver's
-    (`approval.requested` events, listing and deciding): two connections, each as its role."""
-
-    def __init__(self, nc: Any, approver: Any, prefix: str) -> None:
-        self.nc = nc
-        self.approver = approver
-        self.js = nc.jetstream()
-        self.prefix = prefix
-        self.subjects = Subjects(prefix)
-        self.requested: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-
-    async def ok(self, subject: str, body: dict[str, Any], within: float = 10.0) -> dict[str, Any]:
-        reply = await request(self.nc, subject, body, timeout=within)
-        assert reply["ok"] is True, reply
-        data: dict[str, Any] = reply["data"]
-        return data
-
-    async def approver_ok(self, subject: str, body: dict[str, Any], within: float = 10.0) -> dict[str, Any]:
-        reply = await request(self.approver, subject, body, timeout=within)
-        assert reply["ok"] is True, reply
-        data: dict[str, Any] = reply["data"]
-        return data
-
-    async def on_requested(self, msg: Any) -> None:
-        await self.requested.put(json.loads(msg.data))
-
-    async def approval_for(self, call_id: str) -> dict[str, Any]:
-        while True:
-            event = await asyncio.wait_for(self.requested.get(), 30)
-            if event["callId"] == call_id:
-                return event
-
-    async def run_events(self, run_id: str) -> list[dict[str, Any]]:
-        """Every event of the run now in the EVENTS stream, in order."""
-        return await stored_events(self.nc, js_name(self.prefix, "EVENTS"), self.subjects.run_events(run_id))
-
-    async def settled(self, run_id: str, call_id: str, last: str) -> list[str]:
-        """The call's event types, once its `last` event is in the stream (events are core NATS
-        publishes captured by the stream, so the outcome may arrive a moment before them)."""
-        for _ in range(400):
-            kinds = [e["type"] for e in await self.run_events(run_id) if e["callId"] == call_id]
-            if kinds and kinds[-1] == last:
-                return kinds
-            await asyncio.sleep(0.025)
-        raise AssertionError(f"call {call_id} never reached its {last} event: {kinds}")
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
@@ -96,41 +47,27 @@ def env(service_env: dict[str, str], bus: Bus) -> dict[str, str]:
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
-async def client(env: dict[str, str], bus: Bus, redis_url: str) -> AsyncIterator[Client]:
-    prefix = env["TOOLBUS_SUBJECT_PREFIX"]
-    nc = await bus.connect("harness")
-    approver = await bus.connect("approver")
-    c = Client(nc, approver, prefix)
-    sub = await approver.subscribe(c.subjects.approvals_requested, cb=c.on_requested)
-    await approver.flush()
-    try:
+async def client(env: dict[str, str], bus: Bus, redis_url: str) -> AsyncIterator[ApprovalClient]:
+    async with approval_client(bus, redis_url, env["TOOLBUS_SUBJECT_PREFIX"]) as c:
         yield c
-    finally:
-        await sub.unsubscribe()
-        if bus.secured:  # a server of the session's own, gone with it; no user there deletes streams
-            await drop_redis_keys(redis_url, prefix)
-        else:
-            await drop_deployment_state(nc, redis_url, prefix)
-        await approver.drain()
-        await nc.drain()
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
-async def services(env: dict[str, str], client: Client, bus: Bus) -> AsyncIterator[None]:
+async def services(env: dict[str, str], client: ApprovalClient, bus: Bus) -> AsyncIterator[None]:
     """The registry and the approval service for the whole module (the dispatcher is per test)."""
     async with bus.service("registry", env), bus.service("approval", env):
         yield
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
-async def toolset(services: None, client: Client, mcp: McpTestServer) -> str:
+async def toolset(services: None, client: ApprovalClient, mcp: McpTestServer) -> str:
     spec = {"mcp": [{"name": "shop", "url": mcp.url, "policies": {"echo": {"approval": True}}}]}
     data = await client.ok(client.subjects.toolsets_create, spec, within=30)
     toolset_id: str = data["id"]
     return toolset_id
 
 
-async def start_call(client: Client, run_id: str, text: str, key: str) -> tuple[str, dict[str, Any]]:
+async def start_call(client: ApprovalClient, run_id: str, text: str, key: str) -> tuple[str, dict[str, Any]]:
     body = {"runId": run_id, "tool": "shop.echo", "input": {"text": text}, "idempotencyKey": key}
     started = await client.ok(client.subjects.calls_start, body)
     approval = await client.approval_for(started["callId"])
@@ -140,7 +77,7 @@ async def start_call(client: Client, run_id: str, text: str, key: str) -> tuple[
     return call_id, approval
 
 
-async def outcome_of(client: Client, run_id: str, text: str, key: str) -> dict[str, Any]:
+async def outcome_of(client: ApprovalClient, run_id: str, text: str, key: str) -> dict[str, Any]:
     """`calls.invoke` with the same key: the same call, answered once it is done."""
     body = {"runId": run_id, "tool": "shop.echo", "input": {"text": text}, "idempotencyKey": key}
     return await client.ok(client.subjects.calls_invoke, body, within=30)
@@ -154,7 +91,7 @@ def show(title: str, events: list[dict[str, Any]]) -> None:
 
 
 async def test_approved_call_reaches_the_server_once_and_denied_never(
-    env: dict[str, str], client: Client, toolset: str, mcp: McpTestServer, bus: Bus
+    env: dict[str, str], client: ApprovalClient, toolset: str, mcp: McpTestServer, bus: Bus
 ) -> None:
     async with bus.service("dispatcher", env):
         run_id = (await client.ok(client.subjects.runs_open, {"toolsetId": toolset, "namespace": "user-7"}))[
@@ -202,8 +139,8 @@ async def test_approved_call_reaches_the_server_once_and_denied_never(
         )
         assert again["error"]["code"] == "conflict"
 
-        approved_kinds = await client.settled(run_id, approved_id, "completed")
-        denied_kinds = await client.settled(run_id, denied_id, "completed")
+        approved_kinds = [e["type"] for e in await client.call_events(run_id, approved_id, "completed")]
+        denied_kinds = [e["type"] for e in await client.call_events(run_id, denied_id, "completed")]
         assert approved_kinds[:3] == ["accepted", "approvalRequested", "approved"]
         assert approved_kinds[-1] == "completed"
         assert denied_kinds == ["accepted", "approvalRequested", "denied", "completed"]
@@ -213,7 +150,7 @@ async def test_approved_call_reaches_the_server_once_and_denied_never(
 
 
 async def test_decision_made_while_the_dispatcher_is_down_takes_effect_when_it_is_back(
-    env: dict[str, str], client: Client, toolset: str, mcp: McpTestServer, bus: Bus
+    env: dict[str, str], client: ApprovalClient, toolset: str, mcp: McpTestServer, bus: Bus
 ) -> None:
     async with bus.service("dispatcher", env) as dispatcher:
         run_id = (await client.ok(client.subjects.runs_open, {"toolsetId": toolset}))["runId"]
@@ -235,7 +172,7 @@ async def test_decision_made_while_the_dispatcher_is_down_takes_effect_when_it_i
 
 
 async def test_closing_the_run_cancels_its_pending_approval(
-    env: dict[str, str], client: Client, toolset: str, mcp: McpTestServer, bus: Bus
+    env: dict[str, str], client: ApprovalClient, toolset: str, mcp: McpTestServer, bus: Bus
 ) -> None:
     async with bus.service("dispatcher", env):
         run_id = (await client.ok(client.subjects.runs_open, {"toolsetId": toolset}))["runId"]
@@ -264,7 +201,7 @@ async def test_closing_the_run_cancels_its_pending_approval(
 
 
 async def test_a_harness_cannot_approve_its_own_call(
-    env: dict[str, str], client: Client, toolset: str, mcp: McpTestServer, bus: Bus
+    env: dict[str, str], client: ApprovalClient, toolset: str, mcp: McpTestServer, bus: Bus
 ) -> None:
     """The attack an outside probe made on the secured stack: the harness forges the decision
     its own gated call waits for (it knows every field: the approval id from the approver's

@@ -26,7 +26,7 @@ from toolbus_contracts import Subjects
 
 from tests.support.bus_modes import Bus
 from tests.support.events import stored_events
-from tests.support.infra import drop_deployment_state, drop_redis_keys, js_name, request, until
+from tests.support.infra import js_name, request, until
 from tests.support.mcp_servers import McpTestServer
 from tests.support.webhooks import Receiver, webhook_receiver
 
@@ -99,10 +99,7 @@ async def harness(env: dict[str, str], bus: Bus, redis_url: str) -> AsyncIterato
         yield h
     finally:
         await sub.unsubscribe()
-        if bus.secured:  # a server of the session's own, gone with it; no user there deletes streams
-            await drop_redis_keys(redis_url, prefix)
-        else:
-            await drop_deployment_state(nc, redis_url, prefix)
+        await bus.drop_state(nc, redis_url, prefix)
         await nc.drain()
 
 

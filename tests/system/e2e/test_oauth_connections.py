@@ -36,7 +36,7 @@ from toolbus_devstack.processes import free_port
 
 from tests.support.bus_modes import Bus
 from tests.support.events import stored_events
-from tests.support.infra import drop_deployment_state, drop_redis_keys, js_name, request, until
+from tests.support.infra import js_name, request, until
 from tests.support.mcp_servers import McpTestServer
 from tests.support.oauth import OidcProvider, consent, provider_available, query, resource_guard
 
@@ -174,10 +174,7 @@ async def stack(service_env: dict[str, str], bus: Bus, redis_url: str) -> AsyncI
         try:
             yield s
         finally:
-            if bus.secured:
-                await drop_redis_keys(redis_url, prefix)
-            else:
-                await drop_deployment_state(nc, redis_url, prefix)
+            await bus.drop_state(nc, redis_url, prefix)
             await nc.drain()
 
 

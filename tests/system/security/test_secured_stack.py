@@ -23,7 +23,7 @@ import redis
 from toolbus_nats_connect import NatsAuth
 
 from tests.devstack.test_infra_stack import _stack
-from tests.support.infra import port_in_use, request, unique_prefix
+from tests.support.infra import port_in_use, request_ok, unique_prefix
 from tests.support.mcp_servers import McpTestServer
 
 pytestmark = pytest.mark.e2e
@@ -54,13 +54,6 @@ async def connect(env: dict[str, str], errors: list[str]) -> AsyncIterator[Any]:
         yield nc
     finally:
         await nc.close()
-
-
-async def ok(nc: Any, subject: str, body: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
-    reply = await request(nc, subject, body, timeout=timeout)
-    assert reply["ok"] is True, reply
-    data: dict[str, Any] = reply["data"]
-    return data
 
 
 async def test_secure_stack_runs_calls_with_each_role_on_its_own_user(tmp_path: Path) -> None:
@@ -146,21 +139,21 @@ async def _run_through(prefix: str, secure_dir: Path) -> str:
                 }
             ],
         }
-        toolset = await ok(harness, f"{p}.toolsets.create", spec, timeout=60)
-        run = await ok(harness, f"{p}.runs.open", {"toolsetId": toolset["id"], "namespace": "user-1"})
+        toolset = await request_ok(harness, f"{p}.toolsets.create", spec, timeout=60)
+        run = await request_ok(harness, f"{p}.runs.open", {"toolsetId": toolset["id"], "namespace": "user-1"})
         run_id = run["runId"]
 
-        plain = await ok(
+        plain = await request_ok(
             harness, f"{p}.calls.invoke", {"runId": run_id, "tool": "shop.plain", "input": {"text": "hi"}}
         )
         assert plain["outcome"]["status"] == "ok", plain
-        host = await ok(
+        host = await request_ok(
             harness, f"{p}.calls.invoke", {"runId": run_id, "tool": "crm.lookup", "input": {"id": "42"}}
         )
         assert host["outcome"] == {"status": "ok", "output": {"name": "customer 42"}}
 
         invoke = asyncio.create_task(
-            ok(
+            request_ok(
                 harness,
                 f"{p}.calls.invoke",
                 {"runId": run_id, "tool": "shop.echo", "input": {"text": "pay"}},
@@ -174,7 +167,7 @@ async def _run_through(prefix: str, secure_dir: Path) -> str:
             json.dumps({"approvalId": approval["approvalId"], "approve": True}).encode(),
         )
         await harness.flush()
-        decided = await ok(
+        decided = await request_ok(
             approver, f"{p}.approvals.decide", {"approvalId": approval["approvalId"], "approve": True}
         )
         assert decided["decision"] == "approved"
@@ -191,17 +184,19 @@ async def _run_through(prefix: str, secure_dir: Path) -> str:
         assert [c.tool for c in mcp.calls] == ["plain", "echo"]
         # Credentials through the credentials service's own Redis user, then a call that uses them.
         creds = {"servers": {"shop": {"headers": {"X-Api-Key": "k-1"}}}}
-        level = await ok(
+        level = await request_ok(
             harness, f"{p}.toolsets.credentials.set", {"toolsetId": toolset["id"], "credentials": creds}
         )
         assert level == {"level": "toolset"}
-        run_level = await ok(harness, f"{p}.runs.credentials.set", {"runId": run_id, "credentials": creds})
+        run_level = await request_ok(
+            harness, f"{p}.runs.credentials.set", {"runId": run_id, "credentials": creds}
+        )
         assert run_level == {"level": "run"}
-        again = await ok(
+        again = await request_ok(
             harness, f"{p}.calls.invoke", {"runId": run_id, "tool": "shop.plain", "input": {"text": "k"}}
         )
         assert again["outcome"]["status"] == "ok", again
-        await ok(harness, f"{p}.runs.close", {"runId": run_id})
+        await request_ok(harness, f"{p}.runs.close", {"runId": run_id})
         return str(run_id)
 
 

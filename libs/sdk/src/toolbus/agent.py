@@ -115,6 +115,18 @@ def _error(code: str, message: str) -> dict[str, Any]:
     return {"ok": False, "error": {"code": code, "message": message}}
 
 
+def _tool_result(tool_use: Mapping[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    """The Anthropic `tool_result` block answering `tool_use` with `result` as JSON text."""
+    block: dict[str, Any] = {
+        "type": "tool_result",
+        "tool_use_id": tool_use.get("id"),
+        "content": json.dumps(result),
+    }
+    if not result.get("ok"):
+        block["is_error"] = True
+    return block
+
+
 class AgentTools:
     """The handlers of `search_tools`, `list_tools` and `call_tool` for one run (its toolset is
     what is searched). `catalogue`: the toolset's namespaces, shown in `search_tools`'
@@ -231,15 +243,12 @@ class AgentTools:
         tool = arguments.get("name")
         tool_input = arguments.get("input", {})
         if not isinstance(tool, str) or not tool:
-            return {
-                "ok": False,
-                "error": {"code": "invalidInput", "message": "name must be a tool's qualified name"},
-            }
+            return _error("invalidInput", "name must be a tool's qualified name")
         if not isinstance(tool_input, Mapping):
-            return {"ok": False, "error": {"code": "invalidInput", "message": "input must be an object"}}
+            return _error("invalidInput", "input must be an object")
         result = await self.run.invoke(tool, tool_input, timeout=self.call_timeout)
         if result.error is not None:
-            return {"ok": False, "error": {"code": result.error.code.value, "message": result.error.message}}
+            return _error(result.error.code.value, result.error.message)
         return {"ok": True, "output": result.output}
 
     # ---- each API's own shapes ----------------------------------------------------------------
@@ -247,14 +256,7 @@ class AgentTools:
     async def answer_anthropic(self, tool_use: Mapping[str, Any]) -> dict[str, Any]:
         """A `tool_use` content block -> its `tool_result` block (content: the JSON text)."""
         result = await self.handle(str(tool_use.get("name")), tool_use.get("input") or {})
-        block: dict[str, Any] = {
-            "type": "tool_result",
-            "tool_use_id": tool_use.get("id"),
-            "content": json.dumps(result),
-        }
-        if not result.get("ok"):
-            block["is_error"] = True
-        return block
+        return _tool_result(tool_use, result)
 
     async def answer_openai(self, tool_call: Mapping[str, Any]) -> dict[str, Any]:
         """A `tool_calls[]` item (`arguments` a JSON string) -> the `role: tool` message."""
@@ -264,10 +266,7 @@ class AgentTools:
         except json.JSONDecodeError:
             arguments = None
         if not isinstance(arguments, dict):
-            result: dict[str, Any] = {
-                "ok": False,
-                "error": {"code": "invalidInput", "message": "arguments must be a JSON object"},
-            }
+            result = _error("invalidInput", "arguments must be a JSON object")
         else:
             result = await self.handle(str(function.get("name")), arguments)
         return {"role": "tool", "tool_call_id": tool_call.get("id"), "content": json.dumps(result)}
@@ -387,14 +386,7 @@ class DeferredTools:
                 if qualified is not None
                 else _error("unknownTool", f"No tool '{name}' here.")
             )
-        block: dict[str, Any] = {
-            "type": "tool_result",
-            "tool_use_id": tool_use.get("id"),
-            "content": json.dumps(result),
-        }
-        if not result.get("ok"):
-            block["is_error"] = True
-        return block
+        return _tool_result(tool_use, result)
 
     # OpenAI Responses --------------------------------------------------------------------------
 

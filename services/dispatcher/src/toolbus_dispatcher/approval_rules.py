@@ -14,10 +14,9 @@ import orjson
 from jsonschema.exceptions import SchemaError
 from jsonschema.protocols import Validator
 from referencing.exceptions import Unresolvable
+from toolbus_common.input_schemas import NO_RETRIEVAL
 from toolbus_contracts.base import SCHEMA_DEPTH_MAX, nesting_depth
 from toolbus_contracts.registry import ApprovalRule
-
-from toolbus_dispatcher.validation import NO_RETRIEVAL
 
 log = logging.getLogger(__name__)
 

@@ -143,17 +143,21 @@ class Directory:
 
     # ---- the large-toolset mode ---------------------------------------------------------------
 
-    async def meta_tools(self, toolset_id: str) -> list[types.Tool]:
-        """`search_tools` (its description carrying the namespace catalogue), `list_tools` and
-        `call_tool`. Without the catalogue (the registry away) `search_tools` carries the guide
-        alone: it still searches every namespace."""
+    async def _catalogue(self, toolset_id: str) -> tuple[NamespaceInfo, ...]:
+        """`namespaces`, or none (logged) when the registry cannot be asked."""
         try:
-            namespaces: tuple[NamespaceInfo, ...] = await self.namespaces(toolset_id)
+            return await self.namespaces(toolset_id)
         except ToolbusError as exc:
             log.warning(
                 "namespace catalogue not read", extra={"toolsetId": toolset_id, "error": exc.code.value}
             )
-            namespaces = ()
+            return ()
+
+    async def meta_tools(self, toolset_id: str) -> list[types.Tool]:
+        """`search_tools` (its description carrying the namespace catalogue), `list_tools` and
+        `call_tool`. Without the catalogue (the registry away) `search_tools` carries the guide
+        alone: it still searches every namespace."""
+        namespaces = await self._catalogue(toolset_id)
         search = types.Tool(
             name=SEARCH_TOOLS,
             title="Search tools",
@@ -246,13 +250,7 @@ class Directory:
     async def resources(self, toolset_id: str, cursor: str | None) -> tuple[list[types.Resource], str | None]:
         """A page of resources: the whole toolset's declarations, then each namespace's (the
         registry away: the whole toolset's only). A cursor this listing never gave is ValueError."""
-        try:
-            namespaces: tuple[NamespaceInfo, ...] = await self.namespaces(toolset_id)
-        except ToolbusError as exc:
-            log.warning(
-                "namespace catalogue not read", extra={"toolsetId": toolset_id, "error": exc.code.value}
-            )
-            namespaces = ()
+        namespaces = await self._catalogue(toolset_id)
         out = [
             types.Resource(name=name, title=title, uri=declarations_uri(toolset_id, name), mime_type=mime)
             for name, (_, mime, title) in DECLARATIONS.items()

@@ -20,7 +20,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
@@ -278,16 +278,35 @@ def _print_json(value: Any) -> None:
 # ---- toolsets ----------------------------------------------------------------------------------
 
 
-def _toolset_table(toolset: Toolset) -> None:
-    table = Table(title=f"{toolset.id}  ({len(toolset.tools)} tools)", title_justify="left")
-    for column in ("tool", "kind", "approval", "on interruption", "description"):
+def _print_table(title: str, columns: tuple[str, ...], rows: Iterable[tuple[str, ...]]) -> None:
+    """`rows` as a table under `title`, long cells folded."""
+    table = Table(title=title, title_justify="left")
+    for column in columns:
         table.add_column(column, overflow="fold")
-    for tool in toolset.tools:
-        first = shorten((tool.description or "").split(". ")[0], 80)
-        policy = tool.policy
-        approval = "yes" if policy.approval is True else ("" if policy.approval is False else "rule")
-        table.add_row(tool.name, tool.kind, approval, policy.on_interruption, first)
+    for row in rows:
+        table.add_row(*row)
     out.print(table)
+
+
+def _approval_column(approval: object) -> str:
+    return "yes" if approval is True else ("" if approval is False else "rule")
+
+
+def _toolset_table(toolset: Toolset) -> None:
+    _print_table(
+        f"{toolset.id}  ({len(toolset.tools)} tools)",
+        ("tool", "kind", "approval", "on interruption", "description"),
+        (
+            (
+                tool.name,
+                tool.kind,
+                _approval_column(tool.policy.approval),
+                tool.policy.on_interruption,
+                shorten((tool.description or "").split(". ")[0], 80),
+            )
+            for tool in toolset.tools
+        ),
+    )
 
 
 @toolsets_app.command("create")
@@ -356,12 +375,11 @@ def toolsets_namespaces(toolset_id: str, json_: JsonOpt = False) -> None:
     found = _run(json_, lambda tb: tb.toolsets.namespaces(toolset_id))
 
     def human() -> None:
-        table = Table(title=f"{toolset_id}  ({len(found)} namespaces)", title_justify="left")
-        for column in ("namespace", "kind", "tools", "summary"):
-            table.add_column(column, overflow="fold")
-        for n in found:
-            table.add_row(n.name, n.kind, str(n.tool_count), n.summary)
-        out.print(table)
+        _print_table(
+            f"{toolset_id}  ({len(found)} namespaces)",
+            ("namespace", "kind", "tools", "summary"),
+            ((n.name, n.kind, str(n.tool_count), n.summary) for n in found),
+        )
 
     _emit(json_, {"namespaces": found}, human)
 
@@ -528,14 +546,14 @@ def approvals_list(
     pending = _run(json_, lambda tb: tb.approvals.list(run_id=run, namespace=namespace))
 
     def human() -> None:
-        table = Table(title=f"{len(pending)} pending approval(s)", title_justify="left")
-        for column in ("approval", "tool", "run", "namespace", "input"):
-            table.add_column(column, overflow="fold")
-        for a in pending:
-            table.add_row(
-                a.approval_id, a.tool, a.run_id, a.namespace or "", shorten(json.dumps(a.input), 60)
-            )
-        out.print(table)
+        _print_table(
+            f"{len(pending)} pending approval(s)",
+            ("approval", "tool", "run", "namespace", "input"),
+            (
+                (a.approval_id, a.tool, a.run_id, a.namespace or "", shorten(json.dumps(a.input), 60))
+                for a in pending
+            ),
+        )
 
     _emit(json_, {"approvals": pending}, human)
 
@@ -592,12 +610,11 @@ def tokens_list(
     tokens = _run(json_, lambda tb: tb.tokens.list(namespace))
 
     def human() -> None:
-        table = Table(title=f"{len(tokens)} token(s)", title_justify="left")
-        for column in ("id", "namespace", "toolsets", "expires"):
-            table.add_column(column, overflow="fold")
-        for t in tokens:
-            table.add_row(t.id, t.namespace, " ".join(t.toolsets), t.expires_at)
-        out.print(table)
+        _print_table(
+            f"{len(tokens)} token(s)",
+            ("id", "namespace", "toolsets", "expires"),
+            ((t.id, t.namespace, " ".join(t.toolsets), t.expires_at) for t in tokens),
+        )
 
     _emit(json_, {"tokens": [t.wire() for t in tokens]}, human)
 

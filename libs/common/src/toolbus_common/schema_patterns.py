@@ -176,4 +176,4 @@ KEYWORDS = {
     "patternProperties": pattern_properties,
     "additionalProperties": additional_properties,
 }
-"""The keywords `validation` puts in place of jsonschema's (`jsonschema.validators.extend`)."""
+"""The keywords `input_schemas` puts in place of jsonschema's (`jsonschema.validators.extend`)."""

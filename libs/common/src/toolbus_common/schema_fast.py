@@ -4,7 +4,7 @@ one writer of a refusal's error (the failing path, its message), so replies are 
 
 Built so that it never accepts what `jsonschema` (with RE2 patterns) refuses: patterns compile with
 the linear-time `regex` engine (`RegexOptions`; a pattern it cannot take, such as a lookaround,
-leaves the schema without a fast accept, to the bounded fallback of `patterns`), formats are
+leaves the schema without a fast accept, to the bounded fallback of `schema_patterns`), formats are
 checked, no reference is ever fetched, and a `$schema` outside drafts 4 to 2020-12 gets none.
 """
 
