@@ -60,6 +60,7 @@ from toolbus_common.redis_values import text as _s
 from toolbus_common.script_pipe import ScriptPipe, ScriptReplyError
 from toolbus_common.settings import REDIS_LONGEST_BLOCK
 from toolbus_common.signing import SIGNATURE_HEADER, CommandSigner
+from toolbus_common.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +193,7 @@ class OutboxRelay:
         self._held: dict[str, float] = {}  # order key -> loop time its entry may be tried again
         self._backoff: dict[str, float] = {}  # order key -> its last pause
         self._acked: list[bytes] = []  # entries JetStream acked, deleted with the next read
+        self._task: asyncio.Task[None] | None = None  # `start`'s
         self.relayed = 0
         self.acquired = 0
         """How many times this relay took the lock (for tests and logs)."""
@@ -511,6 +513,20 @@ class OutboxRelay:
                 async with asyncio.timeout(1.0):
                     await self._delete_acked()
             await self.release()
+
+    def start(self, name: str) -> None:
+        """Relay in the background (`run`) until `stop`."""
+        self._task = asyncio.create_task(self.run(), name=name)
+
+    async def stop(self, within: float = 2.0) -> None:
+        """Stop the background relay, `drain` for up to `within` seconds, and close the relay's own
+        connection (`pipe`): what is left waits for the next relay."""
+        if self._task is not None:
+            await cancel_and_wait(self._task)
+            self._task = None
+        await self.drain(within=within)
+        with contextlib.suppress(Exception):
+            await self._pipe.aclose()
 
     async def pending(self) -> int:
         """Entries in the outbox not yet in JetStream (for tests and health)."""

@@ -4,7 +4,6 @@ durable consumers, the request routes, the outbox relay, the webhook sender and 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -23,7 +22,6 @@ from toolbus_common.connections import (
 from toolbus_common.keys import Keys
 from toolbus_common.outages import expected_fault
 from toolbus_common.outbox import OutboxRelay
-from toolbus_common.script_pipe import ScriptPipe
 from toolbus_common.settings import Settings
 from toolbus_common.signing import CommandSigner
 from toolbus_common.tasks import cancel_and_wait
@@ -80,8 +78,6 @@ class ApprovalApp:
         self._redis: Redis[bytes] | None = None
         self._webhooks: WebhookSender | None = None
         self._relay: OutboxRelay | None = None
-        self._relay_pipe: ScriptPipe | None = None
-        self._relaying: asyncio.Task[None] | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._ready = False
         self.approvals: Approvals | None = None
@@ -109,14 +105,14 @@ class ApprovalApp:
         )
         toolsets = ToolsetStore(js, s.js_name("toolsets"), placement=JsPlacement.of(s))
         await toolsets.open()
-        self._relay_pipe = connect_script_pipe(s, redis)
+        relay_pipe = connect_script_pipe(s, redis)
         self._relay = OutboxRelay(
             redis,
             nc,
             keys.approvals_outbox,
             f"approval-{uuid.uuid4().hex[:8]}",
             lock=keys.approvals_outbox_relay_lock,
-            pipe=self._relay_pipe,
+            pipe=relay_pipe,
             signer=CommandSigner.of(s),
             commands=subjects.internal_all.removesuffix(">"),
         )
@@ -140,7 +136,7 @@ class ApprovalApp:
         except Exception as exc:  # left queued: the next start adopts them; serving must not wait
             if not expected_fault(exc, "approvals of an earlier version not adopted yet"):
                 log.exception("approvals of an earlier version not adopted yet")
-        self._relaying = asyncio.create_task(self._relay.run(), name="approval-outbox-relay")
+        self._relay.start("approval-outbox-relay")
         self.bus.include(routes, approvals)
         await self.bus.start()
         if self.console is not None:
@@ -168,13 +164,8 @@ class ApprovalApp:
         await self.bus.drain()
         if self._sweeper is not None:
             await cancel_and_wait(self._sweeper)
-        if self._relaying is not None:
-            await cancel_and_wait(self._relaying)
         if self._relay is not None:
-            await self._relay.drain(within=2.0)  # what is left waits for the next relay
-        if self._relay_pipe is not None:
-            with contextlib.suppress(Exception):
-                await self._relay_pipe.aclose()
+            await self._relay.stop(within=2.0)
         if self._webhooks is not None:
             await self._webhooks.stop()
         await self.bus.close()

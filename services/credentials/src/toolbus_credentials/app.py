@@ -4,7 +4,6 @@ consumers (`toolbus_common.bus`), the outbox relay, the park-timeout sweep and t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from typing import Any
@@ -28,7 +27,6 @@ from toolbus_common.keys import Keys
 from toolbus_common.outages import expected_fault
 from toolbus_common.outbox import OutboxRelay
 from toolbus_common.private.httpcore_guard import GuardedBackend, Resolver, guard_transport
-from toolbus_common.script_pipe import ScriptPipe
 from toolbus_common.secrets import Cipher
 from toolbus_common.settings import Settings
 from toolbus_common.signing import CommandSigner
@@ -107,8 +105,6 @@ class CredentialsService:
         self._http: httpx.AsyncClient | None = None
         self._refresher: asyncio.Task[None] | None = None
         self._relay: OutboxRelay | None = None
-        self._relay_pipe: ScriptPipe | None = None
-        self._relaying: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         settings, own = self.settings, self.own
@@ -133,18 +129,18 @@ class CredentialsService:
             timeout=own.webhook_timeout_seconds,
         )
         outbox = NatsOutbox(nc, self.subjects)
-        self._relay_pipe = connect_script_pipe(settings, redis)
+        relay_pipe = connect_script_pipe(settings, redis)
         self._relay = OutboxRelay(
             redis,
             nc,
             self.keys.parked_outbox,
             f"credentials-{uuid.uuid4().hex[:8]}",
             lock=self.keys.parked_outbox_relay_lock,
-            pipe=self._relay_pipe,
+            pipe=relay_pipe,
             signer=CommandSigner.of(settings),
             commands=self.subjects.internal_all.removesuffix(">"),
         )
-        self._relaying = asyncio.create_task(self._relay.run(), name="credentials-outbox-relay")
+        self._relay.start("credentials-outbox-relay")
         self.logic = logic = CredentialsLogic(
             redis=redis,
             keys=self.keys,
@@ -245,13 +241,8 @@ class CredentialsService:
         for task in (self._sweeper, self._notifier, self._refresher):
             if task is not None:
                 await cancel_and_wait(task)
-        if self._relaying is not None:
-            await cancel_and_wait(self._relaying)
         if self._relay is not None:
-            await self._relay.drain(within=2.0)  # what is left waits for the next relay
-        if self._relay_pipe is not None:
-            with contextlib.suppress(Exception):
-                await self._relay_pipe.aclose()
+            await self._relay.stop(within=2.0)
         if self.webhooks is not None:
             await self.webhooks.stop()
         await self.bus.close()
