@@ -103,6 +103,57 @@ async def test_a_token_revoked_through_another_replica_is_refused_within_the_cac
         await drop_redis_keys(redis_url, prefix)
 
 
+@pytest.mark.parametrize("resume", ["before_delete", "after_delete", "after_revoke"])
+async def test_a_token_revoked_during_a_check_is_refused_here_once_revoke_returns(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch, resume: str
+) -> None:
+    """A check whose Redis GET read the record before the revoke's DELETE, resuming before the
+    DELETE, between it and the revoke's end, or after, leaves nothing cached: refused at once."""
+    prefix = unique_prefix("tbgwrv")
+    redis: Redis[bytes] = Redis.from_url(redis_url)
+    store = TokenStore(redis, prefix, cache_seconds=60.0)
+    read, release = asyncio.Event(), asyncio.Event()
+    real_get, real_pipeline = redis.get, redis.pipeline
+
+    async def paused_get(key: str) -> bytes | None:
+        raw = await real_get(key)
+        read.set()
+        await release.wait()
+        return raw
+
+    def pipeline(*args: Any, **kwargs: Any) -> Any:
+        pipe = real_pipeline(*args, **kwargs)
+        real_execute = pipe.execute
+
+        async def execute(*a: Any, **kw: Any) -> Any:
+            if resume == "before_delete":
+                release.set()
+                await checking
+            result = await real_execute(*a, **kw)
+            if resume == "after_delete":
+                release.set()
+                await checking
+            return result
+
+        monkeypatch.setattr(pipe, "execute", execute)
+        return pipe
+
+    try:
+        issued = await store.create(TokenCreateRequest(namespace="u-1", toolsets=[OTHER_TOOLSET]))
+        monkeypatch.setattr(redis, "get", paused_get)
+        monkeypatch.setattr(redis, "pipeline", pipeline)
+        checking = asyncio.ensure_future(store.check(issued.token))
+        await read.wait()  # the check has read the still-present record
+        await store.revoke(issued.info.id)
+        release.set()
+        assert (await checking) is not None  # it began before the revoke
+        monkeypatch.setattr(redis, "get", real_get)
+        assert await store.check(issued.token) is None
+    finally:
+        await redis.aclose()  # type: ignore[attr-defined]  # redis>=5; stubs lag
+        await drop_redis_keys(redis_url, prefix)
+
+
 async def test_a_token_for_another_toolset_is_403(deployment: Deployment, toolset: str) -> None:
     token = await deployment.token([OTHER_TOOLSET])
     reply = await _post(deployment.url(toolset), token)

@@ -53,6 +53,8 @@ class TokenStore:
         self._cache_seconds = cache_seconds
         self._live: Lru[str, tuple[TokenInfo, datetime, float]] = Lru(CACHED_TOKENS)
         """Tokens checked lately, by digest: info, expiry, when checked (monotonic)."""
+        self._revocations = 0
+        """Revokes finished here; a check caches only if none finished during its Redis GET."""
 
     async def create(self, request: TokenCreateRequest, *, now: datetime | None = None) -> IssuedToken:
         now = now or datetime.now(UTC)
@@ -83,6 +85,7 @@ class TokenStore:
         hit = self._live.get(digest)
         if hit is not None and time.monotonic() - hit[2] < self._cache_seconds and hit[1] > now:
             return hit[0]
+        revocations = self._revocations
         raw = await self._redis.get(self._token + digest)
         if raw is None:
             self._live.pop(digest)
@@ -91,7 +94,7 @@ class TokenStore:
         expires = _parse_iso(info.expires_at)
         if expires <= now:
             return None
-        if self._cache_seconds > 0:
+        if self._cache_seconds > 0 and self._revocations == revocations:
             self._live.put(digest, (info, expires, time.monotonic()))
         return info
 
@@ -111,14 +114,17 @@ class TokenStore:
         return sorted(out, key=lambda i: (i.created_at, i.id))
 
     async def revoke(self, token_id: str) -> None:
-        """Revoke: the next request with the token is 401 here at once, at other replicas once
-        their cached check is `cache_seconds` old; unknown id: `NotFound`."""
+        """Revoke: once this returns the token is refused here (even if a check was under way),
+        at other replicas once their cached check is `cache_seconds` old; unknown id: `NotFound`."""
         raw = await self._redis.hget(self._index, token_id)
         if raw is None:
             raise NotFound(f"No token {token_id} (never issued, revoked, or expired).")
         digest = orjson.loads(raw)["sha256"]
-        self._live.pop(digest)
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.delete(self._token + digest)
             pipe.hdel(self._index, token_id)
             await pipe.execute()
+        # After the DELETE: drop what a check cached meanwhile, and keep any check whose GET may
+        # have read the record before it from caching it when it resumes.
+        self._revocations += 1
+        self._live.pop(digest)
