@@ -20,6 +20,7 @@ import json
 import re
 import secrets
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -37,8 +38,9 @@ pytestmark = pytest.mark.e2e
 
 
 class Deployment:
-    def __init__(self, nc: Any, setup: ConsoleSetup) -> None:
+    def __init__(self, nc: Any, setup: ConsoleSetup, log_path: Path) -> None:
         self.nc = nc
+        self.log_path = log_path
         self.js = nc.jetstream()
         self.setup = setup
         self.subjects = Subjects(setup.prefix)
@@ -96,8 +98,8 @@ async def deployment(
 
     nc = await nats.connect(nats_url)
     try:
-        async with aservice_process("approval", console_setup.env(service_env)):
-            yield Deployment(nc, console_setup)
+        async with aservice_process("approval", console_setup.env(service_env)) as service:
+            yield Deployment(nc, console_setup, service.log_path)
     finally:
         await drop_deployment_state(nc, redis_url, console_setup.prefix)
         await nc.drain()
@@ -160,6 +162,29 @@ async def test_a_missing_or_forged_csrf_token_decides_nothing(
     logout = await alice.post("/logout", data={"csrf": "nope"})
     assert logout.status_code == 403
     assert await deployment.state(needed.approval_id) == "pending"
+
+
+async def test_a_chunked_body_over_the_bound_is_refused_413_without_a_traceback(
+    deployment: Deployment, alice: httpx.AsyncClient
+) -> None:
+    needed = await deployment.needs_approval("shop")
+    token = await csrf(alice)
+
+    async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: sent chunked
+        yield f"csrf={token}&decision=approve&input=".encode()
+        for _ in range(40):
+            yield b"x" * 65536
+
+    huge = await alice.post(
+        f"/approvals/{needed.approval_id}/decide",
+        content=chunks(),
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
+    assert huge.status_code == 413 and "too large" in huge.text
+    assert "content-length" not in huge.request.headers
+    assert await deployment.state(needed.approval_id) == "pending"
+    log = deployment.log_path.read_text(errors="replace")
+    assert "Traceback" not in log and "over the console's bound" not in log
 
 
 async def test_a_decision_other_than_approve_or_deny_is_refused_and_decides_nothing(
