@@ -424,6 +424,40 @@ async def test_a_decision_can_be_remembered_from_the_console(
     assert (await deployment.state(second.approval_id) or "").startswith("approved by remembered:")
 
 
+async def test_only_a_person_covering_every_toolset_may_remember_a_decision(
+    deployment: Deployment, alice: httpx.AsyncClient
+) -> None:
+    # A remembered decision names a namespace and tool, no toolset: it would decide the tool's
+    # calls from every toolset in the namespace, more than carol's one-toolset grant covers.
+    carol = await sign_in(deployment.setup, "carol")
+    try:
+        needed = await deployment.needs_approval("shop", tool="shop.limited")
+        page = (await carol.get("/")).text
+        assert needed.approval_id in page and 'name="remember"' not in page
+        token = await csrf(carol)
+        refused = await carol.post(
+            f"/approvals/{needed.approval_id}/decide", data=decide_form(token, "approve", remember="1h")
+        )
+        assert refused.status_code == 403 and "every toolset" in refused.text
+        assert await deployment.state(needed.approval_id) == "pending"
+        listed = await request(deployment.nc, deployment.subjects.approvals_remembered_list, {}, timeout=5)
+        assert "shop.limited" not in [r["tool"] for r in listed["data"]["remembered"]]
+        # Without remembering, carol decides it; alice, covering every toolset in shop, may remember.
+        assert 'name="remember"' in (await alice.get("/")).text
+        done = await carol.post(f"/approvals/{needed.approval_id}/decide", data=decide_form(token, "approve"))
+        assert done.status_code == 303
+        assert await deployment.state(needed.approval_id) == "approved by console:carol"
+        other = await deployment.needs_approval("shop", tool="shop.limited")
+        kept = await alice.post(
+            f"/approvals/{other.approval_id}/decide",
+            data=decide_form(await csrf(alice), "approve", remember="1h"),
+        )
+        assert kept.status_code == 303
+        assert "shop.limited" in (await alice.get("/remembered")).text
+    finally:
+        await carol.aclose()
+
+
 async def test_history_is_paged_with_the_filters_kept(
     deployment: Deployment, alice: httpx.AsyncClient
 ) -> None:

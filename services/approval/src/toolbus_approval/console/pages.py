@@ -81,6 +81,17 @@ def routes(c: Console) -> list[Route]:
         stored, status, message = await decidable(c, person, approval_id)
         if stored is None:
             return await refuse(request, person, status, message)
+        if form.get("remember") and not person.may_remembered(stored.needed.namespace):
+            return await refuse(
+                request,
+                person,
+                403,
+                (
+                    "Refused: a remembered decision decides the tool's calls from every toolset in "
+                    f"namespace {stored.needed.namespace or '(none)'}, and your groups cover only "
+                    "some toolsets there; nothing was decided."
+                ),
+            )
         approve = decision == "approve"
         reason = str(form.get("reason") or "").strip() or None
         edited = None
