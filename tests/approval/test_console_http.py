@@ -225,7 +225,13 @@ async def test_a_person_sees_and_decides_only_what_their_groups_cover(
         json={"input": "{}"},
         headers={"X-CSRF-Token": await csrf(bob)},
     )
-    assert check.status_code == 403
+    # Outside bob's groups the check answers as for an unknown id, naming no toolset or namespace.
+    unknown = await bob.post(
+        "/approvals/apr_nope/check", json={"input": "{}"}, headers={"X-CSRF-Token": await csrf(bob)}
+    )
+    assert check.status_code == unknown.status_code == 404
+    assert check.json()["message"] == unknown.json()["message"].replace("apr_nope", shop.approval_id)
+    assert shop.toolset_id not in check.text and "shop" not in check.text.replace(shop.approval_id, "")
     # Within her groups alice decides, and the decision names her.
     done = await alice.post(
         f"/approvals/{shop.approval_id}/decide",
