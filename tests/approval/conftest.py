@@ -18,9 +18,18 @@ from tests.support.infra import free_port, unique_prefix
 from tests.support.oauth import OidcProvider, consent, provider_available
 
 CLIENT_ID = "toolbus-console"
-ACCOUNTS = {"alice": {"groups": ["shop"]}, "bob": {"groups": ["elsewhere"]}}
-"""alice decides the namespace `shop`; bob only `elsewhere`."""
-GROUPS = {"shop": {"namespaces": ["shop"]}, "elsewhere": {"namespaces": ["elsewhere"]}}
+TOOLSET_ID = "ts_" + "0" * 16
+ACCOUNTS = {
+    "alice": {"groups": ["shop"]},
+    "bob": {"groups": ["elsewhere"]},
+    "carol": {"groups": ["shop-toolset"]},
+}
+"""alice decides the namespace `shop`; bob only `elsewhere`; carol only toolset `TOOLSET_ID` in `shop`."""
+GROUPS = {
+    "shop": {"namespaces": ["shop"]},
+    "elsewhere": {"namespaces": ["elsewhere"]},
+    "shop-toolset": {"toolsets": [TOOLSET_ID], "namespaces": ["shop"]},
+}
 
 
 @dataclass

@@ -341,6 +341,27 @@ async def test_redelivered_command_creates_one_approval_and_one_event(
     ]
 
 
+async def test_a_redelivery_announces_an_approval_stored_for_a_remembered_decision_now_gone(
+    settings: Settings, service: ApprovalApp, stack: Stack, events: Events
+) -> None:
+    command = needed(requested_at="2026-01-01T00:00:00.000Z")
+    marker = needed(run_id=command.run_id, requested_at="2026-01-01T00:00:01.000Z")
+    # A remembered decision matched, so the approval was stored unannounced; the service died
+    # before deciding it, and the remembered decision expired before the command came again.
+    store = ApprovalStore(stack.redis, stack.keys, settings.subjects)
+    created = await store.create(command, expires_ms=None, now_ms=0, announce=False)
+    assert created.created and not created.announced
+    event = await requested(stack, events, command)
+    assert event["approvalId"] == command.approval_id
+    assert command.approval_id in [a["approvalId"] for a in await stack.pending(runId=command.run_id)]
+    # Announced once: a further copy announces nothing (the marker's event comes next).
+    await stack.send(command)
+    await stack.send(marker)
+    assert (await events.next_for({command.approval_id, marker.approval_id}))["approvalId"] == (
+        marker.approval_id
+    )
+
+
 async def test_second_decision_is_conflict_and_the_first_stands(
     service: ApprovalApp, stack: Stack, events: Events
 ) -> None:

@@ -20,6 +20,7 @@ import json
 import re
 import secrets
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -37,8 +38,9 @@ pytestmark = pytest.mark.e2e
 
 
 class Deployment:
-    def __init__(self, nc: Any, setup: ConsoleSetup) -> None:
+    def __init__(self, nc: Any, setup: ConsoleSetup, log_path: Path) -> None:
         self.nc = nc
+        self.log_path = log_path
         self.js = nc.jetstream()
         self.setup = setup
         self.subjects = Subjects(setup.prefix)
@@ -96,8 +98,8 @@ async def deployment(
 
     nc = await nats.connect(nats_url)
     try:
-        async with aservice_process("approval", console_setup.env(service_env)):
-            yield Deployment(nc, console_setup)
+        async with aservice_process("approval", console_setup.env(service_env)) as service:
+            yield Deployment(nc, console_setup, service.log_path)
     finally:
         await drop_deployment_state(nc, redis_url, console_setup.prefix)
         await nc.drain()
@@ -162,6 +164,29 @@ async def test_a_missing_or_forged_csrf_token_decides_nothing(
     assert await deployment.state(needed.approval_id) == "pending"
 
 
+async def test_a_chunked_body_over_the_bound_is_refused_413_without_a_traceback(
+    deployment: Deployment, alice: httpx.AsyncClient
+) -> None:
+    needed = await deployment.needs_approval("shop")
+    token = await csrf(alice)
+
+    async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: sent chunked
+        yield f"csrf={token}&decision=approve&input=".encode()
+        for _ in range(40):
+            yield b"x" * 65536
+
+    huge = await alice.post(
+        f"/approvals/{needed.approval_id}/decide",
+        content=chunks(),
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
+    assert huge.status_code == 413 and "too large" in huge.text
+    assert "content-length" not in huge.request.headers
+    assert await deployment.state(needed.approval_id) == "pending"
+    log = deployment.log_path.read_text(errors="replace")
+    assert "Traceback" not in log and "over the console's bound" not in log
+
+
 async def test_a_decision_other_than_approve_or_deny_is_refused_and_decides_nothing(
     deployment: Deployment, alice: httpx.AsyncClient
 ) -> None:
@@ -200,7 +225,13 @@ async def test_a_person_sees_and_decides_only_what_their_groups_cover(
         json={"input": "{}"},
         headers={"X-CSRF-Token": await csrf(bob)},
     )
-    assert check.status_code == 403
+    # Outside bob's groups the check answers as for an unknown id, naming no toolset or namespace.
+    unknown = await bob.post(
+        "/approvals/apr_nope/check", json={"input": "{}"}, headers={"X-CSRF-Token": await csrf(bob)}
+    )
+    assert check.status_code == unknown.status_code == 404
+    assert check.json()["message"] == unknown.json()["message"].replace("apr_nope", shop.approval_id)
+    assert shop.toolset_id not in check.text and "shop" not in check.text.replace(shop.approval_id, "")
     # Within her groups alice decides, and the decision names her.
     done = await alice.post(
         f"/approvals/{shop.approval_id}/decide",
@@ -397,6 +428,40 @@ async def test_a_decision_can_be_remembered_from_the_console(
     # The next call of the tool in the namespace is decided at once, by the remembered decision.
     second = await deployment.needs_approval("shop", tool="shop.again", pending=False)
     assert (await deployment.state(second.approval_id) or "").startswith("approved by remembered:")
+
+
+async def test_only_a_person_covering_every_toolset_may_remember_a_decision(
+    deployment: Deployment, alice: httpx.AsyncClient
+) -> None:
+    # A remembered decision names a namespace and tool, no toolset: it would decide the tool's
+    # calls from every toolset in the namespace, more than carol's one-toolset grant covers.
+    carol = await sign_in(deployment.setup, "carol")
+    try:
+        needed = await deployment.needs_approval("shop", tool="shop.limited")
+        page = (await carol.get("/")).text
+        assert needed.approval_id in page and 'name="remember"' not in page
+        token = await csrf(carol)
+        refused = await carol.post(
+            f"/approvals/{needed.approval_id}/decide", data=decide_form(token, "approve", remember="1h")
+        )
+        assert refused.status_code == 403 and "every toolset" in refused.text
+        assert await deployment.state(needed.approval_id) == "pending"
+        listed = await request(deployment.nc, deployment.subjects.approvals_remembered_list, {}, timeout=5)
+        assert "shop.limited" not in [r["tool"] for r in listed["data"]["remembered"]]
+        # Without remembering, carol decides it; alice, covering every toolset in shop, may remember.
+        assert 'name="remember"' in (await alice.get("/")).text
+        done = await carol.post(f"/approvals/{needed.approval_id}/decide", data=decide_form(token, "approve"))
+        assert done.status_code == 303
+        assert await deployment.state(needed.approval_id) == "approved by console:carol"
+        other = await deployment.needs_approval("shop", tool="shop.limited")
+        kept = await alice.post(
+            f"/approvals/{other.approval_id}/decide",
+            data=decide_form(await csrf(alice), "approve", remember="1h"),
+        )
+        assert kept.status_code == 303
+        assert "shop.limited" in (await alice.get("/remembered")).text
+    finally:
+        await carol.aclose()
 
 
 async def test_history_is_paged_with_the_filters_kept(

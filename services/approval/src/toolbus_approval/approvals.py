@@ -111,7 +111,8 @@ class Approvals:
     async def request(self, needed: ApprovalNeeded) -> bool:
         """Store the approval with its announcement, or decide it at once when a remembered
         decision covers it (then it is not announced). Idempotent on the approval id: a redelivered
-        command creates nothing and announces nothing again. True when this call created it."""
+        command creates nothing and announces nothing again, unless it finds the approval pending
+        and never announced with no remembered decision now. True when this call created it."""
         now = self._now_ms()
         timeout_ms = self._timeout_ms
         if needed.timeout is not None:  # the tool's own approvalTimeout
@@ -124,10 +125,12 @@ class Approvals:
                 "approval requested",
                 extra={"approvalId": needed.approval_id, "callId": needed.call_id, "runId": needed.run_id},
             )
-            if remembered is None:
-                self._announced()
         elif result.state == "cancelled":
             log.info("approval for a closed run cancelled", extra={"approvalId": needed.approval_id})
+        elif result.announced:
+            log.info("approval announced late", extra={"approvalId": needed.approval_id})
+        if result.announced:
+            self._announced()
         if remembered is not None and result.state == "pending":
             # Also on a redelivery: a crash may have come between storing it and deciding it.
             await self._decide_remembered(needed, remembered)

@@ -48,12 +48,26 @@ EXPIRED_REASON = "expired"
 #       webhook body, webhook id
 # The announcement's outbox entry is kept on the approval (`announcement`): a decision or cancel
 # that comes before the relay sent it deletes it, so an approval ended at once is not announced.
+# A repeat that finds it pending and never announced (stored for a remembered decision that has
+# since expired, the process gone before deciding it) announces it now: `{'exists', 'pending',
+# 'announced'}`.
 _CREATE = (
     OUTBOX_LUA
     + WEBHOOK_LUA
     + """
+local function announce()
+  local entry = outbox_add(KEYS[6], ARGV[9], 'approval-requested-' .. ARGV[6], ARGV[10])
+  redis.call('HSET', KEYS[1], 'announcement', entry)
+  if ARGV[11] ~= '' then webhook_add(KEYS[8], KEYS[9], ARGV[11], ARGV[12], ARGV[7], ARGV[13]) end
+end
 local state = redis.call('HGET', KEYS[1], 'state')
-if state then return {'exists', state} end
+if state then
+  if state == 'pending' and ARGV[10] ~= '' and redis.call('HEXISTS', KEYS[1], 'announcement') == 0 then
+    announce()
+    return {'exists', state, 'announced'}
+  end
+  return {'exists', state}
+end
 if redis.call('EXISTS', KEYS[7]) == 1 then
   redis.call('HSET', KEYS[1], 'needed', ARGV[1], 'runId', ARGV[2], 'namespace', ARGV[3],
              'state', 'cancelled', 'reason', 'run closed', 'decidedAt', ARGV[7])
@@ -66,9 +80,8 @@ redis.call('ZADD', KEYS[3], ARGV[4], ARGV[6])
 if ARGV[3] ~= '' then redis.call('ZADD', KEYS[4], ARGV[4], ARGV[6]) end
 if ARGV[5] ~= '' then redis.call('ZADD', KEYS[5], ARGV[5], ARGV[6]) end
 if ARGV[10] ~= '' then
-  local entry = outbox_add(KEYS[6], ARGV[9], 'approval-requested-' .. ARGV[6], ARGV[10])
-  redis.call('HSET', KEYS[1], 'announcement', entry)
-  if ARGV[11] ~= '' then webhook_add(KEYS[8], KEYS[9], ARGV[11], ARGV[12], ARGV[7], ARGV[13]) end
+  announce()
+  return {'created', 'pending', 'announced'}
 end
 return {'created', 'pending'}
 """
@@ -183,6 +196,8 @@ class CreateResult:
     created: bool
     """True only the first time this approval id is stored."""
     state: State
+    announced: bool = False
+    """True when this call owed its announcement (on creation, or late: see `_CREATE`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,8 +248,8 @@ class ApprovalStore:
         self, needed: ApprovalNeeded, *, expires_ms: int | None, now_ms: int, announce: bool = True
     ) -> CreateResult:
         """Store a pending approval once per approval id (a repeat changes nothing), index it, and
-        (with `announce`) owe its `approval.requested` event and webhook. If its run already closed
-        it is stored as `cancelled`."""
+        (with `announce`) owe its `approval.requested` event and webhook, also on a repeat that finds
+        it pending and never announced. If its run already closed it is stored as `cancelled`."""
         k = self._keys
         ns = needed.namespace or ""
         requested = StoredApproval(needed, "pending", None, None).requested().wire()
@@ -265,8 +280,12 @@ class ApprovalStore:
             webhook_body(WEBHOOK_EVENT, requested).decode() if self._webhooks else "",
             hook,
         ]
-        outcome, state = (_s(x) for x in await self._create(keys=keys, args=argv))
-        return CreateResult(created=outcome == "created", state=state)  # type: ignore[arg-type]
+        outcome, state, *announced = (_s(x) for x in await self._create(keys=keys, args=argv))
+        return CreateResult(
+            created=outcome == "created",
+            state=state,  # type: ignore[arg-type]
+            announced=bool(announced),
+        )
 
     async def get(self, approval_id: str) -> StoredApproval | None:
         raw = await self._redis.hgetall(self._keys.approval(approval_id))

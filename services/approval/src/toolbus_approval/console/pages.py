@@ -81,6 +81,17 @@ def routes(c: Console) -> list[Route]:
         stored, status, message = await decidable(c, person, approval_id)
         if stored is None:
             return await refuse(request, person, status, message)
+        if form.get("remember") and not person.may_remembered(stored.needed.namespace):
+            return await refuse(
+                request,
+                person,
+                403,
+                (
+                    "Refused: a remembered decision decides the tool's calls from every toolset in "
+                    f"namespace {stored.needed.namespace or '(none)'}, and your groups cover only "
+                    "some toolsets there; nothing was decided."
+                ),
+            )
         approve = decision == "approve"
         reason = str(form.get("reason") or "").strip() or None
         edited = None
@@ -124,9 +135,11 @@ def routes(c: Console) -> list[Route]:
     async def check(request: Request, person: Person) -> Response:
         if not csrf_ok(request):
             return JSONResponse({"ok": False, "message": "Missing or wrong CSRF token."}, status_code=403)
-        stored, status, message = await decidable(c, person, request.path_params["approval_id"])
+        approval_id = request.path_params["approval_id"]
+        stored, _, _ = await decidable(c, person, approval_id)
         if stored is None:
-            return JSONResponse({"ok": False, "message": message}, status_code=status)
+            # Outside one's groups reads as unknown: a check does not say which approvals exist.
+            return JSONResponse({"ok": False, "message": _unknown(approval_id)}, status_code=404)
         try:
             body = orjson.loads(await request.body())
             edited = json.loads(body["input"])
@@ -281,7 +294,7 @@ async def decidable(c: Console, person: Person, approval_id: str) -> tuple[Store
     outside their groups) and why. Whether it is still pending is for `decide` to say."""
     stored = await c.approvals.get(approval_id)
     if stored is None:
-        return None, 404, f"No approval {approval_id}: it never existed or was decided long ago."
+        return None, 404, _unknown(approval_id)
     n = stored.needed
     if not person.may(n.toolset_id, n.namespace):
         return (
@@ -293,6 +306,10 @@ async def decidable(c: Console, person: Person, approval_id: str) -> tuple[Store
             ),
         )
     return stored, 200, ""
+
+
+def _unknown(approval_id: str) -> str:
+    return f"No approval {approval_id}: it never existed or was decided long ago."
 
 
 def _sse(update: Update) -> bytes:

@@ -7,6 +7,7 @@ import hmac
 import secrets
 from typing import Any
 
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -15,6 +16,7 @@ from toolbus_common.web_headers import SECURITY_HEADERS as WEB_SECURITY_HEADERS
 SECURITY_HEADERS = [(name.encode(), value.encode()) for name, value in WEB_SECURITY_HEADERS.items()]
 BODY_MAX = 1 << 20
 """Bytes a request body may have (a form with an edited input, a check): more is 413."""
+TOO_LARGE = "Request body too large."
 
 
 class Guard:
@@ -38,7 +40,7 @@ class Guard:
 
         length = dict(scope["headers"]).get(b"content-length", b"0")
         if not length.isdigit() or int(length) > self.body_max:
-            await PlainTextResponse("Request body too large.", status_code=413)(scope, receive, with_headers)
+            await PlainTextResponse(TOO_LARGE, status_code=413)(scope, receive, with_headers)
             return
         received = 0
 
@@ -46,8 +48,8 @@ class Guard:
             nonlocal received
             message = await receive()
             received += len(message.get("body", b""))
-            if received > self.body_max:  # a chunked body longer than it may be
-                raise ValueError("request body over the console's bound")
+            if received > self.body_max:  # a chunked body longer than it may be: the app answers 413
+                raise HTTPException(413, TOO_LARGE)
             return message
 
         await self.app(scope, bounded, with_headers)
