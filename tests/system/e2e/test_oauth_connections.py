@@ -336,9 +336,11 @@ async def test_4_step_up_asks_for_the_scope_the_server_challenge_names(stack: St
     server offers); the toolset's client-credentials connection gets it with no one asked only
     once the operator allowed it (`maxScopes`), and parks the call with a notice before."""
     s = stack
-    await s.connect(
-        {"toolsetId": s.toolset_id, "namespace": "user-7", "server": "gh", "scopes": ["tools:read"]}, "user-7"
-    )
+    body = {"toolsetId": s.toolset_id, "namespace": "user-7", "server": "gh", "scopes": ["tools:read"]}
+    refused = await s.ask(s.subjects.credentials_connect, {**body, "maxScopes": ["tools:admin"]})
+    assert refused["ok"] is False and refused["error"]["code"] == "invalidRequest", refused
+    assert refused["error"]["details"]["field"] == "maxScopes", refused
+    await s.connect(body, "user-7")
     run = await s.ok(s.subjects.runs_open, {"toolsetId": s.toolset_id, "namespace": "user-7"})
     before = len(s.events["expired"])
     started = await s.ok(
