@@ -9,7 +9,8 @@ registered with a token of the client-credentials grant and kept connected at th
 connecting an end user (namespace) and a run, then calls that use their tokens; 100 calls across
 several token lifetimes with no call parked, each token renewed by one replica (rotation would
 refuse a second refresh with the same token); step-up on `insufficient_scope` asking for the
-scope the server's challenge names; a revoked grant
+scope the server's challenge names (a client-credentials token only within the operator's
+`maxScopes`); a revoked grant
 parks the call, `credentials.expired` carries an authorization URL, connecting there resumes the
 call with the same idempotency key; refused consent, no or an unknown (replayed) state, a forged
 `iss`, a code for another client and a provider that is down: a clear page, a
@@ -332,11 +333,14 @@ async def test_3_a_hundred_calls_across_token_lifetimes_none_parked_each_token_r
 async def test_4_step_up_asks_for_the_scope_the_server_challenge_names(stack: Stack) -> None:
     """The tool needs `tools:admin`, which the server's metadata does not list: only its 403
     challenge names it. An end user is asked for the current scopes plus that one (not all the
-    server offers); the toolset's client-credentials connection gets it with no one asked."""
+    server offers); the toolset's client-credentials connection gets it with no one asked only
+    once the operator allowed it (`maxScopes`), and parks the call with a notice before."""
     s = stack
-    await s.connect(
-        {"toolsetId": s.toolset_id, "namespace": "user-7", "server": "gh", "scopes": ["tools:read"]}, "user-7"
-    )
+    body = {"toolsetId": s.toolset_id, "namespace": "user-7", "server": "gh", "scopes": ["tools:read"]}
+    refused = await s.ask(s.subjects.credentials_connect, {**body, "maxScopes": ["tools:admin"]})
+    assert refused["ok"] is False and refused["error"]["code"] == "invalidRequest", refused
+    assert refused["error"]["details"]["field"] == "maxScopes", refused
+    await s.connect(body, "user-7")
     run = await s.ok(s.subjects.runs_open, {"toolsetId": s.toolset_id, "namespace": "user-7"})
     before = len(s.events["expired"])
     started = await s.ok(
@@ -361,13 +365,43 @@ async def test_4_step_up_asks_for_the_scope_the_server_challenge_names(stack: St
     assert done["callId"] == started["callId"] and done["outcome"]["status"] == "ok"
     await s.ok(s.subjects.runs_close, {"runId": run["runId"]})
 
-    # Machine to machine: the toolset's client-credentials token is widened at once (the call is
-    # resumed as soon as it is parked), no one is notified.
+    # Machine to machine: `tools:admin` is outside what the operator allowed at connect (the
+    # server's `scopes_supported`), so the client-credentials token is not widened: the call parks
+    # and a notice goes out (with no link: a person connects again).
     before = len(s.events["expired"])
     run = await s.ok(s.subjects.runs_open, {"toolsetId": s.toolset_id})
-    assert (await _invoke(s, run["runId"], tool="plain"))["outcome"]["status"] == "ok"
-    kinds = [e["type"] for e in await s.run_events(run["runId"])]
-    assert kinds.count("resumed") == 1 and kinds[-1] == "completed", kinds
+    started = await s.ok(
+        s.subjects.calls_start,
+        {"runId": run["runId"], "tool": "gh.plain", "input": {"text": "m"}, "idempotencyKey": "k-m2m"},
+    )
+    await until(
+        lambda: len(s.events["expired"]) > before, "credentials.expired for the m2m step-up", limit=30
+    )
+    notice = s.events["expired"][-1]["data"]
+    assert notice["callIds"] == [started["callId"]] and notice["level"] == "toolset", notice
+    assert notice.get("authorizationUrl") is None
+    status_now = await s.ok(s.subjects.credentials_status, {"toolsetId": s.toolset_id})
+    assert "tools:admin" not in status_now["connections"][0]["scopes"]
+
+    # Connected again with `maxScopes` allowing it: the parked call resumes, meets the challenge
+    # again and this time the token is widened at once, with no one asked.
+    before = len(s.events["expired"])
+    await s.ok(
+        s.subjects.credentials_connect,
+        {
+            "toolsetId": s.toolset_id,
+            "server": "gh",
+            "grant": "clientCredentials",
+            "client": {"clientId": M2M_ID, "clientSecret": M2M_SECRET},
+            "maxScopes": ["tools:admin"],
+        },
+    )
+    done = await s.ok(
+        s.subjects.calls_invoke,
+        {"runId": run["runId"], "tool": "gh.plain", "input": {"text": "m"}, "idempotencyKey": "k-m2m"},
+        within=60,
+    )
+    assert done["callId"] == started["callId"] and done["outcome"]["status"] == "ok", done
     await asyncio.sleep(0.5)  # past the notify delay: a notice would be out
     assert len(s.events["expired"]) == before
     status_now = await s.ok(s.subjects.credentials_status, {"toolsetId": s.toolset_id})

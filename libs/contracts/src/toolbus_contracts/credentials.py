@@ -192,6 +192,11 @@ class CredentialsConnectRequest(CredentialsTarget):
     scopes: list[Annotated[str, Field(min_length=1, max_length=256)]] | None = Field(
         default=None, max_length=64
     )
+    max_scopes: list[Annotated[str, Field(min_length=1, max_length=256)]] | None = Field(
+        default=None, max_length=64
+    )
+    """clientCredentials only: scopes a server's `insufficient_scope` challenge may widen the token
+    to besides `scopes` (none by default); a challenge for any other scope parks the call."""
     client: OAuthClient | None = None
     grant: OAuthGrant = "authorizationCode"
 

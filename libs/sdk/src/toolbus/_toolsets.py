@@ -224,15 +224,18 @@ class Toolsets:
         client: Mapping[str, str] | None = None,
         grant: Literal["authorizationCode", "clientCredentials"] = "authorizationCode",
         scopes: Sequence[str] | None = None,
+        max_scopes: Sequence[str] | None = None,
     ) -> Connection:
         """A toolset-level OAuth connection: `grant="clientCredentials"` with
-        `client={"clientId", "clientSecret"}` connects at once (machine to machine)."""
+        `client={"clientId", "clientSecret"}` connects at once (machine to machine); a server's
+        step-up challenge may widen its token only to `scopes` and `max_scopes`."""
         return await Connections(self._tb).connect(
             server,
             toolset_id=toolset_id(toolset),
             grant=grant,
             client=dict(client) if client is not None else None,
             scopes=list(scopes) if scopes is not None else None,
+            max_scopes=list(max_scopes) if max_scopes is not None else None,
         )
 
     async def set_credentials(self, toolset: Toolset | str, credentials: CredentialsLike) -> str:

@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 REFRESHES = Counter(
     "toolbus_oauth_refreshes_total", "OAuth access-token renewals by outcome", ["reason", "outcome"]
 )
+STEP_UP_MAX = 64
+"""At most this many scopes asked for by step-up challenges since an end user last connected."""
 CONNECTS = Counter("toolbus_oauth_connections_total", "OAuth callbacks by outcome", ["outcome"])
 
 
@@ -119,6 +121,9 @@ class Connection(BaseModel):
     connected_at: float
     last_refresh_at: float | None = None
     status: Literal["connected", "expired"] = "connected"
+    allowed_scopes: list[str] | None = None
+    """clientCredentials: the scopes the operator allowed at connect (`scopes` + `maxScopes`); a
+    step-up never asks for more (None, a record from before: the scopes asked at connect)."""
     renewed_on_reject: bool = False
     """The current token came from a refresh made because a call was refused: a second refusal
     with it parks the call (no refresh loop on a 403 no new token of the same scope fixes)."""
@@ -258,6 +263,12 @@ class OAuthConnections:
         except OAuthFailure as exc:
             raise self._as_error(exc, "discovering the server's authorization server") from None
         scopes = list(request.scopes) if request.scopes is not None else list(auth.scopes_supported)
+        if request.max_scopes is not None and request.grant != "clientCredentials":
+            raise InvalidRequest(
+                "Field 'maxScopes' is invalid: it bounds the step-up of a clientCredentials "
+                "connection; an end user consents to each larger scope instead.",
+                details={"field": "maxScopes"},
+            )
         if request.grant == "clientCredentials":
             return await self._client_credentials(request, target, auth, scopes)
         if self.callback_url is None:
@@ -426,6 +437,7 @@ class OAuthConnections:
             client_secret=client.client_secret,
             scopes=tokens.scopes or scopes,
             requested_scopes=scopes,
+            allowed_scopes=list(dict.fromkeys([*scopes, *(request.max_scopes or [])])),
             access_token=tokens.access_token,
             refresh_token=None,
             expires_at=tokens.expires_at,
@@ -750,19 +762,40 @@ class OAuthConnections:
         return await self._step_up(target, parked.server, parked.required_scopes)
 
     async def _step_up(self, target: Target, server: str, asked: list[str]) -> bool:
-        """A 403 `insufficient_scope` (MCP authorization spec, scope challenge handling): the
-        next token is to carry the current scopes and those the challenge asked for (all the
-        server offers when it named none). A client-credentials connection gets one such token
-        at once (True: resume); an end user must consent to the larger scope, so the call parks
-        and the notice's link asks for it (a refresh cannot widen a grant, RFC 6749 section 6)."""
+        """A 403 `insufficient_scope` (MCP authorization spec, scope challenge handling). A
+        client-credentials connection gets a token with the named scopes at once (True: resume)
+        only when the operator allowed them at connect (none named: all it allowed); otherwise the
+        call parks for a person to connect again. An end user must consent to the larger scope, so
+        the call parks and the notice's link asks for it (RFC 6749 section 6), up to
+        STEP_UP_MAX scopes in all."""
         connection = await self.load(target, server)
         if connection is None or connection.status != "connected":
             return False
-        wanted = list(asked) or connection.server_auth().scopes_supported
         if connection.grant == "clientCredentials":
+            allowed = connection.allowed_scopes
+            if allowed is None:
+                allowed = connection.requested_scopes
+            wanted = list(asked) or list(allowed)
+            outside = [s for s in wanted if s not in allowed]
+            if outside:
+                log.warning(
+                    "oauth step-up refused: the server asks for scopes the connection does not allow",
+                    extra={"server": server, "credentialsLevel": target.level, "scopes": outside},
+                )
+                return False
             return await self.renew(target, server, reason="rejected", step_up=wanted)
-        if wanted:
-            await self._redis.sadd(self._keys.oauth_step_up(target.level, target.scope, server), *wanted)
+        wanted = list(asked) or connection.server_auth().scopes_supported
+        key = self._keys.oauth_step_up(target.level, target.scope, server)
+        have = {m.decode() for m in await self._redis.smembers(key)}
+        new = [s for s in dict.fromkeys(wanted) if s not in have]
+        if len(have) + len(new) > STEP_UP_MAX:
+            log.warning(
+                "oauth step-up not recorded: it would ask for more scopes than allowed",
+                extra={"server": server, "credentialsLevel": target.level, "limit": STEP_UP_MAX},
+            )
+            return False
+        if new:
+            await self._redis.sadd(key, *new)
         log.info(
             "oauth step-up: the server asks for a larger scope",
             extra={"server": server, "credentialsLevel": target.level, "scopes": wanted},
