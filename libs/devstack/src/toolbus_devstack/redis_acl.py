@@ -106,7 +106,7 @@ def redis_users(prefix: str = "toolbus") -> list[RedisUser]:
             # redis-py's scripts) besides the approvals' own scripts and reads.
             (
                 "exists", "expire", "pexpire", "get", "mget", "set", "del",
-                "hget", "hmget", "hgetall", "hset",
+                "hget", "hmget", "hgetall", "hset", "hexists",
                 "zadd", "zcard", "zrange", "zrangebyscore", "zrevrangebyscore", "zrem",
                 "zremrangebyscore",
                 "xadd", "xread", "xdel", "xlen",
